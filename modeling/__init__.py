@@ -1,0 +1,33 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a Hugging Face model.
+
+Importing this package registers the model with the Auto classes, so that `AutoConfig`, `AutoModel` and
+`AutoModelForSeq2SeqLM` resolve `model_type="vaswani_transformer"`, and marks the classes for
+`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the two model files: a
+saved directory then loads with `trust_remote_code=True` where this package is not installed.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_transformer import TransformerConfig
+from .modeling_transformer import (
+    GNMTLengthPenalty,
+    TransformerForConditionalGeneration,
+    TransformerModel,
+    TransformerPreTrainedModel,
+)
+
+AutoConfig.register(TransformerConfig.model_type, TransformerConfig, exist_ok=True)
+AutoModel.register(TransformerConfig, TransformerModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(TransformerConfig, TransformerForConditionalGeneration, exist_ok=True)
+
+TransformerConfig.register_for_auto_class()
+TransformerModel.register_for_auto_class("AutoModel")
+TransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "TransformerConfig",
+    "TransformerPreTrainedModel",
+    "TransformerModel",
+    "TransformerForConditionalGeneration",
+    "GNMTLengthPenalty",
+]

@@ -1,0 +1,118 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+This file travels with every checkpoint as remote code: it imports nothing from the rest of the project.
+Field names follow Marian/BART so that Hugging Face tools (caches, `get_text_config`, pipelines) size
+themselves from it without special cases.
+"""
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+POSITIONAL_ENCODING_LAYOUTS = ("interleaved", "concatenated")
+
+
+@strict(accept_kwargs=True)
+class TransformerConfig(PreTrainedConfig):
+    r"""
+    Configuration of [`TransformerForConditionalGeneration`]. The defaults are the paper's base model
+    (Table 3, row "base"); [`TransformerConfig.big`] gives the big model.
+
+    Args:
+        vocab_size: size of the one vocabulary shared by source and target (Sec. 3.4).
+        d_model: width of every sublayer output, embeddings included (Sec. 3.1).
+        encoder_layers / decoder_layers: N, the number of identical layers in each stack (Sec. 3.1).
+        encoder_attention_heads / decoder_attention_heads: h, parallel attention heads (Sec. 3.2.2).
+        encoder_ffn_dim / decoder_ffn_dim: d_ff, inner width of the feed-forward networks (Sec. 3.3).
+        dropout: P_drop, applied to each sublayer output and to the sum of embeddings and positions (Sec. 5.4).
+        attention_dropout: dropout on attention weights (not in the paper; 0 reproduces it).
+        activation_dropout: dropout after the ReLU of the feed-forward network (not in the paper; 0 reproduces it).
+        activation_function: the feed-forward non-linearity; the paper uses ReLU (Eq. 2).
+        attention_bias: whether the Q/K/V/output projections have biases. The paper's projections are plain
+            matrices W^Q, W^K, W^V, W^O (Sec. 3.2.2); Marian and fairseq add biases, so conversions set this.
+        max_position_embeddings: rows of the precomputed sinusoid table; longer inputs are still encoded,
+            from the same formula, at a small cost.
+        positional_encoding_layout: `"interleaved"` is the paper's formula (sin on even, cos on odd dimensions,
+            Sec. 3.5); `"concatenated"` puts all sines first, then all cosines, as tensor2tensor, fairseq and
+            Marian do. The two differ only by a permutation of hidden dimensions.
+        scale_embedding: multiply embeddings by sqrt(d_model) (Sec. 3.4).
+        tie_word_embeddings: share one matrix between encoder input, decoder input and the pre-softmax
+            projection (Sec. 3.4).
+        init_std: standard deviation of the embedding initialisation; `None` means d_model ** -0.5, so that the
+            scaled embedding has unit variance (as fairseq).
+        layer_norm_eps: epsilon of every LayerNorm.
+    """
+
+    model_type = "vaswani_transformer"
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    activation_function: str = "relu"
+    attention_bias: bool = False
+    max_position_embeddings: int = 1024
+    positional_encoding_layout: str = "interleaved"
+    scale_embedding: bool = True
+    tie_word_embeddings: bool = True
+    init_std: float | None = None
+    layer_norm_eps: float = 1e-5
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    # Token ids of the shared BPE built by `modeling.tokenization`: <pad>=0, <unk>=1, </s>=2. The decoder starts
+    # from </s>, as fairseq does; the paper does not name a start symbol.
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 2
+
+    def __post_init__(self, **kwargs):
+        # Checked here rather than in `validate_*` hooks so that users get a plain ValueError.
+        for side in ("encoder", "decoder"):
+            heads = getattr(self, f"{side}_attention_heads")
+            if heads < 1 or self.d_model % heads != 0:
+                # Each head works on d_model / h dimensions (Sec. 3.2.2).
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by {side}_attention_heads ({heads}).")
+        if self.positional_encoding_layout not in POSITIONAL_ENCODING_LAYOUTS:
+            raise ValueError(
+                f"Unknown positional_encoding_layout {self.positional_encoding_layout!r}; "
+                f"expected one of {POSITIONAL_ENCODING_LAYOUTS}."
+            )
+        if self.d_model % 2 != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be even: sinusoids come in sin/cos pairs.")
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def base(cls, **overrides: Any) -> "TransformerConfig":
+        """The paper's base model: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (Table 3)."""
+        return cls(**overrides)
+
+    @classmethod
+    def big(cls, **overrides: Any) -> "TransformerConfig":
+        """The paper's big model: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (Table 3)."""
+        settings: dict[str, Any] = {
+            "d_model": 1024,
+            "encoder_ffn_dim": 4096,
+            "decoder_ffn_dim": 4096,
+            "encoder_attention_heads": 16,
+            "decoder_attention_heads": 16,
+            "dropout": 0.3,
+        }
+        return cls(**{**settings, **overrides})
+
+
+__all__ = ["TransformerConfig"]

@@ -1,0 +1,742 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a Hugging Face model.
+
+Read top to bottom, this file follows the paper: positional encodings (Sec. 3.5), multi-head attention
+(Sec. 3.2), the post-LayerNorm encoder and decoder layers (Sec. 3.1, 3.3), the stacks with one shared,
+scaled embedding matrix (Sec. 3.4), and the translation model with the paper's beam search (Sec. 6.1).
+
+This file travels with every checkpoint as remote code: it imports only torch, transformers and the
+configuration beside it.
+"""
+
+import copy
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+)
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_transformer import TransformerConfig
+
+LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
+PAPER_DECODING_FIELDS = ("length_penalty_type", "max_length_offset")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positional encoding (Sec. 3.5)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int, layout: str) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    `layout="interleaved"` places the pair (sin, cos) of frequency i at dimensions (2i, 2i+1), as the formula
+    reads; `"concatenated"` places all sines first, then all cosines (tensor2tensor, fairseq, Marian).
+    Computed in float64, then rounded to float32, so that both layouts match other implementations bit for bit.
+    """
+    frequency_exponents = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # (D/2,)
+    angles = positions.to(torch.float64)[:, None] / torch.pow(10000.0, frequency_exponents)[None, :]  # (T, D/2)
+    if layout == "interleaved":
+        table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (T, D)
+    else:
+        table = torch.cat((angles.sin(), angles.cos()), dim=-1)  # (T, D)
+    return table.to(torch.float32)
+
+
+class TransformerPositionalEncoding(nn.Module):
+    """Fixed sinusoids, not learned and not saved: the table is a non-persistent buffer, refilled by
+    `_init_weights` after `from_pretrained` builds the model on the meta device."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.d_model = config.d_model
+        self.layout = config.positional_encoding_layout
+        self.register_buffer("table", self.compute_table(config.max_position_embeddings), persistent=False)
+
+    def compute_table(self, num_positions: int, start: int = 0) -> torch.Tensor:
+        positions = torch.arange(start, start + num_positions)
+        return sinusoidal_positional_encoding(positions, self.d_model, self.layout)
+
+    def forward(self, start: int, length: int) -> torch.Tensor:
+        """Encodings of positions start, ..., start + length - 1: (T, D)."""
+        if start + length <= self.table.shape[0]:
+            return self.table[start : start + length]
+        # Beyond the precomputed table the formula still applies (Sec. 3.5: "may allow the model to
+        # extrapolate to sequence lengths longer than the ones encountered during training").
+        return self.compute_table(length, start).to(self.table.device)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Multi-head attention (Sec. 3.2)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V (Eq. 1), keeping the weights for inspection."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, Tq, Tk)
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)  # (B, H, Tq, Dh)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights  # (B, Tq, H, Dh)
+
+
+class TransformerAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Used three ways (Sec. 3.2.3): encoder self-attention, masked decoder self-attention, and encoder-decoder
+    (cross) attention, whose keys and values come from the encoder output and are computed once per input.
+    """
+
+    def __init__(self, config: TransformerConfig, num_heads: int, is_causal: bool, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_causal = is_causal  # read by the sdpa and flash attention functions
+        self.layer_idx = layer_idx
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=bias)
+
+    def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)  # (B, T, D) -> (B, H, T, Dh)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        is_cross_attention = key_value_states is not None
+        query_states = self._split_heads(self.q_proj(hidden_states))  # (B, H, Tq, Dh)
+
+        layer_cache = None
+        if cache is not None:
+            layer_cache = cache.cross_attention_cache if is_cross_attention else cache.self_attention_cache
+        if is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: reuse its projections.
+            key_states = layer_cache.layers[self.layer_idx].keys
+            value_states = layer_cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if is_cross_attention else hidden_states
+            key_states = self._split_heads(self.k_proj(source))  # (B, H, Tk, Dh)
+            value_states = self._split_heads(self.v_proj(source))  # (B, H, Tk, Dh)
+            if layer_cache is not None:
+                key_states, value_states = layer_cache.update(key_states, value_states, self.layer_idx)
+                if is_cross_attention:
+                    cache.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1)  # (B, Tq, D)
+        return self.out_proj(attn_output), attn_weights
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Encoder and decoder layers (Sec. 3.1, 3.3)
+# --------------------------------------------------------------------------------------------------------------
+
+
+class TransformerFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (Eq. 2), with the activation taken from the config."""
+
+    def __init__(self, config: TransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, T, d_ff)
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)  # (B, T, D)
+
+
+class TransformerEncoderLayer(GradientCheckpointingLayer):
+    """Self-attention, then feed-forward; each sublayer is LayerNorm(x + Dropout(Sublayer(x))) (Sec. 3.1, 5.4)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.dropout = config.dropout
+        self.self_attn = TransformerAttention(config, config.encoder_attention_heads, is_causal=False)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = TransformerFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = self.self_attn_layer_norm(hidden_states + F.dropout(attn_output, self.dropout, self.training))
+        ffn_output = self.ffn(hidden_states)
+        return self.final_layer_norm(hidden_states + F.dropout(ffn_output, self.dropout, self.training))
+
+
+class TransformerDecoderLayer(GradientCheckpointingLayer):
+    """Masked self-attention, attention over the encoder output, then feed-forward, each post-LayerNorm
+    (Sec. 3.1: "a third sub-layer, which performs multi-head attention over the output of the encoder stack")."""
+
+    def __init__(self, config: TransformerConfig, layer_idx: int):
+        super().__init__()
+        self.dropout = config.dropout
+        heads = config.decoder_attention_heads
+        self.self_attn = TransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = TransformerAttention(config, heads, is_causal=False, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = TransformerFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
+        hidden_states = self.self_attn_layer_norm(hidden_states + F.dropout(attn_output, self.dropout, self.training))
+        attn_output, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            cache=cache,
+            **kwargs,
+        )
+        hidden_states = self.encoder_attn_layer_norm(
+            hidden_states + F.dropout(attn_output, self.dropout, self.training)
+        )
+        ffn_output = self.ffn(hidden_states)
+        return self.final_layer_norm(hidden_states + F.dropout(ffn_output, self.dropout, self.training))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stacks and the shared embedding (Sec. 3.1, 3.4)
+# --------------------------------------------------------------------------------------------------------------
+
+
+class TransformerPreTrainedModel(PreTrainedModel):
+    config: TransformerConfig
+    config_class = TransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransformerEncoderLayer", "TransformerDecoderLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """fairseq's initialisation: Xavier-uniform projections with zero biases, N(0, d_model^-0.5) embeddings
+        (so that the sqrt(d_model)-scaled embedding has unit variance) with a zero padding row."""
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, TransformerPositionalEncoding):
+            init.copy_(module.table, module.compute_table(module.table.shape[0]))
+
+
+def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
+    """An id outside the vocabulary would be a silent wrong lookup on CPU and a device assert on GPU."""
+    if is_torchdynamo_compiling() or input_ids.numel() == 0:
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} holds token ids in [{low}, {high}], outside the vocabulary [0, {vocab_size}).")
+
+
+def _check_mask_shape(mask: torch.Tensor | None, expected: tuple[int, ...], name: str) -> None:
+    if mask is not None and not is_torchdynamo_compiling() and tuple(mask.shape) != tuple(expected):
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {tuple(expected)}.")
+
+
+class TransformerEncoder(TransformerPreTrainedModel):
+    """N identical layers over the scaled token embeddings plus positional encodings."""
+
+    _can_record_outputs = {
+        "hidden_states": TransformerEncoderLayer,
+        "attentions": TransformerAttention,
+    }
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        self.dropout = config.dropout
+        # Sec. 3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)."
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = TransformerPositionalEncoding(config)
+        self.layers = nn.ModuleList([TransformerEncoderLayer(config) for _ in range(config.encoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds to the encoder.")
+        if inputs_embeds is None:
+            _check_token_ids(input_ids, self.config.vocab_size, "input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        _check_mask_shape(attention_mask, inputs_embeds.shape[:2], "attention_mask")
+
+        # Sec. 3.5 and 5.4: dropout on the sum of the embeddings and the positional encodings.
+        positions = self.embed_positions(0, inputs_embeds.shape[1]).to(inputs_embeds.dtype)  # (T, D)
+        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, D)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class TransformerDecoder(TransformerPreTrainedModel):
+    """N identical layers; the causal mask keeps position i from attending to later positions (Sec. 3.1)."""
+
+    _can_record_outputs = {
+        "hidden_states": TransformerDecoderLayer,
+        "attentions": OutputRecorder(TransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(TransformerAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = TransformerPositionalEncoding(config)
+        self.layers = nn.ModuleList(
+            [TransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of decoder_input_ids and decoder_inputs_embeds to the decoder.")
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder attends over the encoder output: pass encoder_hidden_states.")
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        cache_length = cache.get_seq_length() if cache is not None else 0
+
+        if inputs_embeds is None:
+            if cache_length == 0:  # later steps feed back ids the model itself produced
+                _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, target_length = inputs_embeds.shape[:2]
+        _check_mask_shape(
+            encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask (of the encoder input)"
+        )
+
+        positions = self.embed_positions(cache_length, target_length).to(inputs_embeds.dtype)  # (T, D)
+        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, D)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            cache=cache.self_attention_cache if cache is not None else None,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                cache=cache,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+
+
+class TransformerModel(TransformerPreTrainedModel):
+    """Encoder and decoder over one embedding matrix shared by both languages (Sec. 3.4)."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = TransformerEncoder(config)
+        self.decoder = TransformerDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        cache: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decoding as in the paper (Sec. 6.1): beam 4, length penalty alpha = 0.6, max length = input length + 50
+# --------------------------------------------------------------------------------------------------------------
+
+
+class GNMTLengthPenalty(float):
+    """alpha of the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper.
+
+    transformers' beam search ranks a finished hypothesis by `sum_logprobs / (length ** length_penalty)`, where
+    `length` is a Python int. An int cannot raise itself to this float subclass, so Python calls `__rpow__`,
+    which evaluates the GNMT penalty in place of `length ** alpha`; everything else treats it as alpha.
+    """
+
+    def __rpow__(self, length: int) -> float:
+        return ((5 + length) / 6) ** float(self)
+
+
+class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
+    """Forces end-of-sentence once a hypothesis holds `max_lengths[i]` tokens, so that each sentence stops at
+    its own limit rather than the batch's longest (Sec. 6.1: "maximum output length to input length + 50")."""
+
+    def __init__(self, max_lengths: torch.Tensor, eos_token_id: int):
+        self.max_lengths = max_lengths  # (B,)
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows_per_sentence = input_ids.shape[0] // self.max_lengths.shape[0]  # beams or returned sequences
+        limits = self.max_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence)  # (B * K,)
+        # input_ids holds the decoder start token plus the tokens generated so far.
+        at_limit = (input_ids.shape[1] >= limits)[:, None]  # (B * K, 1)
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.eos_token_id] = 0.0
+        return torch.where(at_limit, forced, scores)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs for teacher forcing: the start token, then the labels without their last position."""
+    decoder_input_ids = labels.new_full(labels.shape, pad_token_id)
+    decoder_input_ids[:, 1:] = labels[:, :-1]
+    decoder_input_ids[:, 0] = decoder_start_token_id
+    return decoder_input_ids.masked_fill(decoder_input_ids == -100, pad_token_id)
+
+
+class TransformerForConditionalGeneration(TransformerPreTrainedModel, GenerationMixin):
+    """The translation model: the pre-softmax projection shares the embedding matrix (Sec. 3.4)."""
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        self.model = TransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        # Sec. 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum output length
+        # to input length + 50, but terminate early when possible".
+        self.generation_config.num_beams = 4
+        self.generation_config.length_penalty = 0.6
+        self.generation_config.early_stopping = True
+        self.generation_config.length_penalty_type = "gnmt"
+        self.generation_config.max_length_offset = 50
+        # These settings are the model's own, not copies of config.json: keep them when saved and loaded.
+        self.generation_config._from_model_config = False
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        cache: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels: target ids, -100 where no loss is taken. Without `decoder_input_ids`, the decoder is fed the labels
+            shifted right behind `decoder_start_token_id`.
+        num_items_in_batch: the number of labelled tokens in the whole (accumulated, all-process) batch, passed by
+            the Trainer. The loss is then a sum divided by it, so that gradient accumulation and several processes
+            give the gradient of one big batch; without it, the loss is the mean over this batch's tokens.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+
+        outputs: Seq2SeqModelOutput = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum"
+            )
+            denominator = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
+            loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)
+
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        **kwargs,
+    ):
+        """`GenerationMixin.generate` with the paper's decoding (Sec. 6.1), as the generation config asks:
+
+        - `max_length_offset` (default 50): each sentence's output holds at most its source length plus this many
+          tokens, end-of-sentence included; `None` turns the limit off. A `max_length` or `max_new_tokens`
+          given here or saved in the generation config still caps the whole batch.
+        - `length_penalty_type`: `"gnmt"` (default) ranks finished beams by log P(Y) / ((5 + |Y|) / 6) ** alpha;
+          `"transformers"` keeps the library's log P(Y) / |Y| ** alpha.
+        Both may also be passed as keyword arguments, like any generation parameter.
+        """
+        base_config = generation_config if generation_config is not None else self.generation_config
+        unknown_to_config = {
+            name: kwargs.pop(name)
+            for name in PAPER_DECODING_FIELDS
+            if name in kwargs and not hasattr(base_config, name)
+        }
+        if unknown_to_config:  # a user's own GenerationConfig without our fields: carry them on a copy
+            generation_config = copy.deepcopy(base_config)
+            for name, value in unknown_to_config.items():
+                setattr(generation_config, name, value)
+            base_config = generation_config
+
+        def setting(name: str, default):
+            return kwargs.get(name, getattr(base_config, name, default))
+
+        penalty_type = setting("length_penalty_type", "transformers")
+        if penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
+        offset = setting("max_length_offset", None)
+        source_lengths = self._source_lengths(inputs, kwargs) if offset is not None else None
+        if source_lengths is not None:
+            eos_token_id = setting("eos_token_id", self.config.eos_token_id)
+            eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
+            logits_processor = LogitsProcessorList(logits_processor or [])
+            max_lengths = source_lengths + offset
+            logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id))
+            if not self._length_cap_given(base_config, kwargs):
+                kwargs["max_new_tokens"] = int(max_lengths.max())
+        return super().generate(
+            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+        )
+
+    @staticmethod
+    def _length_cap_given(generation_config: GenerationConfig, kwargs: dict) -> bool:
+        """Whether the caller or the saved generation config set a length for the whole batch."""
+        if kwargs.get("max_new_tokens") is not None or kwargs.get("max_length") is not None:
+            return True
+        return generation_config.max_new_tokens is not None or generation_config.max_length is not None
+
+    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """Real (non-padding) source lengths, (B,), from the attention mask or the input ids."""
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None:
+            return attention_mask.sum(dim=-1)
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if input_ids is not None:
+            return input_ids.ne(self.config.pad_token_id).sum(dim=-1)
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            hidden = encoder_outputs[0]
+            return torch.full((hidden.shape[0],), hidden.shape[1], device=hidden.device)
+        return None
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
+            generation_config = copy.copy(generation_config)
+            generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
+        return super()._beam_search(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+
+
+__all__ = [
+    "TransformerPreTrainedModel",
+    "TransformerModel",
+    "TransformerForConditionalGeneration",
+    "GNMTLengthPenalty",
+]

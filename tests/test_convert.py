@@ -1,0 +1,110 @@
+"""Exact conversion to and from MarianMTModel: the proof that the architecture is the one it claims to be."""
+
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling.convert import from_marian, interleaved_to_concatenated_permutation, to_marian
+from modeling.modeling_transformer import sinusoidal_positional_encoding
+
+PAD, EOS = 0, 2
+
+
+def tiny_marian(seed: int = 0) -> MarianMTModel:
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=61,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        activation_function="relu",
+        scale_embedding=True,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        forced_eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+    )
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():  # trained checkpoints have non-trivial biases and norms: so should the test
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "layer_norm" in name:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS, PAD, PAD]])
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long()}
+
+
+DECODER_INPUT_IDS = torch.tensor([[PAD, 20, 21, 22], [PAD, 23, 24, 25]])
+
+
+def test_interleaved_and_concatenated_tables_differ_by_the_permutation():
+    positions = torch.arange(30)
+    interleaved = sinusoidal_positional_encoding(positions, 16, "interleaved")
+    concatenated = sinusoidal_positional_encoding(positions, 16, "concatenated")
+    assert torch.equal(interleaved[:, interleaved_to_concatenated_permutation(16)], concatenated)
+
+
+@pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
+def test_from_marian_gives_the_same_logits_and_beam_outputs(layout):
+    marian = tiny_marian()
+    ours = from_marian(marian, positional_encoding_layout=layout).eval()
+    assert ours.config.positional_encoding_layout == layout
+    expected = marian(**inputs(), decoder_input_ids=DECODER_INPUT_IDS).logits
+    logits = ours(**inputs(), decoder_input_ids=DECODER_INPUT_IDS).logits
+    assert torch.allclose(logits, expected, atol=1e-5)
+
+    marian_beams = marian.generate(**inputs(), num_beams=4, max_new_tokens=12)
+    our_beams = ours.generate(
+        **inputs(), num_beams=4, max_new_tokens=12, length_penalty_type="transformers", max_length_offset=None
+    )
+    assert our_beams.tolist() == marian_beams.tolist()
+
+
+@pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
+def test_to_marian_is_exact_for_both_layouts(layout):
+    torch.manual_seed(1)
+    config = TransformerConfig(
+        vocab_size=61,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        positional_encoding_layout=layout,
+    )
+    ours = TransformerForConditionalGeneration(config).eval()
+    marian = to_marian(ours).eval()
+    decoder_input_ids = DECODER_INPUT_IDS.clone()
+    decoder_input_ids[:, 0] = EOS  # this model starts decoding from </s>
+    expected = ours(**inputs(), decoder_input_ids=decoder_input_ids).logits
+    assert torch.allclose(marian(**inputs(), decoder_input_ids=decoder_input_ids).logits, expected, atol=1e-5)
+    assert marian.config.decoder_start_token_id == EOS
+
+    round_trip = from_marian(marian, positional_encoding_layout=layout).eval()
+    assert torch.allclose(round_trip(**inputs(), decoder_input_ids=decoder_input_ids).logits, expected, atol=1e-5)
+
+
+def test_non_zero_final_logits_bias_is_refused_not_dropped():
+    marian = tiny_marian()
+    marian.final_logits_bias.fill_(0.5)
+    with pytest.raises(ValueError, match="non-zero final_logits_bias"):
+        from_marian(marian)
+
+
+def test_unshared_marian_embeddings_are_refused():
+    config = tiny_marian().config
+    config.share_encoder_decoder_embeddings = False
+    with pytest.raises(ValueError, match="not shared"):
+        from_marian(MarianMTModel(config))

@@ -1,0 +1,475 @@
+"""The model: architecture as in the paper, Hugging Face plumbing, decoding, bad input."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from modeling import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
+from modeling.modeling_transformer import sinusoidal_positional_encoding
+
+VOCAB = 50
+PAD, EOS = 0, 2
+
+
+def tiny_config(**overrides) -> TransformerConfig:
+    settings = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
+    return TransformerConfig(**{**settings, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> TransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return TransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+def batch() -> dict[str, torch.Tensor]:
+    """Two sources of different lengths, the shorter one padded."""
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS, PAD, PAD]])
+    decoder_input_ids = torch.tensor([[EOS, 20, 21, 22], [EOS, 23, 24, 25]])
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
+
+
+# ---------------------------------------------------------------------------------------------------------- config
+
+
+def test_presets_match_table_3():
+    base, big = TransformerConfig.base(), TransformerConfig.big(vocab_size=32000)
+    assert (base.encoder_layers, base.d_model, base.encoder_ffn_dim, base.encoder_attention_heads) == (6, 512, 2048, 8)
+    assert base.dropout == 0.1 and base.activation_function == "relu" and base.scale_embedding
+    assert (big.d_model, big.decoder_ffn_dim, big.decoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert big.vocab_size == 32000 and big.hidden_size == 1024 and big.num_attention_heads == 16
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_model": 30, "encoder_attention_heads": 4}, "divisible by encoder_attention_heads"),
+        ({"decoder_attention_heads": 5}, "divisible by decoder_attention_heads"),
+        ({"positional_encoding_layout": "rotary"}, "Unknown positional_encoding_layout"),
+    ],
+)
+def test_bad_config_raises_value_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+# ------------------------------------------------------------------------------------------------------ positions
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_positional_table_follows_the_paper_formula(layout):
+    d_model, positions = 16, 40
+    table = sinusoidal_positional_encoding(torch.arange(positions), d_model, layout)
+    for pos in range(positions):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            sin_dim, cos_dim = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, d_model // 2 + i)
+            assert table[pos, sin_dim].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, cos_dim].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_positions_beyond_the_table_use_the_same_formula():
+    model = tiny_model(max_position_embeddings=8)
+    encoding = model.model.encoder.embed_positions
+    assert torch.equal(encoding(5, 3), encoding.table[5:8])
+    expected = sinusoidal_positional_encoding(torch.arange(6, 20), 32, "interleaved")
+    assert torch.allclose(encoding(6, 14), expected)
+    ids = torch.randint(3, VOCAB, (1, 20))  # longer than the table: still runs
+    assert model(input_ids=ids, decoder_input_ids=ids).logits.shape == (1, 20, VOCAB)
+
+
+def test_positional_table_is_not_saved_and_is_rebuilt_by_from_pretrained(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    from safetensors.torch import load_file
+
+    assert not any("embed_positions" in name for name in load_file(tmp_path / "model.safetensors"))
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path)  # built on the meta device
+    expected = sinusoidal_positional_encoding(torch.arange(64), 32, "interleaved")
+    assert torch.equal(loaded.model.encoder.embed_positions.table, expected)
+    assert torch.equal(loaded.model.decoder.embed_positions.table, expected)
+
+
+# --------------------------------------------------------------------------------------------------- architecture
+
+
+def test_post_layer_norm_and_no_final_layer_norm():
+    """Each stack ends on its last layer's LayerNorm(x + Sublayer(x)): the output has zero mean and unit variance
+    per position, and is exactly that LayerNorm's output (no extra normalisation after the stack)."""
+    model = tiny_model()
+    captured = {}
+    last_encoder_norm = model.model.encoder.layers[-1].final_layer_norm
+    last_encoder_norm.register_forward_hook(lambda module, args, output: captured.setdefault("encoder", output))
+    last_decoder_norm = model.model.decoder.layers[-1].final_layer_norm
+    last_decoder_norm.register_forward_hook(lambda module, args, output: captured.setdefault("decoder", output))
+    out = model.model(**batch())
+    assert torch.equal(out.encoder_last_hidden_state, captured["encoder"])
+    assert torch.equal(out.last_hidden_state, captured["decoder"])
+    for hidden in (out.encoder_last_hidden_state, out.last_hidden_state):
+        assert torch.allclose(hidden.mean(-1), torch.zeros(()), atol=1e-5)
+        assert torch.allclose(hidden.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
+    layer_norms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(layer_norms) == 2 * 2 + 3 * 2  # two per encoder layer, three per decoder layer, no others
+
+
+def test_feed_forward_is_relu_and_projections_follow_the_paper():
+    model = tiny_model()
+    layer = model.model.encoder.layers[0]
+    x = torch.randn(3, 32)
+    expected = layer.ffn.fc2(torch.relu(layer.ffn.fc1(x)))
+    assert torch.allclose(layer.ffn(x), expected)
+    assert layer.self_attn.q_proj.bias is None and layer.self_attn.out_proj.bias is None  # Sec. 3.2.2: W^Q, W^O
+    assert layer.ffn.fc1.bias is not None  # Eq. 2: x W_1 + b_1
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model_and_share_one_matrix():
+    model = tiny_model()
+    shared = model.model.shared.weight
+    for weight in (model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight):
+        assert weight.data_ptr() == shared.data_ptr()
+    assert model.lm_head.weight.data_ptr() == shared.data_ptr()
+    assert len({p.data_ptr() for p in model.parameters()}) == len(list(model.parameters()))
+    assert model.model.encoder.embed_scale == math.sqrt(32)
+
+
+def test_initialisation_as_fairseq():
+    model = tiny_model(d_model=64, encoder_attention_heads=4, decoder_attention_heads=4)
+    shared = model.model.shared.weight
+    assert torch.count_nonzero(shared[PAD]) == 0
+    assert shared[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    q_proj = model.model.encoder.layers[0].self_attn.q_proj.weight
+    xavier_bound = math.sqrt(6 / (64 + 64))
+    assert q_proj.abs().max().item() <= xavier_bound
+    assert q_proj.std().item() == pytest.approx(xavier_bound / math.sqrt(3), rel=0.1)
+
+
+def test_padding_does_not_change_the_output():
+    model = tiny_model()
+    inputs = batch()
+    padded = model(**inputs).logits[1]
+    alone = model(
+        input_ids=inputs["input_ids"][1:, :4],
+        attention_mask=inputs["attention_mask"][1:, :4],
+        decoder_input_ids=inputs["decoder_input_ids"][1:],
+    ).logits[0]
+    assert torch.allclose(padded, alone, atol=1e-5)
+
+
+def test_decoder_is_causal():
+    model = tiny_model()
+    inputs = batch()
+    logits = model(**inputs).logits
+    changed = inputs["decoder_input_ids"].clone()
+    changed[:, 3] = 30
+    logits_changed = model(**{**inputs, "decoder_input_ids": changed}).logits
+    assert torch.allclose(logits[:, :3], logits_changed[:, :3], atol=1e-6)
+    assert not torch.allclose(logits[:, 3], logits_changed[:, 3])
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_all_padding_row_yields_no_nan(attn_implementation):
+    model = tiny_model()
+    model.set_attn_implementation(attn_implementation)
+    inputs = batch()
+    inputs["attention_mask"][1] = 0
+    out = model(**inputs)
+    assert torch.isfinite(out.logits).all()
+    half = tiny_model().half()
+    half.set_attn_implementation(attn_implementation)
+    assert torch.isfinite(half(**inputs).logits).all()  # the dtype's minimum, not -1e9, masks in fp16
+
+
+def test_eager_and_sdpa_agree():
+    eager, sdpa = tiny_model(), tiny_model()
+    eager.set_attn_implementation("eager")
+    sdpa.set_attn_implementation("sdpa")
+    assert torch.allclose(eager(**batch()).logits, sdpa(**batch()).logits, atol=1e-5)
+
+
+def test_output_attentions_returns_all_three_kinds():
+    model = tiny_model()
+    model.set_attn_implementation("eager")
+    out = model(**batch(), output_attentions=True)
+    assert len(out.encoder_attentions) == len(out.decoder_attentions) == len(out.cross_attentions) == 2
+    assert out.encoder_attentions[0].shape == (2, 4, 6, 6)
+    assert out.decoder_attentions[0].shape == (2, 4, 4, 4)
+    assert out.cross_attentions[0].shape == (2, 4, 4, 6)
+    assert torch.allclose(out.cross_attentions[0].sum(-1), torch.ones(2, 4, 4))
+    assert torch.all(out.cross_attentions[0][1, :, :, 4:] == 0)  # padded source positions get no attention
+
+
+def test_return_dict_false_gives_a_tuple():
+    out = tiny_model()(**batch(), return_dict=False)
+    assert isinstance(out, tuple) and out[0].shape == (2, 4, VOCAB)
+
+
+# ----------------------------------------------------------------------------------------------------------- loss
+
+
+def test_loss_ignores_minus_100_and_uses_shifted_labels():
+    model = tiny_model()
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, 24, EOS, -100]])
+    out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels)
+    logits = out.logits
+    mask = labels.ne(-100)
+    expected = torch.nn.functional.cross_entropy(logits[mask], labels[mask])
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    assert decoder_input_ids.tolist() == [[EOS, 20, 21, 22], [EOS, 23, 24, EOS]]
+
+
+def test_accumulating_two_half_batches_with_num_items_gives_the_full_batch_gradient():
+    model = tiny_model()
+    model.train()
+    model.config.dropout = 0.0
+    for module in model.modules():
+        if hasattr(module, "dropout") and isinstance(module.dropout, float):
+            module.dropout = 0.0
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])  # unequal token counts per half
+    full = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+
+    model(**full).loss.backward()
+    full_gradients = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    num_items = labels.ne(-100).sum()
+    for half in (slice(0, 1), slice(1, 2)):
+        model(**{k: v[half] for k, v in full.items()}, num_items_in_batch=num_items).loss.backward()
+    for full_gradient, p in zip(full_gradients, model.parameters(), strict=True):
+        assert torch.allclose(full_gradient, p.grad, atol=1e-6)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, 24, EOS, -100]])
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model(dropout=0.0)
+        model.train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels).loss.backward()
+        gradients.append(model.model.shared.weight.grad.clone())
+    assert torch.allclose(*gradients, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ save, load, Auto classes
+
+
+def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert (tmp_path / "configuration_transformer.py").exists() and (tmp_path / "modeling_transformer.py").exists()
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert config.auto_map["AutoModelForSeq2SeqLM"] == "modeling_transformer.TransformerForConditionalGeneration"
+
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, TransformerForConditionalGeneration)
+    assert torch.equal(loaded(**batch()).logits, model(**batch()).logits)
+    pointers = {loaded.model.shared.weight.data_ptr(), loaded.lm_head.weight.data_ptr()}
+    pointers |= {
+        loaded.model.encoder.embed_tokens.weight.data_ptr(),
+        loaded.model.decoder.embed_tokens.weight.data_ptr(),
+    }
+    assert len(pointers) == 1
+    assert loaded.generation_config.num_beams == 4 and loaded.generation_config.length_penalty_type == "gnmt"
+    assert isinstance(AutoModel.from_pretrained(tmp_path), TransformerModel)
+
+
+def test_from_pretrained_with_dtype(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert loaded.model.shared.weight.dtype == torch.bfloat16
+    assert loaded(**batch()).logits.dtype == torch.bfloat16
+
+
+def test_resize_token_embeddings_keeps_the_three_way_tie():
+    model = tiny_model()
+    model.resize_token_embeddings(VOCAB + 6)
+    shared = model.model.shared.weight
+    assert shared.shape == (VOCAB + 6, 32) and model.config.vocab_size == VOCAB + 6
+    for weight in (
+        model.lm_head.weight,
+        model.model.encoder.embed_tokens.weight,
+        model.model.decoder.embed_tokens.weight,
+    ):
+        assert weight.data_ptr() == shared.data_ptr()
+    assert model(input_ids=torch.tensor([[VOCAB + 5, EOS]]), decoder_input_ids=torch.tensor([[EOS]])).logits.shape[
+        -1
+    ] == (VOCAB + 6)
+    assert model.get_input_embeddings() is model.model.shared and model.get_output_embeddings() is model.lm_head
+
+
+def test_remote_code_loads_where_the_package_cannot_be_imported(tmp_path):
+    model = tiny_model()
+    save_dir = tmp_path / "checkpoint"
+    model.save_pretrained(save_dir)
+    torch.save(batch(), tmp_path / "batch.pt")
+    torch.save(model(**batch()).logits, tmp_path / "logits.pt")
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        class BlockModeling(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "modeling" or name.startswith("modeling."):
+                    raise ModuleNotFoundError("blocked: " + name)
+        sys.meta_path.insert(0, BlockModeling())
+        try:
+            import modeling
+            sys.exit("the package was importable")
+        except ModuleNotFoundError:
+            pass
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        logits = model(**torch.load({str(tmp_path / "batch.pt")!r})).logits
+        assert torch.equal(logits, torch.load({str(tmp_path / "logits.pt")!r})), "logits differ"
+        print("remote-ok")
+        """
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "remote-ok" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+
+
+def test_token_ids_outside_the_vocabulary_raise():
+    model = tiny_model()
+    inputs = batch()
+    with pytest.raises(ValueError, match="input_ids holds token ids"):
+        model(**{**inputs, "input_ids": inputs["input_ids"] + VOCAB})
+    with pytest.raises(ValueError, match="decoder_input_ids holds token ids"):
+        model(**{**inputs, "decoder_input_ids": inputs["decoder_input_ids"] - 10})
+
+
+def test_mismatched_mask_shape_raises():
+    model = tiny_model()
+    inputs = batch()
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5\), expected \(2, 6\)"):
+        model(**{**inputs, "attention_mask": inputs["attention_mask"][:, :5]})
+
+
+# ------------------------------------------------------------------------------------------------------ decoding
+
+
+def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
+    """Greedy decoding that re-runs the whole prefix at every step, with no cache."""
+    decoded = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id)
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    for _ in range(steps):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoded, use_cache=False)
+        next_tokens = logits.logits[:, -1].argmax(-1)
+        next_tokens = torch.where(finished, torch.full_like(next_tokens, EOS), next_tokens)
+        decoded = torch.cat([decoded, next_tokens[:, None]], dim=1)
+        finished |= next_tokens == EOS
+        if finished.all():
+            break
+    return decoded
+
+
+def test_greedy_generate_with_cache_equals_reference_without_cache():
+    model = tiny_model(seed=3)
+    inputs = batch()
+    generated = model.generate(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=1, max_new_tokens=12
+    )
+    expected = reference_greedy(model, inputs["input_ids"], inputs["attention_mask"], steps=12)
+    assert generated.tolist() == expected.tolist()
+
+
+def test_beam_generate_with_cache_equals_generate_without_cache():
+    model = tiny_model(seed=4)
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    cached = model.generate(**inputs, max_new_tokens=10)
+    uncached = model.generate(**inputs, max_new_tokens=10, use_cache=False)
+    assert cached.tolist() == uncached.tolist()
+    # The deprecated cache name still works for callers of forward.
+    out = model(**inputs, decoder_input_ids=torch.tensor([[EOS], [EOS]]), use_cache=True)
+    again = model(
+        **inputs, decoder_input_ids=torch.tensor([[5], [6]]), past_key_values=out.past_key_values, use_cache=True
+    )
+    full = model(**inputs, decoder_input_ids=torch.tensor([[EOS, 5], [EOS, 6]]))
+    assert torch.allclose(again.logits[:, -1], full.logits[:, -1], atol=1e-5)
+
+
+def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
+    """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
+    start token, and an end-of-sentence forced at the length limit has probability one."""
+    tokens = sequence[1:].tolist()
+    length = tokens.index(EOS) + 1
+    logits = model(**inputs, decoder_input_ids=sequence[None, :length]).logits[0]
+    log_probs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[:length])[:, None])[:, 0]
+    scored = length - 1 if length == max_length else length
+    return log_probs[:scored].sum().item()
+
+
+@pytest.mark.parametrize("penalty_type", ["gnmt", "transformers"])
+def test_beam_scores_follow_the_chosen_length_penalty(penalty_type):
+    model = tiny_model(seed=5)
+    source = batch()
+    inputs = {"input_ids": source["input_ids"][:1], "attention_mask": source["attention_mask"][:1]}
+    alpha, offset = 0.6, 4
+    source_length = int(inputs["attention_mask"].sum())
+    out = model.generate(
+        **inputs,
+        num_beams=4,
+        num_return_sequences=4,
+        length_penalty=alpha,
+        length_penalty_type=penalty_type,
+        max_length_offset=offset,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    expected_scores = []
+    for sequence in out.sequences:
+        length = sequence[1:].tolist().index(EOS) + 1
+        log_probability = sequence_log_probability(model, inputs, sequence, max_length=source_length + offset)
+        penalty = ((5 + length) / 6) ** alpha if penalty_type == "gnmt" else length**alpha
+        expected_scores.append(log_probability / penalty)
+    assert out.sequences_scores.tolist() == pytest.approx(expected_scores, abs=1e-4)
+    assert expected_scores == sorted(expected_scores, reverse=True)  # the first returned is the best
+
+
+def test_each_sentence_stops_at_its_own_limit():
+    model = tiny_model(seed=6)
+    # Bias the output towards a non-EOS token so that only the length limit ends the hypotheses.
+    with torch.no_grad():
+        model.model.shared.weight[7] *= 8
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    source_lengths = inputs["attention_mask"].sum(-1).tolist()  # [6, 4]
+    for num_beams in (1, 4):
+        out = model.generate(**inputs, num_beams=num_beams, max_length_offset=3)
+        for row, source_length in zip(out.tolist(), source_lengths, strict=True):
+            generated = row[1:]
+            assert EOS in generated
+            assert generated.index(EOS) + 1 == source_length + 3
+    assert out.shape[1] == 1 + max(source_lengths) + 3
+
+
+def test_default_generation_is_the_papers():
+    config = tiny_model().generation_config
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
+    assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
+    with pytest.raises(ValueError, match="Unknown length_penalty_type"):
+        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
