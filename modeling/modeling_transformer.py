@@ -727,6 +727,13 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             return torch.full((hidden.shape[0],), hidden.shape[1], device=hidden.device)
         return None
 
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
+        """Beam search keeps the surviving hypotheses: only their self-attention keys and values move. Beams only
+        ever move within their own sentence, whose rows hold identical encoder keys and values, so reordering the
+        cross-attention cache (half of the work transformers would do) changes nothing and is skipped."""
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
+
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
         if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
             generation_config = copy.copy(generation_config)
