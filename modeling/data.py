@@ -1,0 +1,597 @@
+"""Parallel data: load, clean, tokenise, and batch by token budget.
+
+Every loader ends in the same `datasets.DatasetDict` whose splits hold rows in the WMT schema,
+`{"translation": {source_lang: str, target_lang: str}}`, whether the text came from the Hub
+(`wmt/wmt14` `de-en`: train / validation = newstest2013 / test = newstest2014) or from local files.
+
+Split names are kept as found (Multi30k has `val` and `test_2016_flickr`); `resolve_split` maps the
+usual names "validation" and "test" onto them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from torch.utils.data import Sampler
+from transformers import PreTrainedTokenizerBase
+
+from .tokenization import iter_lines
+
+logger = logging.getLogger(__name__)
+
+# Preferred real split names for each usual name, best first (Multi30k, WMT newstest, common spellings).
+SPLIT_ALIASES: dict[str, tuple[str, ...]] = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "val", "dev", "newstest2013"),
+    "test": ("test", "test_2016_flickr", "newstest2014"),
+}
+
+
+def resolve_split(splits: Iterable[str], name: str) -> str:
+    """Return the real name of split `name` among `splits` (a DatasetDict or any names).
+
+    An existing name wins; otherwise "validation" maps to val/valid/dev/newstest2013 and "test" to
+    test_2016_flickr/newstest2014 (first present in `SPLIT_ALIASES` order).
+    """
+    available = list(splits)
+    if name in available:
+        return name
+    for candidate in SPLIT_ALIASES.get(name, ()):
+        if candidate in available:
+            return candidate
+    raise KeyError(f"no split {name!r} (or alias {list(SPLIT_ALIASES.get(name, ()))}) among {available}")
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+def load_parallel_dataset(
+    *,
+    source_lang: str,
+    target_lang: str,
+    dataset: str | None = None,
+    language_pair: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    data_files: Mapping[str, str | os.PathLike | Mapping[str, str | os.PathLike]] | None = None,
+    splits: Sequence[str] | None = None,
+    cache_dir: str | None = None,
+) -> datasets.DatasetDict:
+    """Load a parallel corpus from the Hub (`dataset`) or from local files (`data_dir` / `data_files`).
+
+    Local files, discovered in `data_dir` by split and language, plain or gzipped:
+      - line-aligned text, one sentence per line: `train.en` + `train.de`, `val.en.gz` + `val.de.gz`;
+      - TSV with two columns: `train.en-de.tsv` (column order from the name) or `train.tsv`
+        (source, then target);
+      - JSONL in the WMT schema: `train.jsonl`, one `{"translation": {"en": ..., "de": ...}}` per line.
+    `data_files` names the files explicitly instead: `{split: tsv_or_jsonl_path}` or
+    `{split: {lang: text_path}}`, relative to `data_dir` when given.
+    `splits` keeps only those splits (aliases such as "validation" are resolved).
+    """
+    if source_lang == target_lang:
+        raise ValueError(f"source and target language are both {source_lang!r}")
+    if (dataset is None) == (data_dir is None and data_files is None):
+        raise ValueError("give either dataset= (a Hub dataset) or data_dir= / data_files= (local files)")
+    if dataset is not None:
+        raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
+        if splits is not None:
+            raw = datasets.DatasetDict({name: raw[name] for name in (resolve_split(raw, split) for split in splits)})
+        return normalize_translation_dataset(raw, source_lang, target_lang)
+
+    if data_files is None:
+        files = discover_parallel_files(data_dir, source_lang, target_lang, splits)
+    else:
+        files = _explicit_files(data_files, data_dir, source_lang, target_lang)
+        if splits is not None:
+            files = {name: files[name] for name in (resolve_split(files, split) for split in splits)}
+    return datasets.DatasetDict(
+        {split: _local_split(spec, split, source_lang, target_lang, cache_dir) for split, spec in files.items()}
+    )
+
+
+def normalize_translation_dataset(
+    ds: datasets.DatasetDict, source_lang: str, target_lang: str
+) -> datasets.DatasetDict:
+    """Reduce every split to a single `translation` column holding exactly the two languages.
+
+    Accepts the WMT schema (`translation` dict, possibly with more languages) or one column per language.
+    """
+    if not ds:
+        raise ValueError("the dataset has no splits")
+    out = {}
+    for split, part in ds.items():
+        if "translation" in part.column_names:
+            feature = part.features["translation"]
+            languages = feature.languages if isinstance(feature, datasets.Translation) else list(feature)
+            missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
+            if missing:
+                raise ValueError(f"split {split!r} has languages {languages}, not {missing}")
+            if set(languages) == {source_lang, target_lang}:
+                out[split] = part.select_columns(["translation"])
+                continue
+        elif not {source_lang, target_lang} <= set(part.column_names):
+            raise ValueError(
+                f"split {split!r} needs a 'translation' column or columns {source_lang!r} and "
+                f"{target_lang!r}; it has {part.column_names}"
+            )
+        out[split] = part.map(
+            _to_translation,
+            batched=True,
+            fn_kwargs={"languages": (source_lang, target_lang)},
+            remove_columns=part.column_names,
+            features=_translation_features(source_lang, target_lang),
+            desc=f"normalise {split}",
+        )
+    return datasets.DatasetDict(out)
+
+
+def _to_translation(batch: dict[str, list], languages: tuple[str, str]) -> dict[str, list]:
+    if "translation" in batch:
+        return {"translation": [{lang: pair[lang] for lang in languages} for pair in batch["translation"]]}
+    return {
+        "translation": [
+            dict(zip(languages, texts, strict=True))
+            for texts in zip(*(batch[lang] for lang in languages), strict=True)
+        ]
+    }
+
+
+def _translation_features(source_lang: str, target_lang: str) -> datasets.Features:
+    return datasets.Features({"translation": datasets.Translation(languages=sorted([source_lang, target_lang]))})
+
+
+@dataclass(frozen=True)
+class ParallelFiles:
+    """One split on disk: `text` (one file per language), `tsv` (two columns) or `jsonl` (WMT rows)."""
+
+    kind: str
+    paths: tuple[str, ...]  # text: (source, target); tsv / jsonl: (file,)
+    columns: tuple[str, str] | None = None  # tsv: the language of each column
+
+
+_TEXT_RE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[^.]+?)(?:\.gz)?$")
+_TSV_RE = re.compile(r"^(?P<split>[^.]+)(?:\.(?P<l1>[^.-]+)-(?P<l2>[^.-]+))?\.tsv(?:\.gz)?$")
+_JSONL_RE = re.compile(r"^(?P<split>[^.]+)\.jsonl(?:\.gz)?$")
+
+
+def discover_parallel_files(
+    data_dir: str | os.PathLike, source_lang: str, target_lang: str, splits: Sequence[str] | None = None
+) -> dict[str, ParallelFiles]:
+    """Find the splits of `source_lang`-`target_lang` in `data_dir` (formats: see `load_parallel_dataset`).
+
+    All splits found, or only `splits` (aliases resolved); only those are checked, so an incomplete
+    split you do not ask for (say a test set without German) is no obstacle.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data directory {data_dir} does not exist")
+    names = sorted(p.name for p in data_dir.iterdir() if p.is_file())
+    pair = {source_lang, target_lang}
+    found: dict[str, list[ParallelFiles]] = {}
+    text: dict[str, dict[str, str]] = {}  # split -> language -> path, for every language present
+    for name in names:
+        path = str(data_dir / name)
+        if match := _JSONL_RE.match(name):
+            found.setdefault(match["split"], []).append(ParallelFiles("jsonl", (path,)))
+        elif match := _TSV_RE.match(name):
+            columns = (match["l1"], match["l2"]) if match["l1"] else (source_lang, target_lang)
+            if set(columns) == pair:
+                found.setdefault(match["split"], []).append(ParallelFiles("tsv", (path,), columns))
+        elif match := _TEXT_RE.match(name):
+            by_lang = text.setdefault(match["split"], {})
+            if match["lang"] in by_lang:
+                raise ValueError(f"two files for one split and language: {by_lang[match['lang']]} and {path}")
+            by_lang[match["lang"]] = path
+
+    candidates = sorted(set(found) | {split for split, by_lang in text.items() if by_lang.keys() & pair})
+    if not candidates:
+        raise ValueError(
+            f"no parallel files for {source_lang}-{target_lang} in {data_dir}: expected e.g. "
+            f"train.{source_lang}[.gz] + train.{target_lang}[.gz], train.tsv or train.jsonl; found {names}"
+        )
+    wanted = candidates if splits is None else [resolve_split(candidates, split) for split in splits]
+    for language in (source_lang, target_lang):
+        if not any(language in text.get(split, {}) or split in found for split in wanted):
+            present = sorted({lang for by_lang in text.values() for lang in by_lang})
+            raise ValueError(f"no files for language {language!r} in {data_dir} (languages found: {present})")
+    for split in wanted:
+        by_lang = text.get(split, {})
+        present = by_lang.keys() & pair
+        if len(present) == 1:
+            [lang], [other] = present, pair - present
+            raise ValueError(f"{by_lang[lang]} has no parallel file: expected {split}.{other}[.gz]")
+        if len(present) == 2:
+            found.setdefault(split, []).append(ParallelFiles("text", (by_lang[source_lang], by_lang[target_lang])))
+        if len(found[split]) > 1:
+            raise ValueError(f"split {split!r} is ambiguous, several files hold it: {[f.paths for f in found[split]]}")
+    return {split: found[split][0] for split in wanted}
+
+
+def _explicit_files(
+    data_files: Mapping[str, Any], data_dir: str | os.PathLike | None, source_lang: str, target_lang: str
+) -> dict[str, ParallelFiles]:
+    root = Path(data_dir) if data_dir is not None else Path()
+    files = {}
+    for split, spec in data_files.items():
+        if isinstance(spec, Mapping):
+            missing = [lang for lang in (source_lang, target_lang) if lang not in spec]
+            if missing:
+                raise ValueError(f"data_files[{split!r}] has no file for {missing}; it has {list(spec)}")
+            files[split] = ParallelFiles("text", (str(root / spec[source_lang]), str(root / spec[target_lang])))
+        else:
+            path = str(root / spec)
+            kind = "jsonl" if ".jsonl" in Path(path).name else "tsv" if ".tsv" in Path(path).name else None
+            if kind is None:
+                raise ValueError(f"data_files[{split!r}] = {path}: expected a .tsv or .jsonl file, or {{lang: path}}")
+            files[split] = ParallelFiles(kind, (path,), (source_lang, target_lang) if kind == "tsv" else None)
+    for spec in files.values():
+        for path in spec.paths:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"parallel data file {path} does not exist")
+    return files
+
+
+def _local_split(
+    spec: ParallelFiles, split: str, source_lang: str, target_lang: str, cache_dir: str | None
+) -> datasets.Dataset:
+    # File size and mtime are part of the cache key: editing a file must not reuse a stale Arrow cache.
+    # Tuples, not lists: `from_generator` would read a list in gen_kwargs as shards to split.
+    stamps = tuple((os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in spec.paths)
+    try:
+        return datasets.Dataset.from_generator(
+            _generate_rows,
+            features=_translation_features(source_lang, target_lang),
+            gen_kwargs={"spec": spec, "languages": (source_lang, target_lang), "stamps": stamps},
+            cache_dir=cache_dir,
+            split=datasets.NamedSplit(split),
+        )
+    except datasets.exceptions.DatasetGenerationError as err:
+        if isinstance(err.__cause__, ValueError):  # our own, clear message: don't bury it under datasets'
+            raise err.__cause__ from None
+        raise
+
+
+def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], stamps: tuple) -> Iterator[dict]:
+    """Rows of one split in the WMT schema; `stamps` is unused here, it only keys the cache."""
+    source_lang, target_lang = languages
+    if spec.kind == "text":
+        pairs = _read_text_pair(*spec.paths)
+    elif spec.kind == "tsv":
+        pairs = _read_tsv(spec.paths[0], spec.columns, languages)
+    else:
+        pairs = _read_jsonl(spec.paths[0], languages)
+    for source, target in pairs:
+        yield {"translation": {source_lang: source, target_lang: target}}
+
+
+def _read_text_pair(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:
+    count = 0
+    missing = object()
+    sources, targets = iter_lines(source_path), iter_lines(target_path)
+    for source, target in zip_longest(sources, targets, fillvalue=missing):
+        if source is missing or target is missing:
+            rest = sum(1 for _ in (targets if source is missing else sources))
+            n_source, n_target = (count, count + 1 + rest) if source is missing else (count + 1 + rest, count)
+            raise ValueError(
+                f"parallel files are not line-aligned: {source_path} has {n_source} lines "
+                f"but {target_path} has {n_target}"
+            )
+        count += 1
+        yield source, target
+
+
+def _read_tsv(path: str, columns: tuple[str, str], languages: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    swap = columns != languages
+    for line_number, line in enumerate(iter_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(f"{path}:{line_number}: expected 2 tab-separated columns, found {len(fields)}")
+        yield (fields[1], fields[0]) if swap else (fields[0], fields[1])
+
+
+def _read_jsonl(path: str, languages: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    for line_number, line in enumerate(iter_lines(path), start=1):
+        try:
+            pair = json.loads(line)["translation"]
+            yield pair[languages[0]], pair[languages[1]]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(
+                f'{path}:{line_number}: expected {{"translation": {{"{languages[0]}": ..., '
+                f'"{languages[1]}": ...}}}}, got {line[:200]!r} ({type(err).__name__}: {err})'
+            ) from err
+
+
+# --- cleaning ------------------------------------------------------------------------------------------
+
+# Rejection codes, in the order the rules are applied; a pair is counted under the first rule it breaks.
+_KEEP, _EMPTY, _TOO_LONG, _RATIO = range(4)
+
+
+def clean_parallel_dataset(
+    ds: datasets.DatasetDict,
+    source_lang: str,
+    target_lang: str,
+    *,
+    max_length: int | None = 250,
+    max_ratio: float | None = 1.5,
+    splits: Sequence[str] = ("train",),
+    num_proc: int | None = None,
+) -> tuple[datasets.DatasetDict, dict[str, dict[str, int]]]:
+    """Drop unusable training pairs as Moses `clean-corpus-n.perl` does; return the data and the counts.
+
+    Rules, applied in order, lengths in whitespace-separated words:
+      1. `empty`: either side is empty or blank;
+      2. `too_long`: either side has more than `max_length` words;
+      3. `ratio`: the longer side has more than `max_ratio` times the words of the shorter.
+    Defaults are fairseq's `prepare-wmt14en2de.sh` (`clean-corpus-n.perl -ratio 1.5 ... 1 250`), which
+    counts BPE tokens; we count words because cleaning runs before the BPE is trained. `None` disables a
+    rule. Only `splits` (default: the training split) are touched: test sentences are never dropped.
+    Counts per cleaned split: `{"total", "empty", "too_long", "ratio", "kept"}`.
+    """
+    out, counts = dict(ds), {}
+    for name in splits:
+        split = resolve_split(ds, name)
+        codes_ds = ds[split].map(
+            _rejection_codes,
+            batched=True,
+            input_columns="translation",
+            remove_columns=ds[split].column_names,
+            fn_kwargs={
+                "languages": (source_lang, target_lang),
+                "max_length": max_length,
+                "max_ratio": max_ratio,
+            },
+            num_proc=num_proc,
+            desc=f"clean {split}",
+        )
+        codes = codes_ds.with_format("arrow")["reject"].to_numpy()
+        by_rule = np.bincount(codes, minlength=4)
+        counts[split] = {
+            "total": len(codes),
+            "empty": int(by_rule[_EMPTY]),
+            "too_long": int(by_rule[_TOO_LONG]),
+            "ratio": int(by_rule[_RATIO]),
+            "kept": int(by_rule[_KEEP]),
+        }
+        logger.info(
+            "cleaned %s: kept %d of %d pairs; removed %d empty, %d longer than %s words, %d with length ratio > %s",
+            split,
+            counts[split]["kept"],
+            len(codes),
+            by_rule[_EMPTY],
+            by_rule[_TOO_LONG],
+            max_length,
+            by_rule[_RATIO],
+            max_ratio,
+        )
+        out[split] = ds[split].select(np.flatnonzero(codes == _KEEP))
+    return datasets.DatasetDict(out), counts
+
+
+def _rejection_codes(
+    pairs: list[dict[str, str]], languages: tuple[str, str], max_length: int | None, max_ratio: float | None
+) -> dict[str, list[int]]:
+    codes = []
+    for pair in pairs:
+        n_source, n_target = (len(pair[lang].split()) for lang in languages)
+        shorter, longer = sorted((n_source, n_target))
+        if shorter == 0:
+            codes.append(_EMPTY)
+        elif max_length is not None and longer > max_length:
+            codes.append(_TOO_LONG)
+        elif max_ratio is not None and longer > max_ratio * shorter:
+            codes.append(_RATIO)
+        else:
+            codes.append(_KEEP)
+    return {"reject": codes}
+
+
+# --- tokenisation --------------------------------------------------------------------------------------
+
+
+def tokenize_parallel_dataset(
+    ds: datasets.DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    source_lang: str,
+    target_lang: str,
+    *,
+    max_length: int | None = None,
+    num_proc: int | None = None,
+) -> datasets.DatasetDict:
+    """Encode every split into `input_ids`, `attention_mask` and `labels` (both ending in `</s>`).
+
+    The text column is dropped so that `DataCollatorForSeq2Seq` can pad the rest; keep the untokenised
+    DatasetDict for references. Sequences longer than `max_length` tokens are truncated, keeping their
+    final `</s>`, and counted in the log; none are dropped, so test sets stay complete (over-long
+    training pairs are better removed by `clean_parallel_dataset`). Results are cached by `datasets`.
+    """
+    out = {}
+    for split, part in ds.items():
+        encoded = part.map(
+            _encode,
+            batched=True,
+            input_columns="translation",
+            remove_columns=part.column_names,
+            fn_kwargs={
+                "tokenizer": tokenizer,
+                "languages": (source_lang, target_lang),
+                "max_length": max_length,
+            },
+            num_proc=num_proc,
+            desc=f"tokenise {split}",
+        )
+        truncated = pc.sum(encoded.with_format("arrow")["truncated"]).as_py() or 0
+        if truncated:
+            logger.warning("%s: truncated %d sequences to max_length=%d tokens", split, truncated, max_length)
+        out[split] = encoded.remove_columns("truncated")
+    return datasets.DatasetDict(out)
+
+
+def _encode(
+    pairs: list[dict[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    languages: tuple[str, str],
+    max_length: int | None,
+) -> dict[str, list]:
+    source_lang, target_lang = languages
+    encoded = tokenizer([p[source_lang] for p in pairs], text_target=[p[target_lang] for p in pairs])
+    input_ids, labels = encoded["input_ids"], encoded["labels"]
+    truncated = [0] * len(pairs)
+    if max_length is not None:
+        for i, (source, target) in enumerate(zip(input_ids, labels, strict=True)):
+            if len(source) > max_length or len(target) > max_length:
+                truncated[i] = int(len(source) > max_length) + int(len(target) > max_length)
+                input_ids[i], labels[i] = _truncate(source, max_length), _truncate(target, max_length)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [[1] * len(ids) for ids in input_ids],
+        "labels": labels,
+        "truncated": truncated,
+    }
+
+
+def _truncate(ids: list[int], max_length: int) -> list[int]:
+    return ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]  # keep the final </s>
+
+
+def sequence_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target lengths in tokens (`input_ids`, `labels`), read from Arrow without decoding rows."""
+    table = dataset.with_format("arrow")
+    return (
+        pc.list_value_length(table["input_ids"]).to_numpy(),
+        pc.list_value_length(table["labels"]).to_numpy(),
+    )
+
+
+# --- token-budget batching -----------------------------------------------------------------------------
+
+
+def padding_efficiency(
+    batches: Iterable[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
+) -> dict[str, float]:
+    """Real tokens / padded tokens (batch size × longest sequence) over `batches`, per side and overall."""
+    source, target = np.asarray(source_lengths), np.asarray(target_lengths)
+    real_src = real_tgt = padded_src = padded_tgt = 0
+    for batch in batches:
+        batch = np.asarray(batch)
+        real_src, real_tgt = real_src + source[batch].sum(), real_tgt + target[batch].sum()
+        padded_src += source[batch].max() * len(batch)
+        padded_tgt += target[batch].max() * len(batch)
+    return {
+        "source": float(real_src / padded_src),
+        "target": float(real_tgt / padded_tgt),
+        "total": float((real_src + real_tgt) / (padded_src + padded_tgt)),
+    }
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Batches of similar-length examples holding about `max_tokens` padded tokens on each side.
+
+    Sec. 5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
+    contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
+    tokens." Examples are sorted by length with ties broken at random (as in fairseq), then cut greedily
+    into batches while `count × longest ≤ max_tokens` holds for source and target separately (padded
+    size). An example longer than `max_tokens` forms a batch alone: the only case where the budget is
+    exceeded. The sort key is (max(source, target), target, source) rather than fairseq's (source,
+    target): the budget binds on the longer side, and on Multi30k en-de at 4096 tokens this raises the
+    padding efficiency from 0.93 to 0.96 (source 0.88 → 0.94) with 7% fewer batches. The batch order is
+    shuffled from (seed, epoch); call `set_epoch` before each epoch.
+
+    Several processes: with `num_replicas` > 1, rank r takes batches r, r + R, ... of the shuffled list.
+    When the number of batches is not a multiple of R, the first few batches are repeated (at most R - 1,
+    logged) so every rank yields the same number and no rank waits at the end of an epoch; every
+    example is still seen at least once. Do not shard again: under `accelerate` / `Trainer`, either keep
+    `num_replicas=1` and let `accelerator.prepare` shard the batches, or bypass its sharding.
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        if len(source_lengths) != len(target_lengths):
+            raise ValueError(f"{len(source_lengths)} source lengths but {len(target_lengths)} target lengths")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
+
+        # The sequence of length pairs after sorting does not depend on how ties are broken, so batch
+        # boundaries (and the number of batches) are the same every epoch: compute them once.
+        order = np.lexsort(self._sort_keys())
+        self._ends = _greedy_batch_ends(self.source_lengths[order], self.target_lengths[order], max_tokens)
+        self._num_repeated = -len(self._ends) % num_replicas if self._ends else 0
+        if self._num_repeated:
+            logger.info(
+                "%d batches for %d replicas: repeating %d batches per epoch so that every rank gets %d",
+                len(self._ends),
+                num_replicas,
+                self._num_repeated,
+                len(self),
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (len(self._ends) + self._num_repeated) // self.num_replicas
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.all_batches()[self.rank :: self.num_replicas]:
+            yield batch.tolist()
+
+    def all_batches(self) -> list[np.ndarray]:
+        """This epoch's batches for all ranks, in order, repeated batches included."""
+        if not self._ends:
+            return []
+        rng = np.random.default_rng([self.seed, self.epoch])
+        ties = rng.permutation(len(self.source_lengths)) if self.shuffle else np.arange(len(self.source_lengths))
+        order = np.lexsort((ties, *self._sort_keys()))
+        batches = np.split(order, self._ends[:-1])
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches + [batches[i % len(batches)] for i in range(self._num_repeated)]
+
+    def _sort_keys(self) -> tuple[np.ndarray, ...]:
+        # np.lexsort sorts by the last key first: longer side, then target, then source.
+        longer = np.maximum(self.source_lengths, self.target_lengths)
+        return self.source_lengths, self.target_lengths, longer
+
+    def padding_efficiency(self) -> dict[str, float]:
+        """Real / padded tokens over this epoch's batches (all ranks): see `padding_efficiency`."""
+        return padding_efficiency(self.all_batches(), self.source_lengths, self.target_lengths)
+
+
+def _greedy_batch_ends(source: np.ndarray, target: np.ndarray, max_tokens: int) -> list[int]:
+    """End offsets of the batches cut greedily from length-sorted examples under the padded budget."""
+    ends, longest_src, longest_tgt, count = [], 0, 0, 0
+    for i, (src, tgt) in enumerate(zip(source.tolist(), target.tolist(), strict=True)):
+        new_src, new_tgt = max(longest_src, src), max(longest_tgt, tgt)
+        if count and max(new_src, new_tgt) * (count + 1) > max_tokens:
+            ends.append(i)
+            longest_src, longest_tgt, count = src, tgt, 1
+        else:
+            longest_src, longest_tgt, count = new_src, new_tgt, count + 1
+    if count:
+        ends.append(len(source))
+    return ends

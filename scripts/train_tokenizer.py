@@ -1,0 +1,66 @@
+"""Train the shared source/target BPE (Sec. 5.1) and save it with `save_pretrained`.
+
+    python scripts/train_tokenizer.py --train-files train.en.gz train.de.gz --vocab-size 8000 --output-dir bpe
+    python scripts/train_tokenizer.py --data-dir data/multi30k --source-lang en --target-lang de \\
+        --vocab-size 8000 --output-dir bpe
+    python scripts/train_tokenizer.py --dataset wmt/wmt14 --language-pair de-en --vocab-size 37000 --output-dir bpe
+"""
+
+import argparse
+import time
+
+from modeling.data import load_parallel_dataset
+from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--train-files", nargs="+", help="text files, one sentence per line (.gz allowed)")
+    source.add_argument("--dataset", help="Hub dataset with a translation column, e.g. wmt/wmt14")
+    source.add_argument("--data-dir", help="folder of parallel files (train.en.gz + train.de.gz, tsv, jsonl)")
+    parser.add_argument("--language-pair", help="Hub dataset config, e.g. de-en")
+    parser.add_argument("--source-lang", help="default: first language of --language-pair")
+    parser.add_argument("--target-lang", help="default: second language of --language-pair")
+    parser.add_argument("--vocab-size", type=int, required=True, help="rounded up to a multiple of 8")
+    parser.add_argument("--min-frequency", type=int, default=2)
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--cache-dir", help="datasets cache folder")
+    args = parser.parse_args()
+    if args.train_files is None:
+        pair = args.language_pair.split("-") if args.language_pair else [None, None]
+        args.source_lang = args.source_lang or pair[0]
+        args.target_lang = args.target_lang or pair[-1]
+        if not (args.source_lang and args.target_lang):
+            parser.error("--dataset / --data-dir need --source-lang and --target-lang (or --language-pair)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.train_files:
+        texts = iter_text_files(args.train_files)
+    else:
+        languages = [args.source_lang, args.target_lang]
+        ds = load_parallel_dataset(
+            source_lang=args.source_lang,
+            target_lang=args.target_lang,
+            dataset=args.dataset,
+            language_pair=args.language_pair,
+            data_dir=args.data_dir,
+            splits=["train"],
+            cache_dir=args.cache_dir,
+        )
+        texts = iter_corpus_text(ds["train"], languages)
+
+    start = time.perf_counter()
+    tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)
+    seconds = time.perf_counter() - start
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"vocab size: {len(tokenizer)}")
+    print(f"training time: {seconds:.1f} s")
+    print(f"saved to: {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""Tests for loading, cleaning, tokenising and token-budget batching (modeling/data.py).
+
+All data is synthetic and written by the tests; the Multi30k test skips when ../shared is absent.
+"""
+
+import gzip
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from transformers import DataCollatorForSeq2Seq
+
+from modeling.data import (
+    TokenBudgetBatchSampler,
+    clean_parallel_dataset,
+    discover_parallel_files,
+    load_parallel_dataset,
+    normalize_translation_dataset,
+    padding_efficiency,
+    resolve_split,
+    sequence_lengths,
+    tokenize_parallel_dataset,
+)
+from modeling.tokenization import train_shared_bpe
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+EN = ["a man runs .", "two dogs play in the park .", "a woman in a red shirt .", "the boy eats ."]
+DE = ["ein mann läuft .", "zwei hunde spielen im park .", "eine frau in einem roten hemd .", "der junge isst ."]
+VAL_EN, VAL_DE = ["a dog ."], ["ein hund ."]
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    text = "".join(f"{line}\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+def pairs(ds: datasets.Dataset, source: str = "en", target: str = "de") -> list[tuple[str, str]]:
+    return [(row[source], row[target]) for row in ds["translation"]]
+
+
+def load(data_dir: Path, **kwargs) -> datasets.DatasetDict:
+    kwargs.setdefault("cache_dir", str(data_dir / ".cache"))
+    return load_parallel_dataset(source_lang="en", target_lang="de", data_dir=data_dir, **kwargs)
+
+
+# --- local files ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_line_aligned_text_files(tmp_path, suffix):
+    write_lines(tmp_path / f"train.en{suffix}", EN)
+    write_lines(tmp_path / f"train.de{suffix}", DE)
+    write_lines(tmp_path / f"val.en{suffix}", VAL_EN)
+    write_lines(tmp_path / f"val.de{suffix}", VAL_DE)
+    write_lines(tmp_path / f"test_2016_flickr.en{suffix}", EN[:2])
+    write_lines(tmp_path / f"test_2016_flickr.de{suffix}", DE[:2])
+    write_lines(tmp_path / f"test_2016_flickr.fr{suffix}", ["une", "deux"])  # other languages are ignored
+    ds = load(tmp_path)
+    assert sorted(ds) == ["test_2016_flickr", "train", "val"]
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+    assert pairs(ds["val"]) == [("a dog .", "ein hund .")]
+    assert ds["train"].features["translation"] == datasets.Translation(languages=["de", "en"])
+
+
+def test_tsv_files_with_column_order_from_name(tmp_path):
+    write_lines(tmp_path / "train.de-en.tsv.gz", [f"{d}\t{e}" for e, d in zip(EN, DE, strict=True)])
+    write_lines(tmp_path / "valid.tsv", [f"{e}\t{d}" for e, d in zip(VAL_EN, VAL_DE, strict=True)])
+    write_lines(tmp_path / "test.en-fr.tsv", ["a\tb"])  # another language pair: ignored
+    ds = load(tmp_path)
+    assert sorted(ds) == ["train", "valid"]
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+    assert pairs(ds["valid"]) == [("a dog .", "ein hund .")]
+
+
+def test_jsonl_files_in_wmt_schema(tmp_path):
+    rows = [json.dumps({"translation": {"de": d, "en": e, "fr": "x"}}) for e, d in zip(EN, DE, strict=True)]
+    write_lines(tmp_path / "train.jsonl.gz", rows)
+    ds = load(tmp_path)
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+
+
+def test_explicit_data_files(tmp_path):
+    write_lines(tmp_path / "corpus.english", EN)
+    write_lines(tmp_path / "corpus.german", DE)
+    write_lines(tmp_path / "dev.tsv", ["a dog .\tein hund ."])
+    ds = load_parallel_dataset(
+        source_lang="en",
+        target_lang="de",
+        data_dir=tmp_path,
+        data_files={"train": {"en": "corpus.english", "de": "corpus.german"}, "validation": "dev.tsv"},
+        cache_dir=str(tmp_path / ".cache"),
+    )
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+    assert pairs(ds["validation"]) == [("a dog .", "ein hund .")]
+
+
+def test_split_aliases_and_selection(tmp_path):
+    for split in ("train", "val", "test_2016_flickr"):
+        write_lines(tmp_path / f"{split}.en", VAL_EN)
+        write_lines(tmp_path / f"{split}.de", VAL_DE)
+    ds = load(tmp_path, splits=["validation", "test"])
+    assert sorted(ds) == ["test_2016_flickr", "val"]  # real names are kept
+    assert resolve_split(ds, "validation") == "val"
+    assert resolve_split(["train", "newstest2013", "newstest2014"], "test") == "newstest2014"
+    assert resolve_split(["validation", "val"], "validation") == "validation"
+    with pytest.raises(KeyError, match="no split 'train'"):
+        resolve_split(ds, "train")
+
+
+def test_edited_file_is_not_served_from_a_stale_cache(tmp_path):
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    assert len(load(tmp_path)["train"]) == 4
+    write_lines(tmp_path / "train.en", EN[:3])
+    write_lines(tmp_path / "train.de", DE[:3])
+    assert len(load(tmp_path)["train"]) == 3
+
+
+@pytest.mark.parametrize("longer", ["en", "de"])
+def test_mismatched_line_counts_name_both_files_and_counts(tmp_path, longer):
+    write_lines(tmp_path / "train.en.gz", EN + ["extra ."] if longer == "en" else EN)
+    write_lines(tmp_path / "train.de", DE + ["noch einer ."] if longer == "de" else DE)
+    n_en, n_de = (5, 4) if longer == "en" else (4, 5)
+    with pytest.raises(ValueError, match=rf"train\.en\.gz has {n_en} lines but .*train\.de has {n_de}"):
+        load(tmp_path)
+
+
+def test_missing_language_and_missing_side_are_named(tmp_path):
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.fr", EN)
+    with pytest.raises(ValueError, match=r"no files for language 'de' .*languages found: \['en', 'fr'\]"):
+        load(tmp_path)
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "val.en", VAL_EN)
+    with pytest.raises(ValueError, match=r"val\.en has no parallel file: expected val\.de"):
+        load(tmp_path)
+
+
+def test_incomplete_split_only_matters_when_asked_for(tmp_path):
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "test_2018_flickr.en", VAL_EN)  # no German side
+    assert sorted(load(tmp_path, splits=["train"])) == ["train"]
+    with pytest.raises(ValueError, match="test_2018_flickr.en has no parallel file"):
+        load(tmp_path)
+
+
+def test_missing_or_unreadable_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="no parallel files for en-de"):
+        load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="absent.tsv"):
+        load(tmp_path, data_files={"train": "absent.tsv"})
+    (tmp_path / "train.en.gz").write_bytes(b"not gzip at all")
+    write_lines(tmp_path / "train.de", DE)
+    with pytest.raises(ValueError, match=r"cannot read .*train\.en\.gz"):
+        load(tmp_path)
+
+
+def test_malformed_tsv_and_jsonl_rows_are_located(tmp_path):
+    write_lines(tmp_path / "train.tsv", ["a\tb", "only one column"])
+    with pytest.raises(ValueError, match=r"train\.tsv:2: expected 2 tab-separated columns, found 1"):
+        load(tmp_path)
+    (tmp_path / "train.tsv").unlink()
+    write_lines(tmp_path / "train.jsonl", [json.dumps({"translation": {"en": "a", "fr": "b"}})])
+    with pytest.raises(ValueError, match=r"train\.jsonl:1: expected .*KeyError"):
+        load(tmp_path)
+
+
+def test_ambiguous_split_is_rejected(tmp_path):
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.tsv", ["a\tb"])
+    with pytest.raises(ValueError, match="split 'train' is ambiguous"):
+        discover_parallel_files(tmp_path, "en", "de")
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="either dataset="):
+        load_parallel_dataset(source_lang="en", target_lang="de")
+    with pytest.raises(ValueError, match="either dataset="):
+        load_parallel_dataset(source_lang="en", target_lang="de", dataset="wmt/wmt14", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="both 'en'"):
+        load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path)
+
+
+# --- Hub schema ------------------------------------------------------------------------------------------
+
+
+def hub_like(features: datasets.Features | None = None, **columns) -> datasets.DatasetDict:
+    """A DatasetDict shaped like a Hub translation dataset, e.g. wmt/wmt14 de-en."""
+    return datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns, features=features)})
+
+
+def test_wmt_schema_with_translation_feature():
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    rows = [{"de": d, "en": e} for e, d in zip(EN, DE, strict=True)]
+    ds = normalize_translation_dataset(hub_like(features, translation=rows), "en", "de")
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+    assert ds["train"].column_names == ["translation"]
+
+
+def test_extra_languages_and_columns_are_dropped():
+    rows = [{"de": d, "en": e, "fr": "x"} for e, d in zip(EN, DE, strict=True)]
+    ds = normalize_translation_dataset(hub_like(translation=rows, id=list(range(4))), "de", "en")
+    assert ds["train"].column_names == ["translation"]
+    assert list(ds["train"][0]["translation"]) == ["de", "en"]
+    assert pairs(ds["train"], "de", "en") == list(zip(DE, EN, strict=True))
+
+
+def test_one_column_per_language():
+    ds = normalize_translation_dataset(hub_like(en=EN, de=DE, score=[1.0] * 4), "en", "de")
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+
+
+def test_dataset_option_goes_through_load_dataset(tmp_path):
+    # The Hub code path, offline: `datasets.load_dataset` also reads a local folder of JSONL splits.
+    rows = [json.dumps({"translation": {"de": d, "en": e}}) for e, d in zip(EN, DE, strict=True)]
+    write_lines(tmp_path / "train.jsonl", rows)
+    write_lines(tmp_path / "validation.jsonl", rows[:1])
+    ds = load_parallel_dataset(
+        source_lang="de", target_lang="en", dataset=str(tmp_path), splits=["validation"], cache_dir=str(tmp_path / "c")
+    )
+    assert list(ds) == ["validation"] and pairs(ds["validation"], "de", "en") == [(DE[0], EN[0])]
+
+
+def test_unknown_language_in_hub_dataset():
+    with pytest.raises(ValueError, match=r"split 'train' has languages \['de', 'en'\], not \['fr'\]"):
+        normalize_translation_dataset(hub_like(translation=[{"de": "a", "en": "b"}]), "en", "fr")
+    with pytest.raises(ValueError, match="needs a 'translation' column"):
+        normalize_translation_dataset(hub_like(text=["a"]), "en", "de")
+
+
+# --- cleaning ---------------------------------------------------------------------------------------------
+
+
+def test_each_cleaning_rule_is_counted_and_logged(caplog):
+    rows = [
+        ("a man runs .", "ein mann läuft ."),  # kept
+        ("", "leer ."),  # empty
+        ("  ", "leer ."),  # blank counts as empty
+        ("word " * 11, "wort " * 11),  # too long (max_length=10)
+        ("one two", "eins zwei drei vier"),  # ratio 2 > 1.5
+        ("a b", "c d e"),  # ratio exactly 1.5: kept
+    ]
+    translation = [{"en": e, "de": d} for e, d in rows]
+    ds = datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict({"translation": translation}) for split in ("train", "test")}
+    )
+    with caplog.at_level(logging.INFO, logger="modeling.data"):
+        cleaned, counts = clean_parallel_dataset(ds, "en", "de", max_length=10)
+    assert counts == {"train": {"total": 6, "empty": 2, "too_long": 1, "ratio": 1, "kept": 2}}
+    assert pairs(cleaned["train"]) == [rows[0], rows[5]]
+    assert len(cleaned["test"]) == 6  # test sentences are never dropped by default
+    assert "removed 2 empty, 1 longer than 10 words, 1 with length ratio > 1.5" in caplog.text
+
+    _, counts = clean_parallel_dataset(ds, "en", "de", max_length=None, max_ratio=None, splits=["train", "test"])
+    assert counts["test"] == {"total": 6, "empty": 2, "too_long": 0, "ratio": 0, "kept": 4}
+
+
+# --- tokenisation --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_shared_bpe((s for pair in zip(EN * 5, DE * 5, strict=True) for s in pair), vocab_size=120)
+
+
+def tiny_corpus() -> datasets.DatasetDict:
+    rows = [{"en": e, "de": d} for e, d in zip(EN, DE, strict=True)]
+    return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": rows})})
+
+
+def test_tokenized_columns_work_with_seq2seq_collator(tokenizer):
+    encoded = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de")["train"]
+    assert encoded.column_names == ["input_ids", "attention_mask", "labels"]
+    assert encoded[0]["input_ids"] == tokenizer(EN[0])["input_ids"]
+    assert encoded[0]["labels"][-1] == tokenizer.eos_token_id
+    batch = DataCollatorForSeq2Seq(tokenizer)([encoded[i] for i in range(4)])
+    assert batch["input_ids"].shape == batch["attention_mask"].shape
+    assert (batch["labels"] == -100).any() and (batch["input_ids"] == tokenizer.pad_token_id).any()
+    source, target = sequence_lengths(encoded)
+    assert source.tolist() == [len(ids) for ids in encoded["input_ids"]]
+    assert target.tolist() == [len(ids) for ids in encoded["labels"]]
+
+
+def test_truncation_keeps_eos_and_is_counted(tokenizer, caplog):
+    with caplog.at_level(logging.WARNING, logger="modeling.data"):
+        encoded = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de", max_length=4)["train"]
+    source, target = sequence_lengths(encoded)
+    assert source.max() <= 4 and target.max() <= 4
+    assert all(ids[-1] == tokenizer.eos_token_id for ids in [*encoded["input_ids"], *encoded["labels"]])
+    full = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de")["train"]
+    over = sum(int(n > 4) for side in sequence_lengths(full) for n in side)
+    assert over > 0 and f"truncated {over} sequences to max_length=4" in caplog.text
+    long = next(i for i, ids in enumerate(full["input_ids"]) if len(ids) > 4)
+    assert encoded[long]["input_ids"] == full[long]["input_ids"][:3] + [tokenizer.eos_token_id]
+
+
+# --- token-budget batching ------------------------------------------------------------------------------
+
+
+def random_lengths(n: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    source = rng.integers(2, 60, size=n)
+    target = np.clip(source + rng.integers(-8, 9, size=n), 2, None)
+    return source, target
+
+
+def test_every_example_once_per_epoch_and_len_is_exact():
+    source, target = random_lengths()
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=500)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert sorted(i for batch in batches for i in batch) == list(range(len(source)))
+
+
+def test_budget_is_never_exceeded_except_by_a_single_long_example():
+    source, target = random_lengths()
+    source[7], target[8] = 900, 700  # longer than the budget
+    max_tokens = 600
+    batches = list(TokenBudgetBatchSampler(source, target, max_tokens=max_tokens))
+    for batch in batches:
+        if len(batch) > 1:
+            assert source[batch].max() * len(batch) <= max_tokens
+            assert target[batch].max() * len(batch) <= max_tokens
+    assert [7] in batches and [8] in batches
+    assert all(len(b) == 1 for b in batches if source[b].max() > max_tokens or target[b].max() > max_tokens)
+
+
+def test_batches_group_similar_lengths():
+    source, target = random_lengths()
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=1000)
+    random_batches = np.array_split(np.random.default_rng(0).permutation(len(source)), len(sampler))
+    grouped = sampler.padding_efficiency()
+    assert grouped["total"] > 0.9
+    assert grouped["total"] > padding_efficiency(random_batches, source, target)["total"] + 0.3
+
+
+def test_padding_efficiency_by_hand():
+    efficiency = padding_efficiency([[0, 1], [2]], source_lengths=[2, 4, 3], target_lengths=[1, 1, 5])
+    assert efficiency == {"source": 9 / 11, "target": 7 / 7, "total": 16 / 18}
+
+
+def test_order_is_deterministic_per_seed_and_epoch():
+    source, target = random_lengths()
+    first, again = (TokenBudgetBatchSampler(source, target, 500, seed=3) for _ in range(2))
+    assert list(first) == list(again)
+    epoch0 = list(first)
+    first.set_epoch(1)
+    assert list(first) != epoch0
+    assert list(TokenBudgetBatchSampler(source, target, 500, seed=4)) != epoch0
+
+
+def test_without_shuffle_batches_come_in_length_order():
+    source, target = random_lengths()
+    sampler = TokenBudgetBatchSampler(source, target, 500, shuffle=False)
+    batches = list(sampler)
+    sampler.set_epoch(5)
+    assert list(sampler) == batches
+    longest = [max(source[b].max(), target[b].max()) for b in batches]
+    assert longest == sorted(longest)
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3, 4])
+def test_ranks_are_disjoint_equal_and_cover_everything(num_replicas):
+    source, target = random_lengths(1000)
+    samplers = [
+        TokenBudgetBatchSampler(source, target, 700, seed=1, num_replicas=num_replicas, rank=r)
+        for r in range(num_replicas)
+    ]
+    total = len(TokenBudgetBatchSampler(source, target, 700))
+    repeated = -total % num_replicas
+    per_rank = [list(s) for s in samplers]
+    assert {len(batches) for batches in per_rank} == {len(samplers[0])} == {(total + repeated) // num_replicas}
+    seen = [i for batches in per_rank for batch in batches for i in batch]
+    assert set(seen) == set(range(1000))
+    # Only the few repeated batches (at most num_replicas - 1) show examples twice.
+    flat = [tuple(batch) for batches in per_rank for batch in batches]
+    assert len(flat) - len(set(flat)) == repeated
+
+
+def test_more_replicas_than_batches_still_gives_every_rank_a_batch():
+    samplers = [TokenBudgetBatchSampler([3, 3], [3, 3], 100, num_replicas=3, rank=r) for r in range(3)]
+    for sampler in samplers:
+        assert len(sampler) == 1 and [sorted(batch) for batch in sampler] == [[0, 1]]
+
+
+def test_empty_and_invalid_inputs():
+    assert list(TokenBudgetBatchSampler([], [], 100)) == [] and len(TokenBudgetBatchSampler([], [], 100)) == 0
+    with pytest.raises(ValueError, match="3 source lengths but 2 target lengths"):
+        TokenBudgetBatchSampler([1, 2, 3], [1, 2], 100)
+    with pytest.raises(ValueError, match="max_tokens"):
+        TokenBudgetBatchSampler([1], [1], 0)
+    with pytest.raises(ValueError, match="rank"):
+        TokenBudgetBatchSampler([1], [1], 10, num_replicas=2, rank=2)
+
+
+def test_sampler_drives_a_dataloader(tokenizer):
+    corpus = datasets.DatasetDict({"train": datasets.concatenate_datasets([tiny_corpus()["train"]] * 10)})
+    encoded = tokenize_parallel_dataset(corpus, tokenizer, "en", "de")["train"]
+    sampler = TokenBudgetBatchSampler(*sequence_lengths(encoded), max_tokens=64)
+    loader = DataLoader(encoded, batch_sampler=sampler, collate_fn=DataCollatorForSeq2Seq(tokenizer))
+    batches = list(loader)
+    assert len(batches) == len(sampler)
+    assert sum(len(b["input_ids"]) for b in batches) == 40
+    assert all(b["input_ids"].numel() <= 64 and b["labels"].numel() <= 64 for b in batches)
+    assert all(isinstance(b["labels"], torch.Tensor) for b in batches)
+
+
+# --- real data -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")
+def test_multi30k_splits(tmp_path):
+    ds = load_parallel_dataset(source_lang="en", target_lang="de", data_dir=MULTI30K, cache_dir=str(tmp_path))
+    assert {split: len(part) for split, part in ds.items()} == {
+        "train": 29000,
+        "val": 1014,
+        "test_2016_flickr": 1000,
+    }
+    assert resolve_split(ds, "test") == "test_2016_flickr"
+    assert all(row["en"] and row["de"] for row in ds["val"]["translation"])

@@ -1,0 +1,187 @@
+"""Tests for the shared BPE (modeling/tokenization.py) and its CLI, on synthetic text made here."""
+
+import gzip
+import json
+import os
+import random
+import runpy
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import datasets
+import pytest
+from transformers import AutoTokenizer
+
+from modeling.tokenization import iter_corpus_text, iter_lines, iter_text_files, train_shared_bpe
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+EN_WORDS = "the a man woman dog runs plays with red ball in park street blue shirt is are two".split()
+DE_WORDS = "der die ein mann frau hund läuft spielt mit rotem ball im park straße blauen hemd".split()
+PUNCT = [".", ",", "!", "?"]
+
+
+def make_sentences(words: list[str], n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(words, k=rng.randint(3, 12))) + rng.choice(PUNCT) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    en, de = make_sentences(EN_WORDS, 300, seed=0), make_sentences(DE_WORDS, 300, seed=1)
+    return [s for pair in zip(en, de, strict=True) for s in pair]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus):
+    return train_shared_bpe(iter(corpus), vocab_size=100)
+
+
+def test_special_tokens_and_ids(tokenizer):
+    assert (tokenizer.pad_token, tokenizer.unk_token, tokenizer.eos_token) == ("<pad>", "<unk>", "</s>")
+    assert (tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+    assert tokenizer.model_max_length == 1024
+
+
+def test_source_and_target_end_with_eos(tokenizer):
+    batch = tokenizer(["the man runs .", "a dog"], text_target=["der mann läuft .", "ein hund"])
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    for ids in batch["input_ids"] + batch["labels"]:
+        assert ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.eos_token_id not in ids[:-1]
+    assert [len(m) for m in batch["attention_mask"]] == [len(ids) for ids in batch["input_ids"]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the man runs in the park .",
+        "der hund läuft  im   park!",  # repeated spaces survive
+        "ein rotem ball ,",
+        "the ﬁ ball",  # NFKC: the ligature decodes as "fi"
+    ],
+)
+def test_decode_encode_round_trip_is_nfkc(tokenizer, text):
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFKC", text)
+
+
+def test_leading_space_is_the_one_loss(tokenizer):
+    # Metaspace reads a leading space as the word-boundary mark it would have prepended anyway.
+    assert tokenizer.decode(tokenizer(" the dog")["input_ids"], skip_special_tokens=True) == "the dog"
+
+
+def test_unseen_character_is_unk(tokenizer):
+    assert tokenizer.unk_token_id in tokenizer("the ☃")["input_ids"]
+
+
+def test_vocab_size_is_rounded_up_to_multiple_of_8(corpus):
+    tokenizer = train_shared_bpe(iter(corpus), vocab_size=101)
+    assert len(tokenizer) == 104
+
+
+def test_small_corpus_is_padded_with_unreachable_fillers(corpus):
+    tokenizer = train_shared_bpe(iter(corpus), vocab_size=5000)  # far more than this corpus can merge
+    assert len(tokenizer) % 8 == 0
+    vocab = tokenizer.get_vocab()
+    fillers = {i for token, i in vocab.items() if token.startswith("<unused")}
+    assert fillers and max(fillers) == len(tokenizer) - 1
+    encoded = {i for ids in tokenizer(corpus)["input_ids"] for i in ids}
+    assert not encoded & fillers
+
+
+def test_trains_from_a_one_shot_generator(corpus):
+    tokenizer = train_shared_bpe((s for s in corpus), vocab_size=64)
+    assert len(tokenizer) == 64
+
+
+def test_rejects_vocab_without_room_for_specials(corpus):
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_shared_bpe(iter(corpus), vocab_size=3)
+
+
+def test_save_and_load_through_auto_tokenizer(tokenizer, corpus, tmp_path):
+    tokenizer.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "TokenizersBackend"  # a built-in class: no remote code needed
+    assert "auto_map" not in config
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded(corpus[:50])["input_ids"] == tokenizer(corpus[:50])["input_ids"]
+    assert loaded(corpus[:5], text_target=corpus[5:10])["labels"] == tokenizer(corpus[5:10])["input_ids"]
+    assert (loaded.pad_token_id, loaded.unk_token_id, loaded.eos_token_id) == (0, 1, 2)
+    assert len(loaded) == len(tokenizer) and loaded.model_max_length == 1024
+    text = "der  hund läuft ."
+    assert loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_iter_lines_plain_and_gzip(tmp_path):
+    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+    plain.write_bytes(b"one\r\ntwo\rstill two\n\nfour")  # only \n ends a line
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write("über\nfünf\n")
+    assert list(iter_lines(plain)) == ["one", "two\rstill two", "", "four"]
+    assert list(iter_text_files([plain, packed])) == ["one", "two\rstill two", "", "four", "über", "fünf"]
+
+
+def test_iter_lines_names_unreadable_file(tmp_path):
+    broken = tmp_path / "broken.en.gz"
+    broken.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])
+    with pytest.raises(ValueError, match="broken.en.gz"):
+        list(iter_lines(broken))
+    latin1 = tmp_path / "latin1.de"
+    latin1.write_bytes("grün\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="cannot read .*latin1.de"):
+        list(iter_lines(latin1))
+
+
+def test_iter_corpus_text_streams_both_sides():
+    ds = datasets.Dataset.from_dict({"translation": [{"en": f"e{i}", "de": f"d{i}"} for i in range(5)]})
+    assert list(iter_corpus_text(ds, ["en", "de"], batch_size=2)) == [s for i in range(5) for s in (f"e{i}", f"d{i}")]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train_tokenizer.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_cli_train_files_and_data_dir(corpus, tmp_path, monkeypatch, capsys):
+    with gzip.open(tmp_path / "train.en.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(corpus[0::2]) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(corpus[1::2]) + "\n", encoding="utf-8")
+
+    files = [str(tmp_path / "train.en.gz"), str(tmp_path / "train.de")]
+    result = run_cli("--train-files", *files, "--vocab-size", "90", "--output-dir", str(tmp_path / "bpe"))
+    assert result.returncode == 0, result.stderr
+    assert "vocab size: 96" in result.stdout and "training time:" in result.stdout
+    from_files = AutoTokenizer.from_pretrained(tmp_path / "bpe")
+
+    # The dataset options, in-process (a second interpreter start would double this test's time).
+    argv = ["train_tokenizer.py", "--data-dir", str(tmp_path), "--source-lang", "en", "--target-lang", "de"]
+    argv += ["--vocab-size", "90", "--output-dir", str(tmp_path / "bpe2"), "--cache-dir", str(tmp_path / "cache")]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(REPO / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    assert "vocab size: 96" in capsys.readouterr().out
+    from_dir = AutoTokenizer.from_pretrained(tmp_path / "bpe2")
+    assert from_dir(corpus[:20])["input_ids"] == from_files(corpus[:20])["input_ids"]  # same text, same BPE
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")
+def test_multi30k_val_round_trip_is_exact():
+    tokenizer = train_shared_bpe(
+        iter_text_files([MULTI30K / "train.en.gz", MULTI30K / "train.de.gz"]), vocab_size=8000
+    )
+    assert len(tokenizer) == 8000
+    val = list(iter_text_files([MULTI30K / "val.en.gz", MULTI30K / "val.de.gz"]))
+    decoded = tokenizer.batch_decode(tokenizer(val)["input_ids"], skip_special_tokens=True)
+    failures = [s for s, d in zip(val, decoded, strict=True) if d != unicodedata.normalize("NFKC", s)]
+    assert failures == []
