@@ -1,0 +1,101 @@
+"""Translate a test set with a trained model and score it: sacreBLEU, the paper's BLEU, lowercased BLEU, chrF.
+
+    python scripts/evaluate.py --model outputs/base --dataset wmt/wmt14 --language-pair de-en \\
+        --source-lang en --target-lang de --split test --output-dir outputs/base/eval
+    python scripts/evaluate.py --model outputs/multi30k --data-dir ../shared/data/multi30k \\
+        --source-lang en --target-lang de --split test --output-dir outputs/multi30k/eval
+
+Prints the scores and writes `eval_results_{split}.json` (scores, sacreBLEU signature, decoding settings; read
+by `scripts/push_to_hub.py --card-from`) and `hypotheses_{split}.{target_lang}` into `--output-dir`.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from modeling.data import load_parallel_dataset
+from modeling.evaluation import evaluate_split, load_model_and_tokenizer, metrics_filename, write_json
+
+SCORE_LINES = (
+    ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
+    ("paper_bleu", "BLEU, tokenised + compound split (paper)", "paper_bleu_signature"),
+    ("tokenized_bleu_lc", "BLEU, tokenised, lowercased", "tokenized_bleu_lc_signature"),
+    ("chrf", "chrF", "chrf_signature"),
+)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset", help="Hub dataset, e.g. wmt/wmt14")
+    source.add_argument("--data-dir", help="directory of local parallel files (see modeling.data)")
+    parser.add_argument("--language-pair", help="Hub dataset configuration, e.g. de-en")
+    parser.add_argument("--source-lang", required=True)
+    parser.add_argument("--target-lang", required=True)
+    parser.add_argument("--split", default="test", help="split to evaluate; 'validation'/'test' find aliases")
+    parser.add_argument("--limit", type=int, help="evaluate only the first N sentences (quick checks)")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
+    parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
+    parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
+    parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
+    parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model)
+        splits = load_parallel_dataset(
+            source_lang=args.source_lang,
+            target_lang=args.target_lang,
+            dataset=args.dataset,
+            language_pair=args.language_pair,
+            data_dir=args.data_dir,
+            splits=[args.split],
+        )
+    except KeyError as error:  # an unknown split: the message lists the available ones
+        sys.exit(f"error: {error.args[0]}")
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    [(split_name, split)] = splits.items()
+    if args.limit is not None:
+        split = split.select(range(min(args.limit, len(split))))
+
+    metrics, hypotheses = evaluate_split(
+        model,
+        tokenizer,
+        split,
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        max_tokens=args.max_tokens,
+        num_beams=args.num_beams,
+        progress=True,
+    )
+    metrics = {
+        "model": args.model,
+        "dataset": args.dataset or Path(args.data_dir).resolve().name,
+        "language_pair": args.language_pair,
+        "split": split_name,
+        "limit": args.limit,
+        **metrics,
+    }
+
+    print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
+    for key, name, signature in SCORE_LINES:
+        print(f"{name:>42}: {metrics[key]:6.2f}  {metrics[signature]}")
+    metrics_path = args.metrics_json or (args.output_dir and args.output_dir / metrics_filename(split_name))
+    hypotheses_path = args.hypotheses_file or (
+        args.output_dir and args.output_dir / f"hypotheses_{split_name}.{args.target_lang}"
+    )
+    if metrics_path:
+        print(f"Wrote {write_json(metrics_path, metrics)}")
+    if hypotheses_path:
+        hypotheses_path.parent.mkdir(parents=True, exist_ok=True)
+        hypotheses_path.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+        print(f"Wrote {hypotheses_path}")
+
+
+if __name__ == "__main__":
+    main()

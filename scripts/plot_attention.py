@@ -1,0 +1,58 @@
+"""Heatmaps of encoder self-, decoder self- and cross-attention for one sentence pair.
+
+    python scripts/plot_attention.py --model outputs/base --source "The house is small." \\
+        --target "Das Haus ist klein." --layer all --head mean --output attention.png
+
+Without `--target`, the model's own translation of the source is used. The model is loaded with eager
+attention, the only implementation that returns attention weights.
+"""
+
+import argparse
+import sys
+
+from modeling.evaluation import (
+    ATTENTION_KINDS,
+    attention_maps,
+    load_model_and_tokenizer,
+    plot_attention_maps,
+    translate,
+)
+
+
+def layer_or_all(value: str) -> int | None:
+    return None if value == "all" else int(value)
+
+
+def head_or_mean(value: str) -> int | None:
+    return None if value == "mean" else int(value)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    parser.add_argument("--source", required=True, help="source sentence")
+    parser.add_argument("--target", help="target sentence (default: the model's translation)")
+    parser.add_argument("--layer", type=layer_or_all, default=None, help="layer index, or 'all' (default)")
+    parser.add_argument("--head", type=head_or_mean, default=None, help="head index, or 'mean' (default)")
+    parser.add_argument(
+        "--kinds", nargs="+", choices=list(ATTENTION_KINDS), default=list(ATTENTION_KINDS), help="which attentions"
+    )
+    parser.add_argument("--output", default="attention.png", help="PNG to write")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model, attn_implementation="eager")
+        target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
+        maps = attention_maps(model, tokenizer, args.source, target)
+        path = plot_attention_maps(maps, args.output, layer=args.layer, head=args.head, kinds=args.kinds)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    print(f"target: {target}")
+    print(f"Wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

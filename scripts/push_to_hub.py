@@ -1,0 +1,52 @@
+"""Push a saved model directory to the Hugging Face Hub, with a model card built from measured results.
+
+    python scripts/push_to_hub.py --model outputs/base --repo-id you/transformer-base-wmt14-en-de \\
+        --card-from outputs/base/eval --card-from outputs/base [--private]
+
+`--card-from` directories are searched for `eval_results_*.json` (scripts/evaluate.py), `trainer_state.json`,
+`training_args.json` and `data_stats.json`; the card (README.md) and `training_curves.png` are written into the
+model directory, then pushed with it. Without `--card-from`, an existing README.md is kept as it is.
+The token comes from HF_TOKEN or `hf auth login`, never from the command line (shell history, `ps`).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from modeling.hub import MissingHubTokenError, check_model_dir, push_model_dir, resolve_token, write_model_card
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="directory written by save_pretrained (model + tokenizer)")
+    parser.add_argument("--repo-id", required=True, help="Hub repo to create or update, e.g. you/transformer-base")
+    parser.add_argument("--private", action="store_true", help="create the repo as private")
+    parser.add_argument(
+        "--card-from",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="directory with evaluation / training outputs for the model card (repeatable)",
+    )
+    parser.add_argument("--template", default=None, help="model card template (default: model_cards/template.md)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        token = resolve_token()
+        check_model_dir(args.model)
+        if args.card_from or not (Path(args.model) / "README.md").is_file():
+            card = write_model_card(
+                args.model, repo_id=args.repo_id, card_from=args.card_from, template_path=args.template
+            )
+            print(f"Wrote the model card {card}")
+        url = push_model_dir(args.model, args.repo_id, token=token, private=args.private)
+    except (MissingHubTokenError, OSError, ValueError) as error:  # OSError includes Hub HTTP errors
+        sys.exit(f"error: {error}")
+    print(f"Pushed {args.model} to {url}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Translate text with a saved or Hub model: one output line per input line, in order, empty lines kept.
+
+    python scripts/translate.py --model outputs/base "The house is small." "Hello!"
+    python scripts/translate.py --model you/transformer-base --input-file news.en > news.de
+    echo "The house is small." | python scripts/translate.py --model outputs/base
+
+Decoding defaults to the model's generation config (the paper's beam 4, GNMT length penalty, source + 50).
+"""
+
+import argparse
+import sys
+
+from modeling.evaluation import load_model_and_tokenizer, translate
+from modeling.tokenization import iter_lines
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
+    parser.add_argument("--input-file", help="one sentence per line, plain or .gz")
+    parser.add_argument("--output-file", help="where to write the translations (default: stdout)")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
+    parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
+    args = parser.parse_args()
+    if args.text and args.input_file:
+        parser.error("give sentences as arguments or --input-file, not both")
+    return args
+
+
+def read_stdin_lines() -> list[str]:
+    """Lines of stdin split on "\\n" only, as `iter_lines` does for files: other line breaks stay in a sentence."""
+    text = sys.stdin.buffer.read().decode("utf-8")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if text.endswith("\n") or not text else lines
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model)
+        sentences = args.text or (list(iter_lines(args.input_file)) if args.input_file else read_stdin_lines())
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    translations = translate(
+        model,
+        tokenizer,
+        sentences,
+        max_tokens=args.max_tokens,
+        num_beams=args.num_beams,
+        progress=len(sentences) > 100,
+    )
+    output = "".join(line.replace("\n", " ") + "\n" for line in translations)
+    if args.output_file:
+        with open(args.output_file, "w", encoding="utf-8") as handle:
+            handle.write(output)
+    else:
+        sys.stdout.write(output)
+
+
+if __name__ == "__main__":
+    main()
