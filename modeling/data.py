@@ -83,9 +83,17 @@ def load_parallel_dataset(
     if (dataset is None) == (data_dir is None and data_files is None):
         raise ValueError("give either dataset= (a Hub dataset) or data_dir= / data_files= (local files)")
     if dataset is not None:
-        raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
-        if splits is not None:
-            raw = datasets.DatasetDict({name: raw[name] for name in (resolve_split(raw, split) for split in splits)})
+        if splits is None:
+            raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
+        else:  # only the splits asked for: evaluating WMT14's test set must not download its 4.5M training pairs
+            available = datasets.get_dataset_split_names(dataset, language_pair)
+            names = [resolve_split(available, split) for split in splits]
+            raw = datasets.DatasetDict(
+                {
+                    name: datasets.load_dataset(dataset, language_pair, split=name, cache_dir=cache_dir)
+                    for name in names
+                }
+            )
         return normalize_translation_dataset(raw, source_lang, target_lang)
 
     if data_files is None:
