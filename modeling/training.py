@@ -16,7 +16,8 @@ What this module adds to the Trainer, and why:
   which were written at 10-minute intervals"), resumable with the same losses as an uninterrupted run; the last N
   are averaged by `modeling.averaging`.
 - **Validation**: loss on the whole validation split, and BLEU by the paper's beam search on a fixed sample of it.
-- `train()`: the whole pipeline that `scripts/train.py` calls: data, shared BPE, model, training, final save.
+- `train()`: the whole pipeline that `scripts/train.py` calls: data, shared BPE, model, training, final save, and
+  with `push_to_hub` one push at the end, of the model `scripts/push_to_hub.py` would push, with this project's card.
 
 How batches are sharded over processes: the sampler is built for one process (`num_replicas=1`) and
 `accelerator.prepare` wraps it in a `BatchSamplerShard`, which gives rank r the batches r, r + R, ... and, with
@@ -32,6 +33,8 @@ import copy
 import logging
 import math
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -896,14 +899,22 @@ def _write_run_records(
     data_args: DataArguments,
     text: datasets.DatasetDict,
     cleaning: dict[str, int],
+    *,
+    hub_model_id: str | None = None,
 ) -> None:
-    """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.hub`) reads."""
+    """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.hub`) reads.
+
+    `TrainingArguments.to_dict` writes every `*_token` field as a placeholder (`"<HUB_TOKEN>"`), never its value.
+    `hub_model_id` is the repo of a push at the end of training, which the trainer's own arguments don't request.
+    """
     args = trainer.args
     shown = {
         k: v
         for k, v in args.to_dict().items()
         if k not in ("per_device_train_batch_size", "per_device_eval_batch_size")
     }
+    if hub_model_id is not None:
+        shown |= {"push_to_hub": True, "hub_model_id": hub_model_id}
     if args.paper_schedule:
         shown.pop("lr_scheduler_type")
         shown["learning_rate_schedule"] = "learning_rate × d_model^-0.5 × min(step^-0.5, step × warmup^-1.5)"
@@ -923,12 +934,124 @@ def _write_run_records(
     write_json(Path(args.output_dir) / "data_stats.json", stats)
 
 
-def _average_last_checkpoints(output_dir: str, n: int) -> None:
+def _average_last_checkpoints(output_dir: str, n: int) -> Path | None:
+    """Average the last `n` checkpoints into output_dir/averaged; return that directory, or None without any."""
     checkpoints = list_checkpoints(output_dir)[-n:]
     if len(checkpoints) < n:
         logger.warning("Averaging the %d checkpoints in %s rather than %d", len(checkpoints), output_dir, n)
-    if checkpoints:
-        average_checkpoints(checkpoints, os.path.join(output_dir, "averaged"))
+    if not checkpoints:
+        return None
+    averaged = average_checkpoints(checkpoints, os.path.join(output_dir, "averaged"))
+    logger.info("Averaged %s into %s", ", ".join(path.name for path in checkpoints), averaged)
+    return averaged
+
+
+# --- pushing at the end of training ---
+
+
+@dataclass(frozen=True)
+class _HubTarget:
+    """The repo to push to, and the token checked before training (kept out of reprs and logs)."""
+
+    repo_id: str
+    token: str = field(repr=False)
+
+
+def _prepare_push(training_args: TranslationTrainingArguments) -> _HubTarget | None:
+    """Before training, on the main process: the token and the repo of the push at the end, checked now.
+
+    A push that cannot happen (no token: `MissingHubTokenError`; an invalid repo name; a revision; no right to
+    create the repo) fails here rather than after the whole run. The repo is `hub_model_id`, else output_dir's name
+    as the Trainer names it; a name without namespace gets the token owner's (asked of the Hub now), which the model
+    card needs. Returns None without `push_to_hub`, and on the other processes (only the main one pushes).
+    """
+    if not training_args.push_to_hub:
+        return None
+    if training_args.hub_revision is not None:
+        raise ValueError("The push at the end of training goes to the main branch: --hub_revision is not supported.")
+    if training_args.process_index != 0:
+        return None
+    from huggingface_hub.utils import validate_repo_id
+
+    from .hub import resolve_token  # the Hub extras (jinja2, matplotlib) are needed only for a push
+
+    token = resolve_token(training_args.hub_token)  # the argument, else HF_TOKEN, else `hf auth login`
+    repo_id = training_args.hub_model_id or Path(training_args.output_dir).absolute().name
+    validate_repo_id(repo_id)
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    if "/" not in repo_id:
+        repo_id = f"{api.whoami()['name']}/{repo_id}"
+    # Creating the repo now proves the token may write there, before hours of training rather than after.
+    api.create_repo(repo_id, private=bool(training_args.hub_private_repo), exist_ok=True, repo_type="model")
+    if training_args.hub_strategy in ("checkpoint", "all_checkpoints"):
+        logger.warning("hub_strategy=%s is not used: checkpoints are not pushed.", training_args.hub_strategy.value)
+    logger.info("The model will be pushed to %s at the end of training", repo_id)
+    return _HubTarget(repo_id, token)
+
+
+def _without_hub_push(training_args: TranslationTrainingArguments) -> TranslationTrainingArguments:
+    """The Trainer's copy of the arguments: it must not push (its card has no translation task and drops BLEU),
+    and, since it saves its arguments in every checkpoint (`training_args.bin`), holds no token either."""
+    if not training_args.push_to_hub and training_args.hub_token is None:
+        return training_args
+    args = copy.copy(training_args)
+    args.push_to_hub = False
+    args.hub_token = None
+    return args
+
+
+def _stage_card_inputs(model_dir: Path, output_dir: Path, staging: Path) -> None:
+    """Copy what the card is rendered from into `staging`: the run's records (output_dir), and evaluation JSONs of
+    `model_dir` (in it or in its `eval/`, where `scripts/evaluate.py --output-dir` usually puts them).
+
+    Only `model_dir`'s own are searched: those of the final model never describe the averaged one. An evaluation
+    JSON older than the weights scored an earlier model (a previous run in this output_dir): it is left out of the
+    card with a warning.
+    """
+    from .hub import DATA_STATS_FILE, EVAL_RESULTS_GLOB, TRAINER_STATE_FILE, TRAINING_ARGS_FILE
+
+    for name in (TRAINER_STATE_FILE, TRAINING_ARGS_FILE, DATA_STATS_FILE):
+        if (output_dir / name).is_file():
+            shutil.copy(output_dir / name, staging / name)
+    weights_time = min(path.stat().st_mtime for path in model_dir.glob("*.safetensors"))
+    found = sorted(path for directory in (model_dir, model_dir / "eval") for path in directory.glob(EVAL_RESULTS_GLOB))
+    fresh = [path for path in found if path.stat().st_mtime >= weights_time]
+    stale = [str(path) for path in found if path not in fresh]
+    if stale:
+        logger.warning(
+            "Left out of the model card, older than the weights of %s: %s. Evaluate this model with "
+            "scripts/evaluate.py and push again with scripts/push_to_hub.py --card-from to add its scores.",
+            model_dir,
+            ", ".join(stale),
+        )
+    for index, path in enumerate(fresh):  # distinct names: eval/ may hold a file of the same name
+        shutil.copy(path, staging / f"eval_results_{index}_{path.name.removeprefix('eval_results_')}")
+
+
+def _push_trained_model(
+    target: _HubTarget, model_dir: Path, output_dir: Path, description: str, private: bool | None
+) -> str:
+    """Write the model card into `model_dir` and push it as `scripts/push_to_hub.py` does; return the repo URL."""
+    from .hub import check_model_dir, push_model_dir, write_model_card
+
+    check_model_dir(model_dir)
+    with tempfile.TemporaryDirectory() as staging:
+        _stage_card_inputs(model_dir, output_dir, Path(staging))
+        card = write_model_card(model_dir, repo_id=target.repo_id, card_from=[staging])
+    logger.info("Pushing %s (%s, model card %s) to %s", description, model_dir, card, target.repo_id)
+    try:
+        url = push_model_dir(model_dir, target.repo_id, token=target.token, private=bool(private))
+    except Exception:
+        logger.error(
+            "The push failed; the model is saved. Retry with: python scripts/push_to_hub.py --model %s --repo-id %s",
+            model_dir,
+            target.repo_id,
+        )
+        raise
+    logger.info("Pushed %s to %s", model_dir, url)
+    return url
 
 
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> str:
@@ -938,7 +1061,13 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     preset's model (or load `model_name_or_path`), train with `TokenBudgetSeq2SeqTrainer` (resuming when
     `resume_from_checkpoint` is set), save the final model, and average the last `average_last_checkpoints`
     checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`.
+
+    With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
+    final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
+    this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
+    `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
     """
+    hub = _prepare_push(training_args)
     preset = get_preset(model_args.preset)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
     evaluate = training_args.eval_strategy != "no"
@@ -958,7 +1087,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     bleu_size = data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
     trainer = TokenBudgetSeq2SeqTrainer(
         model=model,
-        args=training_args,
+        args=_without_hub_push(training_args),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         train_dataset=tokenized["train"],
         eval_dataset=tokenized["validation"] if evaluate else None,
@@ -967,14 +1096,19 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
     )
     if trainer.is_world_process_zero():
-        _write_run_records(trainer, model_args, data_args, text, cleaning)
+        _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub.repo_id if hub else None)
     result = trainer.train(resume_from_checkpoint=_resume_checkpoint(training_args))
     trainer.save_model()
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
+    averaged = None
     if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
-        _average_last_checkpoints(training_args.output_dir, training_args.average_last_checkpoints)
+        averaged = _average_last_checkpoints(training_args.output_dir, training_args.average_last_checkpoints)
+    if hub is not None:
+        output_dir = Path(training_args.output_dir)
+        pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
+        _push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
     return training_args.output_dir
 
 

@@ -65,9 +65,11 @@ class Repo:
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, headers: dict | None = None, body: dict | None = None
+    ):
         super().__init__(message)
-        self.status, self.code, self.headers = status, code, headers or {}
+        self.status, self.code, self.headers, self.body = status, code, headers or {}, body or {}
 
 
 def card_metadata_errors(content: str) -> list[str]:
@@ -180,7 +182,7 @@ class Handler(BaseHTTPRequestHandler):
             headers = {"X-Error-Message": str(error), **error.headers}
             if error.code:
                 headers["X-Error-Code"] = error.code
-            self._send_json(status, {"error": str(error)}, headers)
+            self._send_json(status, {"error": str(error), **error.body}, headers)
         except Exception as error:  # a bug here: answer, so that the client fails fast instead of hanging
             traceback.print_exc()
             self._send_json(status, {"error": f"Test server error: {error!r}"})
@@ -232,7 +234,11 @@ class Handler(BaseHTTPRequestHandler):
         repo_id = f"{payload.get('organization') or 'tester'}/{payload['name']}"
         with self.state.lock:
             if repo_id in self.state.repos:
-                raise HubError(409, "You already created this model repo", headers={"X-Repo-Url": repo_id})
+                # The Hub answers a conflict with the repo's url, which create_repo(exist_ok=True) returns.
+                url = self._url(repo_id)
+                raise HubError(
+                    409, "You already created this model repo", headers={"X-Repo-Url": url}, body={"url": url}
+                )
             private = payload.get("visibility") == "private" or bool(payload.get("private"))
             self.state.repos[repo_id] = Repo(private=private, sha=hashlib.sha1(repo_id.encode()).hexdigest())
             (self.state.root / repo_id).mkdir(parents=True, exist_ok=True)
