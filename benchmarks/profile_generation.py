@@ -1,0 +1,103 @@
+"""Where beam-search time goes: this model against its MarianMT twin, one batch each, under torch.profiler.
+
+    python benchmarks/profile_generation.py                      # cached trained checkpoint, 40 sentences
+    python benchmarks/profile_generation.py --top 25 --trace-dir /tmp/traces   # also Chrome traces
+
+For each model it prints the wall time, the decoding steps, the share of wall time spent inside ATen operators
+(the rest is Python: generation loop, modules, masks, cache bookkeeping), and the top operators by self time
+with their calls per decoding step. For Python-level stacks, run the generation under py-spy instead:
+
+    py-spy record -r 200 -f raw -o ours.txt -- python benchmarks/profile_generation.py --no-profiler --models ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+from decoding import DecodingSettings
+from fixtures import DEFAULT_CACHE_DIR, DEFAULT_DATA_DIR, ISSUE_SIZE, load_corpus, trained_checkpoint
+from generation import encode_batches, transformers_translate
+from harness import markdown_table
+from torch.profiler import ProfilerActivity, profile
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=40, help="validation sentences, one batch")
+    parser.add_argument("--trained-steps", type=int, default=300, help="which cached checkpoint (see run.py)")
+    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15, help="operators listed per model")
+    parser.add_argument("--models", default="ours,marian", help="which of ours,marian to run")
+    parser.add_argument("--no-profiler", action="store_true", help="just generate, --passes times (for py-spy)")
+    parser.add_argument("--passes", type=int, default=3, help="generation passes with --no-profiler")
+    parser.add_argument("--trace-dir", type=Path, help="write a Chrome trace per model here")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    return parser.parse_args()
+
+
+def operator_table(prof: profile, steps: int, wall_us: float, top: int) -> tuple[str, float]:
+    """Markdown table of the top operators by self CPU time, and the share of wall time inside operators."""
+    events = [event for event in prof.key_averages() if event.self_cpu_time_total > 0]
+    events.sort(key=lambda event: event.self_cpu_time_total, reverse=True)
+    inside = sum(event.self_cpu_time_total for event in events)
+    rows = [
+        [
+            event.key,
+            event.self_cpu_time_total / 1e3,
+            f"{100 * event.self_cpu_time_total / wall_us:.1f}%",
+            event.count / steps,
+            event.self_cpu_time_total / event.count,
+        ]
+        for event in events[:top]
+    ]
+    headers = ["operator", "self ms", "% of wall", "calls / step", "µs / call"]
+    return markdown_table(headers, rows), inside / wall_us
+
+
+def main() -> None:
+    arguments = parse_arguments()
+    torch.set_num_threads(arguments.threads)
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
+    checkpoint = trained_checkpoint(corpus, ISSUE_SIZE, arguments.trained_steps, arguments.cache_dir)
+    batches = encode_batches(corpus.tokenizer, corpus.validation_sources[: arguments.sentences], arguments.sentences)
+    settings = DecodingSettings()
+    models = {}
+    if "ours" in arguments.models:
+        models["this model"] = (checkpoint.load_ours(arguments.attention), True)
+    if "marian" in arguments.models:
+        models["MarianMT"] = (checkpoint.load_marian(arguments.attention), False)
+    for name, (model, paper_fields) in models.items():
+        outputs = transformers_translate(model, batches, settings, paper_fields)  # warm-up, and the step count
+        steps = max(len(ids) for ids in outputs) + 1  # + </s>
+        if arguments.no_profiler:
+            for _ in range(arguments.passes):
+                transformers_translate(model, batches, settings, paper_fields)
+            continue
+        start = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            transformers_translate(model, batches, settings, paper_fields)
+        wall_us = (time.perf_counter() - start) * 1e6
+        table, inside = operator_table(prof, steps, wall_us, arguments.top)
+        print(f"### {name} ({arguments.attention}): {arguments.sentences} sentences, beam {settings.num_beams}\n")
+        print(
+            f"wall {wall_us / 1e3:.0f} ms (profiled), {steps} decoding steps, {wall_us / 1e3 / steps:.1f} ms/step; "
+            f"{100 * inside:.0f}% of wall time inside ATen operators, {100 * (1 - inside):.0f}% elsewhere "
+            "(Python, dispatch)\n"
+        )
+        print(table + "\n")
+        if arguments.trace_dir:
+            arguments.trace_dir.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(arguments.trace_dir / f"{name.replace(' ', '_')}.json"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Smoke tests of benchmarks/: everything runs end to end at tiny sizes and prints its tables.
+
+No timing is asserted (the numbers of a tiny run on a shared machine mean nothing). The runs use one thread: with
+two OpenMP threads on two busy cores, every tiny operator waits at a barrier for a descheduled thread, and a
+one-second run takes twenty. The main run uses the synthetic corpus, so it needs no data; the Multi30k run skips
+when ../shared is absent.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+TABLE_HEADERS = {
+    "train_step": "| contender | tokens/s (median) |",
+    "train_data": "| pipeline | real tokens/s (median) |",
+    "generate": "| contender | sentences/s (median) |",
+    "memory": "| workload: contender | peak RSS (MiB) |",
+}
+
+
+def run_quick(tmp_path: Path, *arguments: str) -> tuple[str, dict]:
+    output = tmp_path / "results.json"
+    command = [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--cache-dir", str(tmp_path / "cache")]
+    command += ["--threads", "1"]
+    command += ["--output-json", str(output), *arguments]
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return completed.stdout, json.loads(output.read_text())
+
+
+def test_quick_run_prints_every_table_on_synthetic_data(tmp_path):
+    stdout, results = run_quick(tmp_path, "--data-dir", str(tmp_path / "no-data"))
+    assert stdout.startswith("## Benchmark results")
+    for name, header in TABLE_HEADERS.items():
+        assert header in stdout, name
+        assert name in results["sections"]
+    assert "synthetic" in results["sections"]["train_data"]["title"]
+    # The twins' outputs are asserted identical inside the run; CTranslate2 float32 converts the twin exactly.
+    assert results["sections"]["generate"]["agreement"]["MarianMT (sdpa)"] == 1.0
+    assert results["sections"]["generate"]["agreement"]["CTranslate2 float32"] == 1.0
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")
+def test_quick_run_on_multi30k(tmp_path):
+    stdout, results = run_quick(tmp_path, "--only", "train_data", "--data-dir", str(MULTI30K))
+    assert TABLE_HEADERS["train_data"] in stdout
+    efficiency = results["sections"]["train_data"]["padding_efficiency_epoch"]
+    assert efficiency["this model + token-budget batches"] > efficiency["MarianMT + Seq2SeqTrainer default (random)"]
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    output = tmp_path / "gpu.json"
+    completed = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--threads", "1", "--output-json", str(output)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "| contender | tokens/s (median) |" in completed.stdout
+    assert completed.stdout.rstrip().splitlines()[-1].startswith(("|", "-"))  # the table comes last
+    assert set(json.loads(output.read_text())["sections"]) == {"train_base", "train_big", "generate"}
+
+
+@pytest.mark.parametrize("source_length, target_length", [(10, 7), (5, 9)])
+def test_analytic_training_flops_match_torch_flop_counter(source_length, target_length):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from fixtures import QUICK_SIZE, random_model, transformer_config, with_attention
+        from harness import model_shape, training_flops
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    config = transformer_config(QUICK_SIZE)
+    model = with_attention(random_model(config), "eager").train()  # sdpa's CPU kernel is invisible to the counter
+    input_ids = torch.randint(3, config.vocab_size, (3, source_length))
+    labels = torch.randint(3, config.vocab_size, (3, target_length))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels).loss.backward()
+    expected = training_flops(
+        **model_shape(config), batch_size=3, source_length=source_length, target_length=target_length
+    )
+    assert counter.get_total_flops() == expected
