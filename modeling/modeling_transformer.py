@@ -637,7 +637,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         if labels is not None:
             labels = labels.to(logits.device)
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum"
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
             )
             denominator = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
             loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)

@@ -473,3 +473,15 @@ def test_default_generation_is_the_papers():
     assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
     with pytest.raises(ValueError, match="Unknown length_penalty_type"):
         tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
+
+
+def test_loss_accepts_non_contiguous_labels():
+    model = tiny_model()
+    inputs = batch()
+    labels = torch.tensor([[20, 23], [21, 24], [22, EOS], [EOS, -100]]).t()  # a transposed view
+    assert not labels.is_contiguous()
+    out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels)
+    expected = model(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels.contiguous()
+    )
+    assert torch.equal(out.loss, expected.loss)
