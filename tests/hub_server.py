@@ -26,9 +26,12 @@ import base64
 import hashlib
 import json
 import re
+import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -324,6 +327,21 @@ class Handler(BaseHTTPRequestHandler):
         body = self.state.file_path(repo, path).read_bytes()
         self._send(200, body, {**headers, "ETag": f'"{oid}"'}, "application/octet-stream")
         return 200
+
+
+@contextmanager
+def running_hub_server(root: Path, token: str) -> Iterator[str]:
+    """Run this server in a subprocess on a free port over `root`; yield its endpoint; stop it by its pid."""
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--root", str(root), "--token", token], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("PORT "), f"hub server did not start: {line!r}"
+        yield f"http://127.0.0.1:{line.split()[1]}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_server import card_metadata_errors
+from hub_server import card_metadata_errors, running_hub_server
 from huggingface_hub import ModelCard, metadata_load
 from tiny_checkpoint import save_tiny_checkpoint, synthetic_pairs
 
@@ -119,18 +119,8 @@ def test_check_model_dir_refuses_a_directory_without_remote_code(tmp_path):
 def hub(tmp_path_factory):
     """Start tests/hub_server.py on a free port; yield (endpoint, storage root); stop it by its pid."""
     root = tmp_path_factory.mktemp("hub")
-    server = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "tests" / "hub_server.py"), "--root", str(root), "--token", TOKEN],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = server.stdout.readline()
-        assert line.startswith("PORT "), f"hub server did not start: {line!r}"
-        yield f"http://127.0.0.1:{line.split()[1]}", root
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with running_hub_server(root, TOKEN) as endpoint:
+        yield endpoint, root
 
 
 def hub_env(endpoint: str, hf_home: Path, token: str | None) -> dict[str, str]:

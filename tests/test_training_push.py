@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hub_server import running_hub_server
 from huggingface_hub import metadata_load
 from test_hub import hub_env, requests_made
 from test_training import word_for_word, write_corpus
@@ -44,18 +45,8 @@ TINY_RUN = (
 def hub(tmp_path_factory):
     """Start tests/hub_server.py on a free port; yield (endpoint, storage root); stop it by its pid."""
     root = tmp_path_factory.mktemp("hub")
-    server = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "tests" / "hub_server.py"), "--root", str(root), "--token", TOKEN],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = server.stdout.readline()
-        assert line.startswith("PORT "), f"hub server did not start: {line!r}"
-        yield f"http://127.0.0.1:{line.split()[1]}", root
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with running_hub_server(root, TOKEN) as endpoint:
+        yield endpoint, root
 
 
 def run_train_script(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
