@@ -201,6 +201,14 @@ def test_eager_and_sdpa_agree():
     assert torch.allclose(eager(**batch()).logits, sdpa(**batch()).logits, atol=1e-5)
 
 
+@torch.no_grad()  # flex attention has no backward on CPU
+def test_flex_attention_agrees_with_eager():
+    eager, flex = tiny_model(), tiny_model()
+    eager.set_attn_implementation("eager")
+    flex.set_attn_implementation("flex_attention")
+    assert torch.allclose(eager(**batch()).logits, flex(**batch()).logits, atol=1e-5)
+
+
 def test_output_attentions_returns_all_three_kinds():
     model = tiny_model()
     model.set_attn_implementation("eager")
