@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from tiny_checkpoint import tiny_config
 from transformers import MarianConfig, MarianMTModel
 
-from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling import TransformerForConditionalGeneration
 from modeling.convert import from_marian, interleaved_to_concatenated_permutation, to_marian
 from modeling.modeling_transformer import sinusoidal_positional_encoding
 
@@ -72,18 +73,7 @@ def test_from_marian_gives_the_same_logits_and_beam_outputs(layout):
 @pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
 def test_to_marian_is_exact_for_both_layouts(layout):
     torch.manual_seed(1)
-    config = TransformerConfig(
-        vocab_size=61,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        positional_encoding_layout=layout,
-    )
+    config = tiny_config(61, max_position_embeddings=64, positional_encoding_layout=layout)
     ours = TransformerForConditionalGeneration(config).eval()
     marian = to_marian(ours).eval()
     decoder_input_ids = DECODER_INPUT_IDS.clone()

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import tiny_checkpoint
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -18,18 +19,7 @@ PAD, EOS = 0, 2
 
 
 def tiny_config(**overrides) -> TransformerConfig:
-    settings = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-    )
-    return TransformerConfig(**{**settings, **overrides})
+    return tiny_checkpoint.tiny_config(VOCAB, **{"max_position_embeddings": 64, **overrides})
 
 
 def tiny_model(seed: int = 0, **overrides) -> TransformerForConditionalGeneration:

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import torch
+from tiny_checkpoint import tiny_config
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, TrainerCallback, TrainerControl
 
-from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling import TransformerForConditionalGeneration
 from modeling.data import TokenBudgetBatchSampler
 from modeling.tokenization import train_shared_bpe
 from modeling.training import (
@@ -61,17 +62,7 @@ def word_tokenizer():
 
 def tiny_model(vocab_size: int, dropout: float = 0.0, seed: int = 0) -> TransformerForConditionalGeneration:
     torch.manual_seed(seed)
-    config = TransformerConfig(
-        vocab_size=vocab_size,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        dropout=dropout,
-    )
+    config = tiny_config(vocab_size, dropout=dropout)
     return TransformerForConditionalGeneration(config)
 
 

@@ -47,10 +47,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return train_shared_bpe(texts, vocab_size=96, min_frequency=1)
 
 
-def tiny_model(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        vocab_size=vocab_size,
+def tiny_config(vocab_size: int, **overrides) -> TransformerConfig:
+    """The tests' model size: d_model 32, 2 + 2 layers, 4 heads, d_ff 64, with `overrides` on top."""
+    size = dict(
         d_model=32,
         encoder_layers=2,
         decoder_layers=2,
@@ -59,6 +58,12 @@ def tiny_model(vocab_size: int, seed: int = 0) -> TransformerForConditionalGener
         encoder_ffn_dim=64,
         decoder_ffn_dim=64,
     )
+    return TransformerConfig(**{**size, "vocab_size": vocab_size, **overrides})
+
+
+def tiny_model(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = tiny_config(vocab_size)
     model = TransformerForConditionalGeneration(config).eval()
     # An untrained model rarely stops early: a short length limit keeps decoding in tests fast.
     model.generation_config.max_length_offset = 8
