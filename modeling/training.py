@@ -30,6 +30,7 @@ evaluated twice.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 import os
@@ -391,6 +392,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={"help": "Also save a checkpoint every this many minutes (the paper: 10), besides save_steps."},
     )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this many minutes of training (evaluation included), saving a last checkpoint, "
+            "even if max_steps is not reached: a wall-clock budget."
+        },
+    )
     average_last_checkpoints: int = field(
         default=0,
         metadata={"help": "After training, average the last N checkpoints into OUTPUT_DIR/averaged (Sec. 6.1)."},
@@ -405,6 +413,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             )
         if self.max_tokens_per_device < 1:
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
 
 
 @dataclass
@@ -499,6 +509,28 @@ class SaveEveryMinutesCallback(TrainerCallback):
         self.last_save = time.monotonic()
 
 
+class StopAfterMinutesCallback(TrainerCallback):
+    """Stop training, with a last checkpoint, once `minutes` have passed since it started (a wall-clock budget).
+
+    As for `SaveEveryMinutesCallback`, rank 0's clock decides for every process. A resumed run gets the budget anew.
+    """
+
+    def __init__(self, minutes: float):
+        if minutes <= 0:
+            raise ValueError(f"minutes must be positive, got {minutes}.")
+        self.minutes = minutes
+        self.start = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if _rank_zero_decides(time.monotonic() - self.start >= 60.0 * self.minutes, args.device):
+            logger.info("Stopping at update %d: the budget of %g minutes is spent", state.global_step, self.minutes)
+            control.should_training_stop = True
+            control.should_save = True
+
+
 class _SamplerEpochCallback(TrainerCallback):
     """Tells the token-budget sampler which epoch starts, so that its order depends on (seed, epoch) only.
 
@@ -577,7 +609,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self.add_callback(self._sampler_epoch)
         if self.args.save_every_minutes is not None:
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
+        if self.args.max_train_minutes is not None:
+            self.add_callback(StopAfterMinutesCallback(self.args.max_train_minutes))
         self._reset_throughput()
+        # Sec. 5.4's label smoothing in the model's own fused loss when it has one, instead of `LabelSmoother`'s
+        # several passes over the (B, T, V) log-probabilities: the same value (tested), faster.
+        forward = inspect.signature(self.accelerator.unwrap_model(self.model).forward).parameters
+        self._fused_label_smoothing = self.label_smoother is not None and "label_smoothing" in forward
+        if self._fused_label_smoothing:
+            self.label_smoother = None
 
     # --- data ---
 
@@ -708,6 +748,17 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self._interval_first_update = self.state.global_step
         self._token_totals += _token_counts(inputs).to(self._token_totals.device)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor | Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        if self._fused_label_smoothing and "labels" in inputs:
+            inputs = {**inputs, "label_smoothing": self.args.label_smoothing_factor}
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _throughput_logs(self) -> dict[str, float]:
         source, source_padded, target, target_padded = self.accelerator.reduce(self._token_totals, "sum").tolist()

@@ -232,6 +232,20 @@ def test_loss_ignores_minus_100_and_uses_shifted_labels():
     assert decoder_input_ids.tolist() == [[EOS, 20, 21, 22], [EOS, 23, 24, EOS]]
 
 
+def test_label_smoothed_loss_equals_transformers_label_smoother():
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = tiny_model()
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, 24, EOS, -100]])
+    full = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    out = model(**full, label_smoothing=0.1, num_items_in_batch=torch.tensor(11))
+    expected = LabelSmoother(epsilon=0.1)(out, labels, num_items_in_batch=torch.tensor(11))
+    plain = model(**full, num_items_in_batch=torch.tensor(11)).loss
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert abs(out.loss.item() - plain.item()) > 1e-3, "smoothing should change the loss"
+
+
 def test_accumulating_two_half_batches_with_num_items_gives_the_full_batch_gradient():
     model = tiny_model()
     model.train()
