@@ -21,15 +21,18 @@ from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
     PreTrainedModel,
+    StoppingCriteriaList,
 )
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import logits_process, stopping_criteria
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
+    ModelOutput,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
@@ -542,6 +545,12 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         self.max_lengths = max_lengths  # (B,)
         self.eos_token_id = eos_token_id
 
+    def for_sentences(self, sentences: torch.Tensor) -> "PerSentenceMaxLengthLogitsProcessor":
+        """The same limits for a batch that keeps only `sentences` (indices into this one's)."""
+        return PerSentenceMaxLengthLogitsProcessor(
+            self.max_lengths[sentences.to(self.max_lengths.device)], self.eos_token_id
+        )
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         rows_per_sentence = input_ids.shape[0] // self.max_lengths.shape[0]  # beams or returned sequences
         limits = self.max_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence)  # (B * K,)
@@ -550,6 +559,54 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         forced = torch.full_like(scores, -math.inf)
         forced[:, self.eos_token_id] = 0.0
         return torch.where(at_limit, forced, scores)
+
+
+# Beam search steps see each row alone with these, so dropping other sentences from the batch changes nothing for
+# the rows that stay. Anything else (sampling, processors with per-batch state) takes transformers' own loop.
+ROW_WISE_LOGITS_PROCESSORS = (
+    PerSentenceMaxLengthLogitsProcessor,
+    logits_process.MinLengthLogitsProcessor,
+    logits_process.MinNewTokensLengthLogitsProcessor,
+    logits_process.TemperatureLogitsWarper,
+    logits_process.RepetitionPenaltyLogitsProcessor,
+    logits_process.NoRepeatNGramLogitsProcessor,
+    logits_process.SequenceBiasLogitsProcessor,
+    logits_process.ForcedBOSTokenLogitsProcessor,
+    logits_process.ForcedEOSTokenLogitsProcessor,
+    logits_process.InfNanRemoveLogitsProcessor,
+    logits_process.LogitNormalization,
+    logits_process.SuppressTokensAtBeginLogitsProcessor,
+    logits_process.SuppressTokensLogitsProcessor,
+)
+ROW_WISE_STOPPING_CRITERIA = (
+    stopping_criteria.MaxLengthCriteria,
+    stopping_criteria.MaxTimeCriteria,
+    stopping_criteria.EosTokenCriteria,
+)
+
+
+def keep_rows(model_kwargs: dict, num_rows: int, rows: torch.Tensor, self_attention_rows: torch.Tensor) -> dict:
+    """`model_kwargs` of a batch of `num_rows` rows, for a smaller batch: every per-row tensor keeps `rows`; the
+    self-attention cache, which beam search also reorders, keeps `self_attention_rows`."""
+
+    def select(value):
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_rows:
+            return value.index_select(0, rows)
+        if isinstance(value, ModelOutput):
+            return type(value)(**{name: select(field) for name, field in value.items()})
+        if isinstance(value, tuple):
+            return tuple(select(item) for item in value)
+        return value
+
+    kept = {}
+    for name, value in model_kwargs.items():
+        if isinstance(value, EncoderDecoderCache):
+            value.self_attention_cache.reorder_cache(self_attention_rows)
+            value.cross_attention_cache.reorder_cache(rows)
+            kept[name] = value
+        else:
+            kept[name] = select(value)
+    return kept
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -742,11 +799,167 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         cache.self_attention_cache.reorder_cache(beam_idx)
         return cache
 
-    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+    def _beam_search(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
+    ):
         if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        return super()._beam_search(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        can_drop_finished = not (
+            synced_gpus
+            or generation_config.do_sample
+            or generation_config.return_dict_in_generate
+            or not isinstance(model_kwargs.get("cache"), EncoderDecoderCache)
+            or not all(isinstance(p, ROW_WISE_LOGITS_PROCESSORS) for p in logits_processor)
+            or not all(isinstance(c, ROW_WISE_STOPPING_CRITERIA) for c in stopping_criteria)
+        )
+        if not can_drop_finished:
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+            )
+        return self._beam_search_dropping_finished(
+            input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+        )
+
+    def _beam_search_dropping_finished(
+        self,
+        input_ids: torch.LongTensor,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
+        generation_config: GenerationConfig,
+        **model_kwargs,
+    ) -> torch.LongTensor:
+        """transformers' beam search, step for step (its own step functions), except that a sentence leaves the
+        batch once its result is final, as CTranslate2 does: a batch then costs the sum of its sentences' lengths
+        rather than its longest sentence's length times its size. The outputs are the library loop's.
+
+        A sentence's result is final once transformers' loop would no longer change it: all its `num_beams`
+        finished hypotheses are in with `early_stopping=True`, or no running beam can beat the worst of them.
+        `input_ids` holds B sentences × K beams, (B·K, prompt length); the state below is (b, K, ...) for the b
+        sentences still running, `sentences` holding their positions in the batch.
+        """
+        num_beams = generation_config.num_beams
+        length_penalty, early_stopping = generation_config.length_penalty, generation_config.early_stopping
+        max_length = generation_config.max_length
+        pad_token_id, eos_token_id = generation_config._pad_token_tensor, generation_config._eos_token_tensor
+        batch_size = input_ids.shape[0] // num_beams
+        prompt_length = cur_len = input_ids.shape[1]
+        device = input_ids.device
+
+        # As transformers: keep 2K candidates per sentence so that K can run on when some end, and fill unused
+        # positions the same way.
+        candidates_per_sentence = max(2, 1 + (eos_token_id.shape[0] if eos_token_id is not None else 0)) * num_beams
+        is_top_k_candidate = torch.arange(candidates_per_sentence, device=device) < num_beams
+        fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
+
+        running_sequences = torch.full(
+            (batch_size, num_beams, max_length), fill_value, dtype=torch.long, device=device
+        )
+        running_sequences[:, :, :cur_len] = input_ids.view(batch_size, num_beams, -1)
+        running_beam_scores = torch.zeros((batch_size, num_beams), device=device)  # (b, K)
+        running_beam_scores[:, 1:] = -1e9  # every beam starts as the same prefix: expand only the first
+        running_beam_indices = torch.full(
+            (batch_size, num_beams, max_length - cur_len), -1, dtype=torch.int32, device=device
+        )
+        finished_sequences, finished_beam_indices = running_sequences.clone(), running_beam_indices.clone()
+        finished_scores = torch.full((batch_size, num_beams), -1e9, device=device)
+        is_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
+        can_improve = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+        sentences = torch.arange(batch_size, device=device)
+        results = (finished_sequences.clone(), finished_beam_indices.clone())  # every sentence's, once final
+
+        model_outputs = self._prefill(input_ids, generation_config, model_kwargs)
+        while True:
+            model_kwargs = self._update_model_kwargs_for_generation(
+                model_outputs, model_kwargs, is_encoder_decoder=True
+            )
+            logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (b·K, V)
+            del model_outputs
+            flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
+            log_probs = logits_processor(flat_sequences, F.log_softmax(logits, dim=-1))
+            running = len(sentences)
+            log_probs = (log_probs.view(running, num_beams, -1) + running_beam_scores[:, :, None]).view(running, -1)
+
+            candidate_scores, candidate_sequences, candidate_beam_indices = self._get_top_k_continuations(
+                accumulated_log_probs=log_probs,
+                running_sequences=running_sequences,
+                running_beam_indices=running_beam_indices,
+                cur_len=cur_len,
+                decoder_prompt_len=prompt_length,
+                do_sample=False,
+                beams_to_keep=candidates_per_sentence,
+                num_beams=num_beams,
+                batch_size=running,
+            )
+            candidate_ends = stopping_criteria(candidate_sequences[:, :, : cur_len + 1].flatten(0, 1), None)
+            candidate_ends = candidate_ends.view(running, candidates_per_sentence)
+            running_sequences, running_beam_scores, running_beam_indices = self._get_running_beams_for_next_iteration(
+                candidate_scores, candidate_sequences, candidate_beam_indices, candidate_ends, num_beams
+            )
+            finished_sequences, finished_scores, finished_beam_indices, is_finished = self._update_finished_beams(
+                sequences=finished_sequences,
+                topk_running_sequences=candidate_sequences,
+                beam_scores=finished_scores,
+                topk_log_probs=candidate_scores,
+                beam_indices=finished_beam_indices,
+                topk_running_beam_indices=candidate_beam_indices,
+                is_early_stop_heuristic_unsatisfied=can_improve,
+                is_sent_finished=is_finished,
+                next_token_hits_stopping_criteria=candidate_ends,
+                top_num_beam_mask=is_top_k_candidate,
+                num_beams=num_beams,
+                cur_len=cur_len,
+                decoder_prompt_len=prompt_length,
+                length_penalty=length_penalty,
+                early_stopping=early_stopping,
+            )
+            beam_rows = running_beam_indices[:, :, cur_len - prompt_length].flatten().long()  # (b·K,) rows kept
+            cur_len += 1
+            can_improve = self._check_early_stop_heuristic(
+                can_improve,
+                running_beam_scores,
+                finished_scores,
+                is_finished,
+                cur_len,
+                max_length,
+                prompt_length,
+                early_stopping,
+                length_penalty,
+            )
+
+            final = ~can_improve[:, 0] | (is_finished.all(dim=-1) & (early_stopping is True))  # (b,)
+            if candidate_ends.all() or final.all():
+                results[0][sentences], results[1][sentences] = finished_sequences, finished_beam_indices
+                break
+            if final.any():
+                results[0][sentences[final]] = finished_sequences[final]
+                results[1][sentences[final]] = finished_beam_indices[final]
+                stay = (~final).nonzero().squeeze(-1)  # (b',)
+                rows = (stay[:, None] * num_beams + torch.arange(num_beams, device=device)).flatten()  # (b'·K,)
+                sentences = sentences[stay]
+                running_sequences, running_beam_scores = running_sequences[stay], running_beam_scores[stay]
+                running_beam_indices, finished_scores = running_beam_indices[stay], finished_scores[stay]
+                finished_sequences, finished_beam_indices = finished_sequences[stay], finished_beam_indices[stay]
+                is_finished, can_improve = is_finished[stay], can_improve[stay]
+                # rows of the batch before the removal: the self-attention cache is reordered and cut in one go
+                beam_rows = beam_rows.view(-1, num_beams)[stay].flatten()
+                model_kwargs = keep_rows(model_kwargs, running * num_beams, rows, beam_rows)
+                logits_processor = LogitsProcessorList(
+                    p.for_sentences(stay) if isinstance(p, PerSentenceMaxLengthLogitsProcessor) else p
+                    for p in logits_processor
+                )
+            else:
+                model_kwargs["cache"] = self._reorder_cache(model_kwargs["cache"], beam_rows)
+
+            flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)
+            model_inputs = self.prepare_inputs_for_generation(flat_sequences, next_sequence_length=1, **model_kwargs)
+            model_outputs = self(**model_inputs, return_dict=True)
+
+        # As transformers: the best `num_return_sequences` of each sentence, cut to the longest of them.
+        num_return = generation_config.num_return_sequences
+        sequences = results[0][:, :num_return].flatten(0, 1)
+        generated_length = (results[1][:, :num_return].flatten(0, 1) >= 0).sum(dim=1).max()
+        return sequences[:, : prompt_length + generated_length]
 
 
 __all__ = [

@@ -425,6 +425,52 @@ def test_beam_generate_with_cache_equals_generate_without_cache():
     assert torch.allclose(again.logits[:, -1], full.logits[:, -1], atol=1e-5)
 
 
+def random_sources(count: int, seed: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """`count` right-padded sources of 2 to 8 tokens ending in </s>, with their attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (count,), generator=generator)
+    input_ids = torch.full((count, int(lengths.max())), PAD)
+    for row, length in enumerate(lengths.tolist()):
+        input_ids[row, : length - 1] = torch.randint(3, vocab_size, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = EOS
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long()}
+
+
+SEARCH_SETTINGS = [
+    {},
+    {"max_length_offset": 2},
+    {"early_stopping": False},
+    {"early_stopping": "never"},
+    {"length_penalty_type": "transformers", "length_penalty": 1.0},
+    {"num_return_sequences": 2},
+    {"max_new_tokens": 7, "max_length_offset": 2},
+    {"num_beams": 3, "no_repeat_ngram_size": 2},
+]
+
+
+@pytest.mark.parametrize("settings", SEARCH_SETTINGS, ids=lambda settings: str(settings) or "paper")
+def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, monkeypatch):
+    import modeling.modeling_transformer as modeling_transformer
+
+    removals = []
+
+    def counting_keep_rows(model_kwargs, num_rows, rows, self_attention_rows):
+        removals.append(num_rows - len(rows))
+        return keep_rows(model_kwargs, num_rows, rows, self_attention_rows)
+
+    keep_rows = modeling_transformer.keep_rows
+    monkeypatch.setattr(modeling_transformer, "keep_rows", counting_keep_rows)
+    torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
+    model = TransformerForConditionalGeneration(tiny_checkpoint.tiny_config(20, max_position_embeddings=64)).eval()
+    for seed in range(2):
+        inputs = random_sources(6, seed, vocab_size=20)
+        dropping = model.generate(**inputs, **settings)
+        # return_dict_in_generate takes transformers' own loop, which keeps every sentence to the end
+        library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
+        assert dropping.tolist() == library.tolist()
+    assert sum(removals) > 0, "sentences should have left the batch"
+
+
 def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
     """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
     start token, and an end-of-sentence forced at the length limit has probability one."""
