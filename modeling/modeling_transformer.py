@@ -585,12 +585,17 @@ ROW_WISE_STOPPING_CRITERIA = (
 )
 
 
-def keep_rows(model_kwargs: dict, num_rows: int, rows: torch.Tensor, self_attention_rows: torch.Tensor) -> dict:
-    """`model_kwargs` of a batch of `num_rows` rows, for a smaller batch: every per-row tensor keeps `rows`; the
-    self-attention cache, which beam search also reorders, keeps `self_attention_rows`."""
+# What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
+# transformers' own loop, since the batch could not be cut safely.
+PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
+
+
+def select_rows(model_kwargs: dict, rows: torch.Tensor, self_attention_rows: torch.Tensor) -> dict:
+    """`model_kwargs` for another batch made of the rows `rows` of this one (a row may be taken several times);
+    the self-attention cache, which beam search also reorders, takes `self_attention_rows`."""
 
     def select(value):
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num_rows:
+        if isinstance(value, torch.Tensor):
             return value.index_select(0, rows)
         if isinstance(value, ModelOutput):
             return type(value)(**{name: select(field) for name, field in value.items()})
@@ -598,15 +603,14 @@ def keep_rows(model_kwargs: dict, num_rows: int, rows: torch.Tensor, self_attent
             return tuple(select(item) for item in value)
         return value
 
-    kept = {}
-    for name, value in model_kwargs.items():
-        if isinstance(value, EncoderDecoderCache):
-            value.self_attention_cache.reorder_cache(self_attention_rows)
-            value.cross_attention_cache.reorder_cache(rows)
-            kept[name] = value
-        else:
-            kept[name] = select(value)
-    return kept
+    selected = dict(model_kwargs)
+    for name in PER_ROW_GENERATION_KWARGS:
+        if name in selected:
+            selected[name] = select(selected[name])
+    cache = selected["cache"]
+    cache.self_attention_cache.reorder_cache(self_attention_rows)
+    cache.cross_attention_cache.reorder_cache(rows)
+    return selected
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -810,6 +814,10 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             or generation_config.do_sample
             or generation_config.return_dict_in_generate
             or not isinstance(model_kwargs.get("cache"), EncoderDecoderCache)
+            or any(
+                isinstance(value, (torch.Tensor, ModelOutput)) and name not in PER_ROW_GENERATION_KWARGS
+                for name, value in model_kwargs.items()
+            )
             or not all(isinstance(p, ROW_WISE_LOGITS_PROCESSORS) for p in logits_processor)
             or not all(isinstance(c, ROW_WISE_STOPPING_CRITERIA) for c in stopping_criteria)
         )
@@ -868,13 +876,17 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         sentences = torch.arange(batch_size, device=device)
         results = (finished_sequences.clone(), finished_beam_indices.clone())  # every sentence's, once final
 
-        model_outputs = self._prefill(input_ids, generation_config, model_kwargs)
+        # All K beams of a sentence start from the same prefix: the first step runs on one of them, and its caches
+        # and logits are then copied to the others (at this step the cross-attention keys and values are computed).
+        first_beams = torch.arange(batch_size, device=device) * num_beams  # (B,)
+        model_kwargs = select_rows(model_kwargs, first_beams, first_beams)
+        model_outputs = self._prefill(input_ids[first_beams], generation_config, model_kwargs)
+        model_kwargs = self._update_model_kwargs_for_generation(model_outputs, model_kwargs, is_encoder_decoder=True)
+        every_beam = torch.arange(batch_size, device=device).repeat_interleave(num_beams)  # (B·K,)
+        model_kwargs = select_rows(model_kwargs, every_beam, every_beam)
+        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
+        del model_outputs
         while True:
-            model_kwargs = self._update_model_kwargs_for_generation(
-                model_outputs, model_kwargs, is_encoder_decoder=True
-            )
-            logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (b·K, V)
-            del model_outputs
             flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
             log_probs = logits_processor(flat_sequences, F.log_softmax(logits, dim=-1))
             running = len(sentences)
@@ -943,7 +955,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                 is_finished, can_improve = is_finished[stay], can_improve[stay]
                 # rows of the batch before the removal: the self-attention cache is reordered and cut in one go
                 beam_rows = beam_rows.view(-1, num_beams)[stay].flatten()
-                model_kwargs = keep_rows(model_kwargs, running * num_beams, rows, beam_rows)
+                model_kwargs = select_rows(model_kwargs, rows, beam_rows)
                 logits_processor = LogitsProcessorList(
                     p.for_sentences(stay) if isinstance(p, PerSentenceMaxLengthLogitsProcessor) else p
                     for p in logits_processor
@@ -954,6 +966,11 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)
             model_inputs = self.prepare_inputs_for_generation(flat_sequences, next_sequence_length=1, **model_kwargs)
             model_outputs = self(**model_inputs, return_dict=True)
+            model_kwargs = self._update_model_kwargs_for_generation(
+                model_outputs, model_kwargs, is_encoder_decoder=True
+            )
+            logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (b·K, V)
+            del model_outputs
 
         # As transformers: the best `num_return_sequences` of each sentence, cut to the longest of them.
         num_return = generation_config.num_return_sequences

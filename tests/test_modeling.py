@@ -452,23 +452,27 @@ SEARCH_SETTINGS = [
 def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, monkeypatch):
     import modeling.modeling_transformer as modeling_transformer
 
-    removals = []
+    batch_sizes, removals, num_beams = [], [], settings.get("num_beams", 4)
 
-    def counting_keep_rows(model_kwargs, num_rows, rows, self_attention_rows):
-        removals.append(num_rows - len(rows))
-        return keep_rows(model_kwargs, num_rows, rows, self_attention_rows)
+    def recording_select_rows(model_kwargs, rows, self_attention_rows):
+        batch_sizes.append(len(rows))
+        return select_rows(model_kwargs, rows, self_attention_rows)
 
-    keep_rows = modeling_transformer.keep_rows
-    monkeypatch.setattr(modeling_transformer, "keep_rows", counting_keep_rows)
+    select_rows = modeling_transformer.select_rows
+    monkeypatch.setattr(modeling_transformer, "select_rows", recording_select_rows)
     torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
     model = TransformerForConditionalGeneration(tiny_checkpoint.tiny_config(20, max_position_embeddings=64)).eval()
     for seed in range(2):
         inputs = random_sources(6, seed, vocab_size=20)
+        batch_sizes.clear()
         dropping = model.generate(**inputs, **settings)
+        # 6 rows for the first step, 6·K for the next, then fewer each time sentences leave
+        assert batch_sizes[:2] == [6, 6 * num_beams]
+        removals += batch_sizes[2:]
         # return_dict_in_generate takes transformers' own loop, which keeps every sentence to the end
         library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
         assert dropping.tolist() == library.tolist()
-    assert sum(removals) > 0, "sentences should have left the batch"
+    assert removals, "sentences should have left the batch"
 
 
 def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
