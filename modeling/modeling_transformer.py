@@ -555,10 +555,12 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         rows_per_sentence = input_ids.shape[0] // self.max_lengths.shape[0]  # beams or returned sequences
         limits = self.max_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence)  # (B * K,)
         # input_ids holds the decoder start token plus the tokens generated so far.
-        at_limit = (input_ids.shape[1] >= limits)[:, None]  # (B * K, 1)
+        at_limit = input_ids.shape[1] >= limits  # (B * K,)
+        if not at_limit.any():  # most steps: spare three passes over the (B * K, V) scores
+            return scores
         forced = torch.full_like(scores, -math.inf)
         forced[:, self.eos_token_id] = 0.0
-        return torch.where(at_limit, forced, scores)
+        return torch.where(at_limit[:, None], forced, scores)
 
 
 # Beam search steps see each row alone with these, so dropping other sentences from the batch changes nothing for
