@@ -278,51 +278,44 @@ def test_sampler_epoch_follows_completed_updates_when_resuming():
     assert (len(sampler), sampler.epoch) == (4, 3)
 
 
-def test_checkpoints_every_n_minutes(monkeypatch):
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    callback, args = SaveEveryMinutesCallback(minutes=10), SimpleNamespace(device=torch.device("cpu"))
-    callback.on_train_begin(args, None, None)
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """time.monotonic() under the test's control: advance it with `clock[0] += seconds`."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now
+
+
+CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
+
+
+def test_checkpoints_every_n_minutes(clock):
+    callback = SaveEveryMinutesCallback(minutes=10)
+    callback.on_train_begin(CPU_ARGS, None, None)
     control = TrainerControl()
     clock[0] += 9 * 60
-    callback.on_step_end(args, None, control)
+    callback.on_step_end(CPU_ARGS, None, control)
     assert not control.should_save
     clock[0] += 60
-    callback.on_step_end(args, None, control)
+    callback.on_step_end(CPU_ARGS, None, control)
     assert control.should_save
-    callback.on_save(args, None, control)  # the clock restarts at every save, step-based ones too
+    callback.on_save(CPU_ARGS, None, control)  # the clock restarts at every save, step-based ones too
     control = TrainerControl()
     clock[0] += 60
-    callback.on_step_end(args, None, control)
+    callback.on_step_end(CPU_ARGS, None, control)
     assert not control.should_save
 
 
-def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(monkeypatch):
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    callback, args = StopAfterMinutesCallback(minutes=90), SimpleNamespace(device=torch.device("cpu"))
-    callback.on_train_begin(args, None, None)
+def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
+    callback = StopAfterMinutesCallback(minutes=90)
+    callback.on_train_begin(CPU_ARGS, None, None)
     control = TrainerControl()
     clock[0] += 89 * 60
-    callback.on_step_end(args, SimpleNamespace(global_step=7), control)
+    callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=7), control)
     assert not (control.should_training_stop or control.should_save)
     clock[0] += 60
-    callback.on_step_end(args, SimpleNamespace(global_step=8), control)
+    callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=8), control)
     assert control.should_training_stop and control.should_save
-
-
-def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
-    from transformers.trainer_pt_utils import LabelSmoother
-
-    tokenizer = word_tokenizer()
-    model = tiny_model(len(tokenizer))
-    args = training_args(tmp_path, max_steps=1, max_tokens_per_device=36)
-    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, model)
-    assert trainer.label_smoother is None, "the Trainer's own smoother would smooth a second time"
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
-    expected = LabelSmoother(epsilon=0.1)(outputs, batch["labels"])
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
