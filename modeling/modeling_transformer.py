@@ -668,7 +668,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        label_smoothing: float = 0.0,
+        smoothing_epsilon: float = 0.0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -677,9 +677,11 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         num_items_in_batch: the number of labelled tokens in the whole (accumulated, all-process) batch, passed by
             the Trainer. The loss is then a sum divided by it, so that gradient accumulation and several processes
             give the gradient of one big batch; without it, the loss is the mean over this batch's tokens.
-        label_smoothing: ε_ls of Sec. 5.4 (the paper: 0.1): the loss is the cross-entropy against the target
-            smoothed by ε_ls spread uniformly over the vocabulary, as transformers' `LabelSmoother` computes it, but
-            in one fused kernel instead of several passes over the (B, T, V) log-probabilities.
+        smoothing_epsilon: ε_ls of Sec. 5.4's label smoothing (the paper: 0.1): the loss is the cross-entropy
+            against the target smoothed by ε_ls spread uniformly over the vocabulary, as transformers'
+            `LabelSmoother` computes it, but in one fused kernel instead of several passes over the (B, T, V)
+            log-probabilities. (Not called `label_smoothing`: the Trainer takes every forward argument whose name
+            holds "label" for a label, and would then compute no evaluation loss without it.)
         """
         if labels is not None:
             use_cache = False
@@ -708,7 +710,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                 labels.reshape(-1),
                 ignore_index=-100,
                 reduction="sum",
-                label_smoothing=label_smoothing,
+                label_smoothing=smoothing_epsilon,
             )
             denominator = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
             loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)

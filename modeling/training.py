@@ -615,7 +615,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # Sec. 5.4's label smoothing in the model's own fused loss when it has one, instead of `LabelSmoother`'s
         # several passes over the (B, T, V) log-probabilities: the same value (tested), faster.
         forward = inspect.signature(self.accelerator.unwrap_model(self.model).forward).parameters
-        self._fused_label_smoothing = self.label_smoother is not None and "label_smoothing" in forward
+        self._fused_label_smoothing = self.label_smoother is not None and "smoothing_epsilon" in forward
         if self._fused_label_smoothing:
             self.label_smoother = None
 
@@ -757,7 +757,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         if self._fused_label_smoothing and "labels" in inputs:
-            inputs = {**inputs, "label_smoothing": self.args.label_smoothing_factor}
+            inputs = {**inputs, "smoothing_epsilon": self.args.label_smoothing_factor}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _throughput_logs(self) -> dict[str, float]:

@@ -239,7 +239,7 @@ def test_label_smoothed_loss_equals_transformers_label_smoother():
     inputs = batch()
     labels = torch.tensor([[20, 21, 22, EOS], [23, 24, EOS, -100]])
     full = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
-    out = model(**full, label_smoothing=0.1, num_items_in_batch=torch.tensor(11))
+    out = model(**full, smoothing_epsilon=0.1, num_items_in_batch=torch.tensor(11))
     expected = LabelSmoother(epsilon=0.1)(out, labels, num_items_in_batch=torch.tensor(11))
     plain = model(**full, num_items_in_batch=torch.tensor(11)).loss
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)

@@ -318,6 +318,25 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     assert control.should_training_stop and control.should_save
 
 
+def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer))
+    args = training_args(tmp_path, max_steps=1, max_tokens_per_device=36)
+    dataset = equal_length_halves(len(tokenizer))
+    trainer = make_trainer(args, dataset, tokenizer, model)
+    assert trainer.label_smoother is None, "the Trainer's own smoother would smooth a second time"
+    short = dataset.select([0, 2, 4, 6])  # the four of length 5: one batch
+    batch = trainer.data_collator(list(short))
+    loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
+    expected = LabelSmoother(epsilon=0.1)(outputs, batch["labels"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    # Only `labels` is a label: an argument named like one would leave evaluation without a loss.
+    assert trainer.label_names == ["labels"]
+    assert trainer.evaluate(short)["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     tokenizer = word_tokenizer()
     lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
