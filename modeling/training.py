@@ -16,6 +16,9 @@ What this module adds to the Trainer, and why:
   which were written at 10-minute intervals"), resumable with the same losses as an uninterrupted run; the last N
   are averaged by `modeling.averaging`.
 - **Validation**: loss on the whole validation split, and BLEU by the paper's beam search on a fixed sample of it.
+- **Label smoothing in the model's fused loss** (its `smoothing_epsilon` argument) instead of the Trainer's
+  `LabelSmoother`, which makes several passes over the (B, T, V) log-probabilities; the same value.
+- **A wall-clock budget**, `max_train_minutes`: stop after that long with a last checkpoint.
 - `train()`: the whole pipeline that `scripts/train.py` calls: data, shared BPE, model, training, final save, and
   with `push_to_hub` one push at the end, of the model `scripts/push_to_hub.py` would push, with this project's card.
 
