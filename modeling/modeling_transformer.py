@@ -26,7 +26,8 @@ from transformers import (
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import logits_process, stopping_criteria
+from transformers.generation import logits_process
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -580,11 +581,7 @@ ROW_WISE_LOGITS_PROCESSORS = (
     logits_process.SuppressTokensAtBeginLogitsProcessor,
     logits_process.SuppressTokensLogitsProcessor,
 )
-ROW_WISE_STOPPING_CRITERIA = (
-    stopping_criteria.MaxLengthCriteria,
-    stopping_criteria.MaxTimeCriteria,
-    stopping_criteria.EosTokenCriteria,
-)
+ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
 
 
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
