@@ -22,7 +22,6 @@ from transformers import (
     MarianMTModel,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
-    TrainerCallback,
     set_seed,
 )
 
@@ -30,18 +29,7 @@ from modeling import TransformerConfig, TransformerForConditionalGeneration
 from modeling.convert import to_marian
 from modeling.data import clean_parallel_dataset, load_parallel_dataset, resolve_split, tokenize_parallel_dataset
 from modeling.evaluation import corpus_scores, translate
-
-
-class StopAfterMinutes(TrainerCallback):
-    """Ends training, with a checkpoint, once the wall-clock budget is spent."""
-
-    def __init__(self, minutes: float):
-        self.deadline = time.monotonic() + 60 * minutes
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if time.monotonic() >= self.deadline:
-            control.should_training_stop = True
-            control.should_save = True
+from modeling.training import StopAfterMinutesCallback
 
 
 def twin_model(reference_run: Path, seed: int) -> MarianMTModel:
@@ -104,7 +92,7 @@ def main() -> None:
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         train_dataset=tokenized["train"],
         processing_class=tokenizer,
-        callbacks=[StopAfterMinutes(args.minutes)],
+        callbacks=[StopAfterMinutesCallback(args.minutes)],
     )
     started = time.monotonic()
     trainer.train()
