@@ -20,7 +20,14 @@ import datasets
 import torch
 import transformers
 from decoding import DecodingSettings
-from fixtures import DEFAULT_CACHE_DIR, DEFAULT_DATA_DIR, ISSUE_SIZE, load_corpus, trained_checkpoint
+from fixtures import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_DATA_DIR,
+    GENERATION_CHECKPOINT_STEPS,
+    ISSUE_SIZE,
+    load_corpus,
+    trained_checkpoint,
+)
 from generation import encode_batches, transformers_translate
 from harness import markdown_table
 from torch.profiler import ProfilerActivity, profile
@@ -29,7 +36,9 @@ from torch.profiler import ProfilerActivity, profile
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=40, help="validation sentences, one batch")
-    parser.add_argument("--trained-steps", type=int, default=300, help="which cached checkpoint (see run.py)")
+    parser.add_argument(
+        "--trained-steps", type=int, default=GENERATION_CHECKPOINT_STEPS, help="which cached checkpoint (see run.py)"
+    )
     parser.add_argument("--attention", default="sdpa")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="operators listed per model")

@@ -30,6 +30,7 @@ from decoding import DecodingSettings
 from fixtures import (
     DEFAULT_CACHE_DIR,
     DEFAULT_DATA_DIR,
+    GENERATION_CHECKPOINT_STEPS,
     ISSUE_SIZE,
     QUICK_SIZE,
     Checkpoint,
@@ -66,7 +67,7 @@ class Plan:
     all_memory_probes: bool  # else one torch and one CTranslate2 probe (each probe is a fresh process)
 
 
-FULL = Plan(ISSUE_SIZE, 5, 2, (1024, 2048), 4, None, 300, 200, 40, 64, 3, True)
+FULL = Plan(ISSUE_SIZE, 5, 2, (1024, 2048), 4, None, GENERATION_CHECKPOINT_STEPS, 200, 40, 64, 3, True)
 QUICK = Plan(QUICK_SIZE, 1, 1, (256,), 1, 1000, 0, 8, 4, 8, 1, False)
 
 
@@ -77,7 +78,11 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="timed repeats per contender (default 5, quick 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads (default 2)")
     parser.add_argument("--attention", default="eager,sdpa", help="attention implementations to compare")
-    parser.add_argument("--trained-steps", type=int, help="updates of the cached generation checkpoint (300)")
+    parser.add_argument(
+        "--trained-steps",
+        type=int,
+        help=f"updates of the cached generation checkpoint (default {GENERATION_CHECKPOINT_STEPS})",
+    )
     parser.add_argument("--sentences", type=int, help="validation sentences to translate (default 200)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Multi30k files (else synthetic)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="BPE, datasets, checkpoints")

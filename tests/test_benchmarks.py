@@ -73,14 +73,19 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert set(json.loads(output.read_text())["sections"]) == {"train_base", "train_big", "generate"}
 
 
-@pytest.mark.parametrize("source_length, target_length", [(10, 7), (5, 9)])
-def test_analytic_training_flops_match_torch_flop_counter(source_length, target_length):
+@pytest.fixture
+def benchmarks_importable():
+    """benchmarks/ on sys.path for the test, as its scripts have it."""
     sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from fixtures import QUICK_SIZE, random_model, transformer_config, with_attention
-        from harness import model_shape, training_flops
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    yield
+    sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("source_length, target_length", [(10, 7), (5, 9)])
+def test_analytic_training_flops_match_torch_flop_counter(source_length, target_length, benchmarks_importable):
+    from fixtures import QUICK_SIZE, random_model, transformer_config, with_attention
+    from harness import model_shape, training_flops
+
     config = transformer_config(QUICK_SIZE)
     model = with_attention(random_model(config), "eager").train()  # sdpa's CPU kernel is invisible to the counter
     input_ids = torch.randint(3, config.vocab_size, (3, source_length))
@@ -91,3 +96,18 @@ def test_analytic_training_flops_match_torch_flop_counter(source_length, target_
         **model_shape(config), batch_size=3, source_length=source_length, target_length=target_length
     )
     assert counter.get_total_flops() == expected
+
+
+def test_generation_checkpoint_is_trained_once_and_cached(tmp_path, benchmarks_importable):
+    from fixtures import QUICK_SIZE, load_corpus, random_model, trained_checkpoint, transformer_config
+
+    cache = tmp_path / "cache"
+    corpus = load_corpus(tmp_path / "no-data", cache, QUICK_SIZE.vocab_size, train_limit=200, validation_limit=4)
+    checkpoint = trained_checkpoint(corpus, QUICK_SIZE, steps=10, cache_dir=cache, max_tokens=256)
+    trained = checkpoint.load_ours("eager")
+    initial = random_model(transformer_config(QUICK_SIZE, vocab_size=len(corpus.tokenizer)))
+    assert not torch.equal(trained.lm_head.weight, initial.lm_head.weight)
+    weights = checkpoint.ours / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    assert trained_checkpoint(corpus, QUICK_SIZE, steps=10, cache_dir=cache, max_tokens=256) == checkpoint
+    assert weights.stat().st_mtime_ns == written  # found in the cache, not trained again
