@@ -249,7 +249,9 @@ def trained_checkpoint(corpus: Corpus, size: ModelSize, steps: int, cache_dir: P
     The paper's schedule (`modeling.training.noam_scheduler`) with warm-up over the first fifth of the updates and
     its peak at `GENERATION_CHECKPOINT_PEAK_RATE`. `steps=0` saves the random initialisation.
     """
-    checkpoint = Checkpoint(cache_dir / f"trained-{corpus.name}-{len(corpus.train)}-{size.key}-s{steps}")
+    # The recipe is part of the name, so that a checkpoint cached by another recipe is never taken for this one's.
+    recipe = f"s{steps}-noam{GENERATION_CHECKPOINT_PEAK_RATE:g}"
+    checkpoint = Checkpoint(cache_dir / f"trained-{corpus.name}-{len(corpus.train)}-{size.key}-{recipe}")
     if checkpoint.exists():
         return checkpoint
     model = random_model(transformer_config(size, vocab_size=len(corpus.tokenizer)))
