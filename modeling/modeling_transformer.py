@@ -522,6 +522,68 @@ class TransformerModel(TransformerPreTrainedModel):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Training loss: cross-entropy with label smoothing (Sec. 5.4), fused with the output projection
+# --------------------------------------------------------------------------------------------------------------
+
+# The fused loss computes the logits of at most this many (row, token) pairs at once: 64 MiB in float32.
+LOSS_CHUNK_ELEMENTS = 2**24
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of the logits `hidden_states @ weight.T` against `labels`, with label smoothing ε
+    spread uniformly over the vocabulary: the value and gradients of
+    `F.cross_entropy(hidden_states @ weight.T, labels, reduction="sum", label_smoothing=ε)`, computed chunk by
+    chunk of rows so that the (N, V) logits are never held whole. Each chunk's gradient is taken in the forward
+    pass, while its logits are at hand; backward only scales it. This spares the passes that log-softmax, its
+    backward and the gradient buffers of the unfused loss make over the full logits.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, smoothing_epsilon: float
+    ) -> torch.Tensor:
+        # hidden_states (N, D), weight (V, D), labels (N,) in [0, V)
+        vocab_size = weight.shape[0]
+        rows_per_chunk = max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden_states.device)
+        grad_hidden_states = torch.empty_like(hidden_states)
+        grad_weight = None
+        for start in range(0, hidden_states.shape[0], rows_per_chunk):
+            hidden = hidden_states[start : start + rows_per_chunk]  # (C, D)
+            target = labels[start : start + rows_per_chunk, None]  # (C, 1)
+            logits = (hidden @ weight.T).float()  # (C, V)
+            target_logits = logits.gather(1, target)  # (C, 1)
+            mean_logits = logits.mean(dim=-1, keepdim=True)  # (C, 1)
+            max_logits = logits.amax(dim=-1, keepdim=True)  # (C, 1)
+            # From here on, in place: the chunk's logits become exp(logits - max), then the gradient.
+            unnormalized = logits.sub_(max_logits).exp_()  # (C, V)
+            normalizer = unnormalized.sum(dim=-1, keepdim=True)  # (C, 1)
+            log_normalizer = normalizer.log() + max_logits  # (C, 1)
+            # -sum_j q_j log p_j with q = (1 - ε) one-hot(target) + ε / V
+            loss += (log_normalizer - (1 - smoothing_epsilon) * target_logits - smoothing_epsilon * mean_logits).sum()
+            # d loss / d logits = p - q
+            grad_logits = unnormalized.div_(normalizer)  # (C, V)
+            if smoothing_epsilon:
+                grad_logits.sub_(smoothing_epsilon / vocab_size)
+            grad_logits.scatter_add_(1, target, grad_logits.new_full(target.shape, smoothing_epsilon - 1))
+            grad_logits = grad_logits.to(weight.dtype)
+            grad_hidden_states[start : start + rows_per_chunk] = grad_logits @ weight  # (C, D)
+            grad_weight_chunk = grad_logits.T @ hidden  # (V, D)
+            # Summed in float32 across chunks, so that bf16 weights round once, as in the unfused loss.
+            grad_weight = grad_weight_chunk.float() if grad_weight is None else grad_weight.add_(grad_weight_chunk)
+        if grad_weight is None:  # no labelled position
+            grad_weight = torch.zeros_like(weight)
+        ctx.save_for_backward(grad_hidden_states, grad_weight.to(weight.dtype))
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        grad_hidden_states, grad_weight = ctx.saved_tensors
+        return grad_hidden_states * grad_loss, grad_weight * grad_loss, None, None
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Decoding as in the paper (Sec. 6.1): beam 4, length penalty alpha = 0.6, max length = input length + 50
 # --------------------------------------------------------------------------------------------------------------
 
@@ -666,6 +728,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         smoothing_epsilon: float = 0.0,
+        skip_logits: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -679,7 +742,15 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             `LabelSmoother` computes it, but in one fused kernel instead of several passes over the (B, T, V)
             log-probabilities. (Not called `label_smoothing`: the Trainer takes every forward argument whose name
             holds "label" for a label, and would then compute no evaluation loss without it.)
+        skip_logits: compute the loss from the decoder output without materialising the (B, T, V) logits
+            (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
+            return `logits=None`. By default (`None`) this is done when training with labels and gradients on,
+            where the Trainer reads only the loss; pass `False` to get the logits with the loss then.
         """
+        if skip_logits is None:
+            skip_logits = labels is not None and self.training and torch.is_grad_enabled()
+        elif skip_logits and labels is None:
+            raise ValueError("skip_logits=True returns only the loss: pass labels.")
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -697,18 +768,25 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        logits = None if skip_logits else self.lm_head(hidden_states)  # (B, T, V)
 
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device)
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]),
-                labels.reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-                label_smoothing=smoothing_epsilon,
-            )
+            labels = labels.to(hidden_states.device)
+            if skip_logits:
+                labelled = labels.ne(-100)  # (B, T)
+                loss = LinearCrossEntropy.apply(
+                    hidden_states[labelled], self.lm_head.weight, labels[labelled], smoothing_epsilon
+                )
+            else:
+                loss = F.cross_entropy(
+                    logits.float().reshape(-1, logits.shape[-1]),
+                    labels.reshape(-1),
+                    ignore_index=-100,
+                    reduction="sum",
+                    label_smoothing=smoothing_epsilon,
+                )
             denominator = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
             loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)
 

@@ -267,6 +267,60 @@ def test_accumulating_two_half_batches_with_num_items_gives_the_full_batch_gradi
         assert torch.allclose(full_gradient, p.grad, atol=1e-6)
 
 
+@pytest.mark.parametrize("smoothing_epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("rows_per_chunk", [None, 3])  # one chunk, or several with a short last one
+def test_fused_training_loss_has_the_unfused_value_and_gradients(monkeypatch, smoothing_epsilon, rows_per_chunk):
+    from modeling import modeling_transformer
+
+    if rows_per_chunk is not None:
+        monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", rows_per_chunk * VOCAB)
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    full = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    results = {}
+    for skip_logits in (True, False):
+        model = tiny_model(dropout=0.0).train()
+        out = model(**full, smoothing_epsilon=smoothing_epsilon, num_items_in_batch=7, skip_logits=skip_logits)
+        (2.5 * out.loss).backward()  # a gradient of the loss other than 1 reaches the fused backward
+        results[skip_logits] = (out, {name: p.grad for name, p in model.named_parameters()})
+    (fused, fused_gradients), (unfused, unfused_gradients) = results[True], results[False]
+    assert fused.logits is None and unfused.logits.shape == (2, 4, VOCAB)
+    assert fused.loss.item() == pytest.approx(unfused.loss.item(), rel=1e-6)
+    assert fused_gradients.keys() == unfused_gradients.keys()
+    for name, gradient in unfused_gradients.items():
+        assert torch.allclose(fused_gradients[name], gradient, atol=1e-6), name
+
+
+def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train_on():
+    model = tiny_model().train()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    inputs = {**batch(), "labels": labels}
+    assert model(**inputs).logits is None  # the Trainer's training step: the loss alone
+    assert model(**inputs, skip_logits=False).logits.shape == (2, 4, VOCAB)
+    assert model(**batch()).logits.shape == (2, 4, VOCAB)  # no labels: no loss to fuse with
+    with torch.no_grad():
+        assert model(**inputs).logits.shape == (2, 4, VOCAB)  # evaluation loss: logits for the metrics
+    assert model.eval()(**inputs).logits.shape == (2, 4, VOCAB)
+    with pytest.raises(ValueError, match="skip_logits=True returns only the loss: pass labels"):
+        model(**batch(), skip_logits=True)
+
+
+def test_fused_loss_in_bf16_over_several_chunks_keeps_the_weight_dtype_and_its_gradient(monkeypatch):
+    from modeling import modeling_transformer
+
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(10, 16), torch.randn(VOCAB, 16)
+    labels = torch.randint(0, VOCAB, (10,))
+    expected_weight = weight.clone().requires_grad_()
+    torch.nn.functional.cross_entropy(hidden @ expected_weight.T, labels, reduction="sum").backward()
+    monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", 2 * VOCAB)  # five chunks
+    bf16_weight = weight.bfloat16().requires_grad_()
+    loss = modeling_transformer.LinearCrossEntropy.apply(hidden.bfloat16(), bf16_weight, labels, 0.0)
+    loss.backward()
+    assert bf16_weight.grad.dtype == torch.bfloat16
+    assert torch.allclose(bf16_weight.grad.float(), expected_weight.grad, rtol=0.05, atol=0.05)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     inputs = batch()
     labels = torch.tensor([[20, 21, 22, EOS], [23, 24, EOS, -100]])
