@@ -216,6 +216,39 @@ def test_return_dict_false_gives_a_tuple():
     assert isinstance(out, tuple) and out[0].shape == (2, 4, VOCAB)
 
 
+# -------------------------------------------------------------------------------------------------------- dropout
+
+
+def test_cpu_dropout_drops_at_rate_p_and_scales_the_kept_by_one_over_one_minus_p():
+    from modeling.modeling_transformer import apply_dropout
+
+    torch.manual_seed(0)
+    ones = torch.ones(1_000_001, requires_grad=True)  # an odd count: the last 64-bit word is used by half
+    dropped = apply_dropout(ones, 0.1, training=True)
+    kept = dropped != 0
+    # Binomial(10^6, 0.1) has a standard deviation of 3e-4: six of them.
+    assert abs(1 - kept.float().mean().item() - 0.1) < 1.8e-3
+    assert torch.equal(dropped[kept], torch.full_like(dropped[kept], 1 / 0.9))
+    dropped.sum().backward()
+    assert torch.equal(ones.grad, kept * (1 / 0.9))
+
+
+def test_cpu_dropout_follows_the_seed_and_keeps_shape_and_dtype():
+    from modeling.modeling_transformer import apply_dropout
+
+    x = torch.randn(3, 5, 7, dtype=torch.bfloat16)
+    torch.manual_seed(1)
+    first = apply_dropout(x, 0.3, training=True)
+    torch.manual_seed(1)
+    assert torch.equal(apply_dropout(x, 0.3, training=True), first)
+    assert not torch.equal(apply_dropout(x, 0.3, training=True), first)
+    assert first.shape == x.shape and first.dtype == torch.bfloat16
+    assert apply_dropout(x, 0.3, training=False) is x and apply_dropout(x, 0.0, training=True) is x
+    assert torch.equal(apply_dropout(x, 1.0, training=True), torch.zeros_like(x))
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        apply_dropout(x, 1.5, training=True)
+
+
 # ----------------------------------------------------------------------------------------------------------- loss
 
 
