@@ -123,6 +123,8 @@ def run_train_step(
         f"{tokens // steps_per_call} token positions per step (source + target, padding included: real lengths "
         f"are drawn from [{SEQUENCE_LENGTH // 2}, {SEQUENCE_LENGTH}]); {flops / steps_per_call / 1e9:.1f} GFLOP per "
         "step, counted analytically (6 × matmul parameters × tokens + attention, see harness.forward_flops).",
+        "Both models are credited the same FLOPs; this model's training forward fuses the output projection with "
+        "the loss and computes it on labelled positions only, so it executes fewer than it is credited.",
         f"fp32 peak = best median GFLOP/s of torch.mm at {peak_sizes}, timed in the same alternating loop: "
         f"{peak_gflops:.1f} GFLOP/s.",
         f"{repeats} repeats of {steps_per_call} step(s) each after one warm-up call, contenders alternating; "
