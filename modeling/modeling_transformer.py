@@ -774,10 +774,15 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         skip_logits: compute the loss from the decoder output without materialising the (B, T, V) logits
             (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
             return `logits=None`. By default (`None`) this is done when training with labels and gradients on,
-            where the Trainer reads only the loss; pass `False` to get the logits with the loss then.
+            where the Trainer reads only the loss, except under torch.compile; pass `False` to get the logits with
+            the loss then.
         """
         if skip_logits is None:
-            skip_logits = labels is not None and self.training and torch.is_grad_enabled()
+            # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
+            # data-dependent number of labelled positions in a full graph.
+            skip_logits = (
+                labels is not None and self.training and torch.is_grad_enabled() and not is_torchdynamo_compiling()
+            )
         elif skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss: pass labels.")
         if labels is not None:

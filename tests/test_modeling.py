@@ -338,6 +338,20 @@ def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train
         model(**batch(), skip_logits=True)
 
 
+def test_training_step_compiles_as_one_graph_with_the_plain_loss():
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
+    eager = tiny_model(dropout=0.0).train()
+    compiled_model = tiny_model(dropout=0.0).train()
+    compiled = torch.compile(compiled_model, fullgraph=True)  # fails on a graph break
+    expected, out = eager(**inputs), compiled(**inputs)
+    expected.loss.backward()
+    out.loss.backward()
+    assert expected.logits is None and out.logits is not None  # the fused loss is left to eager mode
+    assert out.loss.item() == pytest.approx(expected.loss.item(), rel=1e-5)
+    assert torch.allclose(compiled_model.lm_head.weight.grad, eager.lm_head.weight.grad, atol=1e-5)
+
+
 def test_fused_loss_in_bf16_over_several_chunks_keeps_the_weight_dtype_and_its_gradient(monkeypatch):
     from modeling import modeling_transformer
 
