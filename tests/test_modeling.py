@@ -338,6 +338,22 @@ def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train
         model(**batch(), skip_logits=True)
 
 
+def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients():
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
+    results = {}
+    for skip_logits in (True, False):
+        model = tiny_model(dropout=0.0).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as the GPU recipe trains: fp32 weights, bf16 products
+            loss = model(**inputs, smoothing_epsilon=0.1, skip_logits=skip_logits).loss
+        loss.backward()
+        results[skip_logits] = (loss, model.lm_head.weight.grad)
+    (fused_loss, fused_gradient), (plain_loss, plain_gradient) = results[True], results[False]
+    assert fused_gradient.dtype == torch.float32
+    assert fused_loss.item() == pytest.approx(plain_loss.item(), rel=1e-2)
+    assert torch.allclose(fused_gradient, plain_gradient, rtol=0.05, atol=2e-3)
+
+
 def test_training_step_compiles_as_one_graph_with_the_plain_loss():
     labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
     inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
