@@ -774,17 +774,26 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         skip_logits: compute the loss from the decoder output without materialising the (B, T, V) logits
             (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
             return `logits=None`. By default (`None`) this is done when training with labels and gradients on,
-            where the Trainer reads only the loss, except under torch.compile; pass `False` to get the logits with
-            the loss then.
+            where the Trainer reads only the loss, except under torch.compile and when `lm_head` is not a plain
+            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then.
         """
         if skip_logits is None:
             # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
             # data-dependent number of labelled positions in a full graph.
             skip_logits = (
-                labels is not None and self.training and torch.is_grad_enabled() and not is_torchdynamo_compiling()
+                labels is not None
+                and self.training
+                and torch.is_grad_enabled()
+                and not is_torchdynamo_compiling()
+                and self._lm_head_is_plain_linear()
             )
         elif skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss: pass labels.")
+        elif skip_logits and not self._lm_head_is_plain_linear():
+            raise ValueError(
+                f"skip_logits=True fuses the loss with lm_head's weight, which would bypass this lm_head "
+                f"({type(self.lm_head).__name__}: a subclass or wrapper, a bias or hooks); pass skip_logits=False."
+            )
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -834,6 +843,14 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def _lm_head_is_plain_linear(self) -> bool:
+        """The fused loss multiplies by `lm_head.weight` itself: only right for a bias-free `nn.Linear` with no
+        hooks, never for an adapter, a quantised layer or a hook that the projection's forward would run."""
+        head = self.lm_head
+        return (
+            type(head) is nn.Linear and head.bias is None and not head._forward_hooks and not head._forward_pre_hooks
         )
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

@@ -338,6 +338,27 @@ def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train
         model(**batch(), skip_logits=True)
 
 
+def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head():
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    inputs = {**batch(), "labels": labels}
+    model = tiny_model().train()
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    assert model(**inputs).logits.shape == (2, 4, VOCAB) and seen == [(2, 4, VOCAB)]
+    with pytest.raises(ValueError, match="would bypass this lm_head"):
+        model(**inputs, skip_logits=True)
+    handle.remove()
+
+    class ScaledHead(torch.nn.Linear):  # stands for an adapter or a quantised layer
+        def forward(self, hidden_states):
+            return 2 * super().forward(hidden_states)
+
+    head = ScaledHead(model.config.d_model, VOCAB, bias=False)
+    head.weight = model.lm_head.weight
+    model.set_output_embeddings(head)
+    assert model(**inputs).logits.shape == (2, 4, VOCAB)
+
+
 def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients():
     labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
     inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
