@@ -817,8 +817,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         loss = None
         if labels is not None:
             labels = labels.to(hidden_states.device)
+            labelled = labels.ne(-100)  # (B, T)
             if skip_logits:
-                labelled = labels.ne(-100)  # (B, T)
                 loss = LinearCrossEntropy.apply(
                     hidden_states[labelled], self.lm_head.weight, labels[labelled], smoothing_epsilon
                 )
@@ -830,7 +830,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
                     reduction="sum",
                     label_smoothing=smoothing_epsilon,
                 )
-            denominator = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
+            denominator = num_items_in_batch if num_items_in_batch is not None else labelled.sum()
             loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)
 
         return Seq2SeqLMOutput(
