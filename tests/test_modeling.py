@@ -34,6 +34,13 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
 
 
+def labelled_batch() -> dict[str, torch.Tensor]:
+    """`batch()`'s sources with labels instead of decoder inputs; the second target is padded with -100."""
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+
+
 # ---------------------------------------------------------------------------------------------------------- config
 
 
@@ -307,9 +314,7 @@ def test_fused_training_loss_has_the_unfused_value_and_gradients(monkeypatch, sm
 
     if rows_per_chunk is not None:
         monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", rows_per_chunk * VOCAB)
-    inputs = batch()
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    full = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    full = labelled_batch()
     results = {}
     for skip_logits in (True, False):
         model = tiny_model(dropout=0.0).train()
@@ -326,8 +331,7 @@ def test_fused_training_loss_has_the_unfused_value_and_gradients(monkeypatch, sm
 
 def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train_on():
     model = tiny_model().train()
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    inputs = {**batch(), "labels": labels}
+    inputs = labelled_batch()
     assert model(**inputs).logits is None  # the Trainer's training step: the loss alone
     assert model(**inputs, skip_logits=False).logits.shape == (2, 4, VOCAB)
     assert model(**batch()).logits.shape == (2, 4, VOCAB)  # no labels: no loss to fuse with
@@ -339,8 +343,7 @@ def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train
 
 
 def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head():
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    inputs = {**batch(), "labels": labels}
+    inputs = labelled_batch()
     model = tiny_model().train()
     seen = []
     handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
@@ -360,8 +363,7 @@ def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head()
 
 
 def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients():
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
+    inputs = labelled_batch()
     results = {}
     for skip_logits in (True, False):
         model = tiny_model(dropout=0.0).train()
@@ -376,8 +378,7 @@ def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_grad
 
 
 def test_training_step_compiles_as_one_graph_with_the_plain_loss():
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    inputs = {"input_ids": batch()["input_ids"], "attention_mask": batch()["attention_mask"], "labels": labels}
+    inputs = labelled_batch()
     eager = tiny_model(dropout=0.0).train()
     compiled_model = tiny_model(dropout=0.0).train()
     compiled = torch.compile(compiled_model, fullgraph=True)  # fails on a graph break
