@@ -1,5 +1,5 @@
 """Measurement helpers shared by every benchmark: alternating timed repeats, robust statistics, the fp32
-matrix-multiply peak, analytic FLOP counts and markdown tables.
+matrix-multiply peak, analytic FLOP counts, markdown tables and profiler summaries.
 
 Nothing here knows about a particular model: the benchmarks build contenders (zero-argument callables that do
 one unit of work) and hand them to `measure_alternating`.
@@ -222,3 +222,27 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 def ratio(value: float, baseline: float | None) -> str:
     """'1.23×' of value over baseline, or '–' when there is no baseline."""
     return "–" if not baseline else f"{value / baseline:.2f}×"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Profiles
+# --------------------------------------------------------------------------------------------------------------
+
+
+def operator_table(prof: torch.profiler.profile, steps: int, wall_us: float, top: int) -> tuple[str, float]:
+    """Markdown table of the top operators by self CPU time, and the share of wall time inside operators."""
+    events = [event for event in prof.key_averages() if event.self_cpu_time_total > 0]
+    events.sort(key=lambda event: event.self_cpu_time_total, reverse=True)
+    inside = sum(event.self_cpu_time_total for event in events)
+    rows = [
+        [
+            event.key,
+            event.self_cpu_time_total / 1e3,
+            f"{100 * event.self_cpu_time_total / wall_us:.1f}%",
+            event.count / steps,
+            event.self_cpu_time_total / event.count,
+        ]
+        for event in events[:top]
+    ]
+    headers = ["operator", "self ms", "% of wall", "calls / step", "µs / call"]
+    return markdown_table(headers, rows), inside / wall_us

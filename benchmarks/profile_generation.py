@@ -29,7 +29,7 @@ from fixtures import (
     trained_checkpoint,
 )
 from generation import encode_batches, transformers_translate
-from harness import markdown_table
+from harness import operator_table
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -49,25 +49,6 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     return parser.parse_args()
-
-
-def operator_table(prof: profile, steps: int, wall_us: float, top: int) -> tuple[str, float]:
-    """Markdown table of the top operators by self CPU time, and the share of wall time inside operators."""
-    events = [event for event in prof.key_averages() if event.self_cpu_time_total > 0]
-    events.sort(key=lambda event: event.self_cpu_time_total, reverse=True)
-    inside = sum(event.self_cpu_time_total for event in events)
-    rows = [
-        [
-            event.key,
-            event.self_cpu_time_total / 1e3,
-            f"{100 * event.self_cpu_time_total / wall_us:.1f}%",
-            event.count / steps,
-            event.self_cpu_time_total / event.count,
-        ]
-        for event in events[:top]
-    ]
-    headers = ["operator", "self ms", "% of wall", "calls / step", "µs / call"]
-    return markdown_table(headers, rows), inside / wall_us
 
 
 def main() -> None:

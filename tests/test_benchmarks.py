@@ -98,6 +98,37 @@ def test_analytic_training_flops_match_torch_flop_counter(source_length, target_
     assert counter.get_total_flops() == expected
 
 
+def test_training_profile_replays_every_matrix_product_of_a_step(benchmarks_importable):
+    from fixtures import QUICK_SIZE, random_model, transformer_config, with_attention
+    from harness import model_shape, training_flops
+    from profile_training import profile_steps, replay_contender
+
+    config = transformer_config(QUICK_SIZE)
+    model = with_attention(random_model(config), "eager")  # attention through bmm, which the profiler records
+    input_ids = torch.randint(3, config.vocab_size, (3, 5))
+    labels = torch.randint(3, config.vocab_size, (3, 4))  # every position labelled: the fused loss skips none
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    profiled = profile_steps(model, [batch], top=5)
+    replay, flops = replay_contender(profiled.matrix_products)
+    replay()
+    assert flops == training_flops(**model_shape(config), batch_size=3, source_length=5, target_length=4)
+    assert "| operator | self ms |" in profiled.operators
+
+
+def test_training_profile_quick_run_prints_its_tables():
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "profile_training.py"), "--quick", "--threads", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    for row in ("| training step |", "| training step, dropout 0 |", "| its matrix products alone |"):
+        assert row in completed.stdout
+    assert "### Top operators over 4 profiled steps" in completed.stdout
+
+
 def test_generation_checkpoint_is_trained_once_and_cached(tmp_path, benchmarks_importable):
     from fixtures import QUICK_SIZE, load_corpus, random_model, trained_checkpoint, transformer_config
 
