@@ -43,8 +43,13 @@ from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdyn
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.utils.versions import require_version
 
 from .configuration_transformer import TransformerConfig
+
+# Releases before 5.24 import this file, but their masking and generation code names the cache `past_key_values`
+# where this file passes `cache`: the first forward pass would fail deep inside. Say so at import instead.
+require_version("transformers>=5.24", "this model's code follows transformers 5.24: pip install 'transformers>=5.24'")
 
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
 PAPER_DECODING_FIELDS = ("length_penalty_type", "max_length_offset")

@@ -505,6 +505,29 @@ def test_remote_code_loads_where_the_package_cannot_be_imported(tmp_path):
 # ------------------------------------------------------------------------------------------------------ bad input
 
 
+def test_an_older_transformers_is_refused_at_import_with_the_version_it_needs():
+    # transformers 5.17 imports the model file, then fails in the first forward pass (`cache` was
+    # `past_key_values` before 5.24); the file must say so when it is imported.
+    script = textwrap.dedent(
+        """
+        import importlib.metadata
+        import transformers
+        installed = importlib.metadata.version
+        importlib.metadata.version = lambda name: "5.17.0" if name == "transformers" else installed(name)
+        try:
+            import modeling.modeling_transformer
+        except ImportError as error:
+            print(error)
+        else:
+            raise SystemExit("imported under transformers 5.17")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transformers>=5.24 is required" in result.stdout
+    assert "found transformers==5.17.0" in result.stdout
+
+
 def test_token_ids_outside_the_vocabulary_raise():
     model = tiny_model()
     inputs = batch()
