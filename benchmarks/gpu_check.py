@@ -1,4 +1,4 @@
-"""One prepared GPU check (single H100/H200, nothing reachable, nothing installed), with its table printed last.
+"""One prepared GPU check (single H100/H200, nothing reachable, nothing downloaded), with its table printed last.
 
 - Training: tokens/s and model FLOPs utilisation (MFU) of the paper's base and big models (shared vocabulary of
   37,000) with bf16 autocast, fused AdamW, sdpa attention, and flash attention where the package is installed;

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -65,12 +66,48 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels")},
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "installed into" not in completed.stderr  # nothing to install: the packages as they are
     assert "| contender | tokens/s (median) |" in completed.stdout
     assert completed.stdout.rstrip().splitlines()[-1].startswith(("|", "-"))  # the table comes last
     assert set(json.loads(output.read_text())["sections"]) == {"train_base", "train_big", "generate"}
+
+
+def probe_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel holding the module `gpu_check_probe`."""
+    wheel = directory / "gpu_check_probe-1.0-py3-none-any.whl"
+    files = {
+        "gpu_check_probe/__init__.py": "VALUE = 1\n",
+        "gpu_check_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 1.0\n",
+        "gpu_check_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "gpu_check_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in {**files, "gpu_check_probe-1.0.dist-info/RECORD": record}.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+def test_gpu_check_installs_the_wheels_it_is_given_before_running(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    probe_wheel(wheels)
+    completed = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "TMPDIR": str(tmp_path)},
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "--dry-run" in completed.stdout  # gpu_check.py ran after the install
+    message = next(line for line in completed.stderr.splitlines() if line.startswith("gpu_check.sh: installed into"))
+    site = Path(message.removeprefix("gpu_check.sh: installed into ").split(":")[0])
+    assert (site / "gpu_check_probe" / "__init__.py").is_file()
+    assert "gpu_check_probe-1.0-py3-none-any.whl" in message
 
 
 @pytest.fixture
