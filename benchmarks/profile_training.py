@@ -1,16 +1,17 @@
 """Where a training step's time goes, against the fp32 matrix-multiply peak: this model on `train_step`'s batches.
 
-    python benchmarks/profile_training.py                # 5 alternating repeats of 4 steps, then one profile
+    python benchmarks/profile_training.py                # a profiled pass, then 5 alternating repeats of 4 steps
     python benchmarks/profile_training.py --compile      # also the step under torch.compile
     python benchmarks/profile_training.py --quick        # tiny sizes, seconds: checks that it runs
 
-Contenders, alternating in one loop as in `run.py`: the training step of the `train_step` benchmark (forward +
-backward + fused AdamW on the same fixed 32 × 24 batches, dropout 0.1); the same step with dropout 0 (same
-initial weights): what the dropout masks cost; the step's own matrix products alone, replayed on preallocated,
-contiguous operands of the shapes that one profiled step records (`aten::mm`, `addmm`, `bmm`, `baddbmm`), which
-is about as fast as they run on this machine; and `torch.mm` at the peak sizes. Each step is put as a share of
-the peak with the FLOPs the benchmark credits it (`harness.training_flops`), and the time a step may take at
-0.7 of the peak is set against the matrix products alone. Then the top operators of profiled steps.
+First, one profiled pass over the batches (its top operators are printed last) and one step recording the shapes
+of its matrix products. Then contenders, alternating in one loop as in `run.py`: the training step of the
+`train_step` benchmark (forward + backward + fused AdamW on the same fixed 32 × 24 batches, dropout 0.1); the same
+step with dropout 0 (same initial weights): what the dropout masks cost; the step's own matrix products alone,
+replayed on preallocated, contiguous operands of the recorded shapes (`aten::mm`, `addmm`, `bmm`, `baddbmm`),
+which is about as fast as they run on this machine; and `torch.mm` at the peak sizes. Each step is put as a share
+of the peak with the FLOPs the benchmark credits it (`harness.training_flops`), and the time a step may take at
+0.7 of the peak is set against the matrix products alone.
 """
 
 from __future__ import annotations
@@ -153,12 +154,12 @@ def main() -> None:
     print(
         f"\n- GFLOP/s: the steps are credited {credited / 1e9:.1f} GFLOP each (`harness.training_flops`); the "
         f"replay executes {replay_flops / 1e9:.1f} GFLOP in {len(profiled.matrix_products)} products (the fused "
-        "loss computes the output projection on labelled positions only). "
+        "loss computes the output projection on labelled positions only; products inside sdpa's kernel are not "
+        "recorded). "
         f"fp32 peak: {peak:.0f} GFLOP/s, best median of torch.mm at {peak_sizes}.\n"
         f"- At {PEAK_FRACTION_GOAL} of the peak a step may take {budget:.1f} ms. Its matrix products alone take "
         f"{products_ms:.1f} ms, which leaves {budget - products_ms:.1f} ms for everything else; the step spends "
-        f"{step_ms - products_ms:.1f} ms on it now (at least: its products run on colder caches than the replay's), "
-        f"{step_ms - no_dropout_ms:.1f} ms of it on dropout.\n"
+        f"{step_ms - products_ms:.1f} ms on it now, {step_ms - no_dropout_ms:.1f} ms of it on dropout.\n"
         f"- {repeats} repeats of {steps} step(s) each after one warm-up call, contenders alternating."
     )
 
