@@ -16,6 +16,8 @@ from modeling.modeling_transformer import sinusoidal_positional_encoding
 
 VOCAB = 50
 PAD, EOS = 0, 2
+# The fused loss's tests also run on a GPU where there is one: its chunks and autocast take other kernels there.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def tiny_config(**overrides) -> TransformerConfig:
@@ -34,11 +36,12 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
 
 
-def labelled_batch() -> dict[str, torch.Tensor]:
+def labelled_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
     """`batch()`'s sources with labels instead of decoder inputs; the second target is padded with -100."""
     inputs = batch()
     labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    labelled = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    return {name: tensor.to(device) for name, tensor in labelled.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -307,17 +310,20 @@ def test_accumulating_two_half_batches_with_num_items_gives_the_full_batch_gradi
         assert torch.allclose(full_gradient, p.grad, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("smoothing_epsilon", [0.0, 0.1])
 @pytest.mark.parametrize("rows_per_chunk", [None, 3])  # one chunk, or several with a short last one
-def test_fused_training_loss_has_the_unfused_value_and_gradients(monkeypatch, smoothing_epsilon, rows_per_chunk):
+def test_fused_training_loss_has_the_unfused_value_and_gradients(
+    monkeypatch, smoothing_epsilon, rows_per_chunk, device
+):
     from modeling import modeling_transformer
 
     if rows_per_chunk is not None:
         monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", rows_per_chunk * VOCAB)
-    full = labelled_batch()
+    full = labelled_batch(device)
     results = {}
     for skip_logits in (True, False):
-        model = tiny_model(dropout=0.0).train()
+        model = tiny_model(dropout=0.0).to(device).train()
         out = model(**full, smoothing_epsilon=smoothing_epsilon, num_items_in_batch=7, skip_logits=skip_logits)
         (2.5 * out.loss).backward()  # a gradient of the loss other than 1 reaches the fused backward
         results[skip_logits] = (out, {name: p.grad for name, p in model.named_parameters()})
@@ -325,8 +331,9 @@ def test_fused_training_loss_has_the_unfused_value_and_gradients(monkeypatch, sm
     assert fused.logits is None and unfused.logits.shape == (2, 4, VOCAB)
     assert fused.loss.item() == pytest.approx(unfused.loss.item(), rel=1e-6)
     assert fused_gradients.keys() == unfused_gradients.keys()
+    atol = 1e-6 if device == "cpu" else 1e-5  # GPU kernels sum in other orders
     for name, gradient in unfused_gradients.items():
-        assert torch.allclose(fused_gradients[name], gradient, atol=1e-6), name
+        assert torch.allclose(fused_gradients[name], gradient, atol=atol), name
 
 
 def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train_on():
@@ -362,12 +369,13 @@ def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head()
     assert model(**inputs).logits.shape == (2, 4, VOCAB)
 
 
-def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients():
-    inputs = labelled_batch()
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients(device):
+    inputs = labelled_batch(device)
     results = {}
     for skip_logits in (True, False):
-        model = tiny_model(dropout=0.0).train()
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # as the GPU recipe trains: fp32 weights, bf16 products
+        model = tiny_model(dropout=0.0).to(device).train()
+        with torch.autocast(device, dtype=torch.bfloat16):  # as the GPU recipe trains: fp32 weights, bf16 products
             loss = model(**inputs, smoothing_epsilon=0.1, skip_logits=skip_logits).loss
         loss.backward()
         results[skip_logits] = (loss, model.lm_head.weight.grad)
@@ -390,12 +398,13 @@ def test_training_step_compiles_as_one_graph_with_the_plain_loss():
     assert torch.allclose(compiled_model.lm_head.weight.grad, eager.lm_head.weight.grad, atol=1e-5)
 
 
-def test_fused_loss_in_bf16_over_several_chunks_keeps_the_weight_dtype_and_its_gradient(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_loss_in_bf16_over_several_chunks_keeps_the_weight_dtype_and_its_gradient(monkeypatch, device):
     from modeling import modeling_transformer
 
     torch.manual_seed(0)
-    hidden, weight = torch.randn(10, 16), torch.randn(VOCAB, 16)
-    labels = torch.randint(0, VOCAB, (10,))
+    hidden, weight = torch.randn(10, 16).to(device), torch.randn(VOCAB, 16).to(device)
+    labels = torch.randint(0, VOCAB, (10,)).to(device)
     expected_weight = weight.clone().requires_grad_()
     torch.nn.functional.cross_entropy(hidden @ expected_weight.T, labels, reduction="sum").backward()
     monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", 2 * VOCAB)  # five chunks
