@@ -32,6 +32,7 @@ from harness import (
     measure_alternating,
     measure_matmul_peak,
     model_shape,
+    positive_int,
     ratio,
     synchronize,
     training_flops,
@@ -285,7 +286,7 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, a few steps: checks the script")
     parser.add_argument("--time-budget", type=float, default=420, help="skip what would start after this (s)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--output-json", type=Path, help="also write every number here")
     return parser.parse_args()
 

@@ -7,6 +7,7 @@ one unit of work) and hand them to `measure_alternating`.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,8 @@ class Stats:
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> Stats:
+        if not samples:
+            raise ValueError("no measurements to summarise: time at least one repeat")
         values = sorted(samples)
         if len(values) >= 2:
             q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
@@ -57,6 +60,17 @@ class Timing:
         if any(amount is None for amount in amounts):
             raise ValueError("this contender reports no work: pass it")
         return Stats.of([amount / seconds for amount, seconds in zip(amounts, self.seconds, strict=True)])
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts that must be at least 1 (repeats, steps, threads, sentences)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
 
 
 def measure_alternating(

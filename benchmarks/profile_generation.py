@@ -29,22 +29,22 @@ from fixtures import (
     trained_checkpoint,
 )
 from generation import encode_batches, transformers_translate
-from harness import operator_table
+from harness import operator_table, positive_int
 from torch.profiler import ProfilerActivity, profile
 
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sentences", type=int, default=40, help="validation sentences, one batch")
+    parser.add_argument("--sentences", type=positive_int, default=40, help="validation sentences, one batch")
     parser.add_argument(
         "--trained-steps", type=int, default=GENERATION_CHECKPOINT_STEPS, help="which cached checkpoint (see run.py)"
     )
     parser.add_argument("--attention", default="sdpa")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--top", type=int, default=15, help="operators listed per model")
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--top", type=positive_int, default=15, help="operators listed per model")
     parser.add_argument("--models", default="ours,marian", help="which of ours,marian to run")
     parser.add_argument("--no-profiler", action="store_true", help="just generate, --passes times (for py-spy)")
-    parser.add_argument("--passes", type=int, default=3, help="generation passes with --no-profiler")
+    parser.add_argument("--passes", type=positive_int, default=3, help="generation passes with --no-profiler")
     parser.add_argument("--trace-dir", type=Path, help="write a Chrome trace per model here")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)

@@ -33,6 +33,7 @@ from harness import (
     measure_alternating,
     model_shape,
     operator_table,
+    positive_int,
     training_flops,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -45,12 +46,12 @@ PEAK_FRACTION_GOAL = 0.7  # the issue's goal for the training step on CPU
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 repeat: a smoke test, not a measurement")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=4, help="training steps per timed call")
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=4, help="training steps per timed call")
     parser.add_argument("--attention", default="sdpa")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--compile", action="store_true", help="also time the step under torch.compile")
-    parser.add_argument("--top", type=int, default=20, help="operators listed")
+    parser.add_argument("--top", type=positive_int, default=20, help="operators listed")
     return parser.parse_args()
 
 

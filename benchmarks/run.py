@@ -41,7 +41,7 @@ from fixtures import (
     trained_checkpoint,
 )
 from generation import run_generation
-from harness import Section
+from harness import Section, positive_int
 from memory import MemoryJob, run_peak_memory
 from train_data import run_train_data
 from train_step import run_train_step
@@ -75,15 +75,15 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny model and data: a smoke test, not a measurement")
     parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {BENCHMARKS}")
-    parser.add_argument("--repeats", type=int, help="timed repeats per contender (default 5, quick 2)")
-    parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads (default 2)")
+    parser.add_argument("--repeats", type=positive_int, help="timed repeats per contender (default 5, quick 2)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch and CTranslate2 threads (default 2)")
     parser.add_argument("--attention", default="eager,sdpa", help="attention implementations to compare")
     parser.add_argument(
         "--trained-steps",
         type=int,
         help=f"updates of the cached generation checkpoint (default {GENERATION_CHECKPOINT_STEPS})",
     )
-    parser.add_argument("--sentences", type=int, help="validation sentences to translate (default 200)")
+    parser.add_argument("--sentences", type=positive_int, help="validation sentences to translate (default 200)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Multi30k files (else synthetic)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="BPE, datasets, checkpoints")
     parser.add_argument("--output-json", type=Path, help="also write every number (and raw repeats) here")

@@ -6,6 +6,7 @@ one-second run takes twenty. The main run uses the synthetic corpus, so it needs
 when ../shared is absent.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -164,6 +165,21 @@ def test_training_profile_quick_run_prints_its_tables():
     for row in ("| training step |", "| training step, dropout 0 |", "| its matrix products alone |"):
         assert row in completed.stdout
     assert "### Top operators over 4 profiled steps" in completed.stdout
+
+
+def test_counts_below_one_are_refused_with_the_argument_named(benchmarks_importable):
+    from harness import Stats, positive_int
+
+    assert positive_int("3") == 3
+    for text, message in [("0", "0 is not a positive integer"), ("-2", "-2 is not"), ("x", "'x' is not an integer")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            positive_int(text)
+    with pytest.raises(ValueError, match="time at least one repeat"):
+        Stats.of([])
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--repeats", "0"], capture_output=True, text=True
+    )
+    assert completed.returncode == 2 and "argument --repeats: 0 is not a positive integer" in completed.stderr
 
 
 def test_generation_checkpoint_is_trained_once_and_cached(tmp_path, benchmarks_importable):
