@@ -537,6 +537,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"{len(source_lengths)} source lengths but {len(target_lengths)} target lengths")
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)

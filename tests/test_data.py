@@ -407,6 +407,8 @@ def test_empty_and_invalid_inputs():
         TokenBudgetBatchSampler([1], [1], 0)
     with pytest.raises(ValueError, match="rank"):
         TokenBudgetBatchSampler([1], [1], 10, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="num_replicas must be at least 1, got 0"):
+        TokenBudgetBatchSampler([1], [1], 10, num_replicas=0)
 
 
 def test_sampler_drives_a_dataloader(tokenizer):
