@@ -893,6 +893,10 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         def setting(name: str, default):
             return kwargs.get(name, getattr(base_config, name, default))
 
+        num_beams = setting("num_beams", 1)
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+            # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
+            raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
         penalty_type = setting("length_penalty_type", "transformers")
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")

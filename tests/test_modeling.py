@@ -708,6 +708,17 @@ def test_default_generation_is_the_papers():
         tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
 
 
+@pytest.mark.parametrize("num_beams", [0, -1, 2.0])
+def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match=f"num_beams must be a positive integer, got {num_beams!r}"):
+        tiny_model().generate(**inputs, num_beams=num_beams)
+    model = tiny_model()
+    model.generation_config.num_beams = num_beams  # a saved config is checked the same way
+    with pytest.raises(ValueError, match="num_beams must be a positive integer"):
+        model.generate(**inputs)
+
+
 def test_loss_accepts_non_contiguous_labels():
     model = tiny_model()
     inputs = batch()
