@@ -17,7 +17,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", required=True, help="directory holding checkpoint-<step> directories")
     parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
     parser.add_argument("--output-dir", required=True, help="where to write the averaged model")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.last < 1:
+        parser.error(f"--last must be at least 1, got {args.last}")
+    return args
 
 
 def main() -> None:

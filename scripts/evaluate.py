@@ -40,7 +40,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens), ("--num-beams", args.num_beams)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    return args
 
 
 def main() -> None:

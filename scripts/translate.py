@@ -25,6 +25,9 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.text and args.input_file:
         parser.error("give sentences as arguments or --input-file, not both")
+    for flag, value in (("--max-tokens", args.max_tokens), ("--num-beams", args.num_beams)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     return args
 
 

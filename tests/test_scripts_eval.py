@@ -111,6 +111,25 @@ def test_evaluate_refuses_a_missing_directory_and_another_model_type(data_dir, t
     assert message.endswith("has no config.json: it is not a model saved with save_pretrained.")
 
 
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [
+        ("evaluate.py", "--limit"),
+        ("evaluate.py", "--max-tokens"),
+        ("evaluate.py", "--num-beams"),
+        ("translate.py", "--max-tokens"),
+        ("translate.py", "--num-beams"),
+    ],
+)
+def test_scripts_refuse_counts_below_one_before_loading_anything(script, flag, tmp_path, monkeypatch, capsys):
+    languages = ["--source-lang", "en", "--target-lang", "de", "--data-dir", tmp_path]
+    extra = languages if script == "evaluate.py" else ["a cat."]
+    with pytest.raises(SystemExit) as exit_info:  # the model directory does not exist: not reached
+        run_script(script, "--model", tmp_path / "missing", flag, "0", *extra, monkeypatch=monkeypatch)
+    assert exit_info.value.code == 2
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+
+
 # --- translate.py ---------------------------------------------------------------------------------------------
 
 
