@@ -7,6 +7,7 @@
 """
 
 import argparse
+import sys
 import time
 
 from modeling.data import load_parallel_dataset
@@ -38,23 +39,25 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.train_files:
-        texts = iter_text_files(args.train_files)
-    else:
-        languages = [args.source_lang, args.target_lang]
-        ds = load_parallel_dataset(
-            source_lang=args.source_lang,
-            target_lang=args.target_lang,
-            dataset=args.dataset,
-            language_pair=args.language_pair,
-            data_dir=args.data_dir,
-            splits=["train"],
-            cache_dir=args.cache_dir,
-        )
-        texts = iter_corpus_text(ds["train"], languages)
-
-    start = time.perf_counter()
-    tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)
+    try:
+        if args.train_files:
+            texts = iter_text_files(args.train_files)
+        else:
+            languages = [args.source_lang, args.target_lang]
+            ds = load_parallel_dataset(
+                source_lang=args.source_lang,
+                target_lang=args.target_lang,
+                dataset=args.dataset,
+                language_pair=args.language_pair,
+                data_dir=args.data_dir,
+                splits=["train"],
+                cache_dir=args.cache_dir,
+            )
+            texts = iter_corpus_text(ds["train"], languages)
+        start = time.perf_counter()
+        tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
     seconds = time.perf_counter() - start
     tokenizer.save_pretrained(args.output_dir)
     print(f"vocab size: {len(tokenizer)}")

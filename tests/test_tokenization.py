@@ -175,6 +175,19 @@ def test_cli_train_files_and_data_dir(corpus, tmp_path, monkeypatch, capsys):
     assert from_dir(corpus[:20])["input_ids"] == from_files(corpus[:20])["input_ids"]  # same text, same BPE
 
 
+def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpus, tmp_path, monkeypatch):
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    cases = [
+        (["--train-files", str(tmp_path / "missing.gz"), "--vocab-size", "90"], "No such file or directory"),
+        (["--train-files", str(tmp_path / "train.en"), "--vocab-size", "2"], "vocab_size must exceed the 3 special"),
+    ]
+    for args, message in cases:
+        monkeypatch.setattr(sys, "argv", ["train_tokenizer.py", *args, "--output-dir", str(tmp_path / "bpe")])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(REPO / "scripts" / "train_tokenizer.py"), run_name="__main__")
+        assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+
+
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")
 def test_multi30k_val_round_trip_is_exact():
     tokenizer = train_shared_bpe(
