@@ -121,6 +121,24 @@ def matmul_contender(
     return call, 2.0 * size**3
 
 
+def matmul_peak_name(size: int) -> str:
+    return f"fp32 torch.mm {size}×{size}"
+
+
+def add_matmul_peak_contenders(contenders: dict[str, Callable[[], object]], sizes: Sequence[int]) -> dict[int, float]:
+    """Add a `matmul_contender` per size to `contenders` (named by `matmul_peak_name`), to be timed in the same
+    alternating loop as the models; returns each one's FLOP count by size, for `peak_gflops`."""
+    flops = {}
+    for size in sizes:
+        contenders[matmul_peak_name(size)], flops[size] = matmul_contender(size)
+    return flops
+
+
+def peak_gflops(timings: Mapping[str, Timing], matmul_flops: Mapping[int, float]) -> float:
+    """The best median GFLOP/s of the matmul contenders that `add_matmul_peak_contenders` added."""
+    return max(timings[matmul_peak_name(size)].rate(flops / 1e9).median for size, flops in matmul_flops.items())
+
+
 def measure_matmul_peak(
     sizes: Sequence[int], repeats: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> dict[int, Stats]:

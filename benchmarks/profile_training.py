@@ -27,17 +27,16 @@ import transformers
 from fixtures import ISSUE_SIZE, QUICK_SIZE, adamw, random_model, training_update, transformer_config, with_attention
 from harness import (
     Stats,
+    add_matmul_peak_contenders,
     format_spread,
     markdown_table,
-    matmul_contender,
     measure_alternating,
-    model_shape,
     operator_table,
+    peak_gflops,
     positive_int,
-    training_flops,
 )
 from torch.profiler import ProfilerActivity, profile
-from train_step import BATCH_SIZE, SEQUENCE_LENGTH, padded_batches, step_contender
+from train_step import BATCH_SIZE, SEQUENCE_LENGTH, padded_batches, step_contender, step_flops
 
 MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 PEAK_FRACTION_GOAL = 0.7  # the issue's goal for the training step on CPU
@@ -116,29 +115,23 @@ def main() -> None:
     # Profiled first, on a model of its own, so that the timed contenders do not share its state.
     profiled = profile_steps(training_model(0.1), batches, arguments.top)
     replay, replay_flops = replay_contender(profiled.matrix_products)
-    contenders: dict[str, Callable[[], object]] = {
+    timed_steps: dict[str, Callable[[], object]] = {
         "training step": step_contender(training_model(0.1), batches, steps),
         "training step, dropout 0": step_contender(training_model(0.0), batches, steps),
     }
     if arguments.compile:
-        contenders["training step, torch.compile"] = step_contender(torch.compile(training_model(0.1)), batches, steps)
-    contenders["its matrix products alone"] = lambda: [replay() for _ in range(steps)]
-    peak_flops = {}
-    for n in peak_sizes:
-        contenders[f"fp32 torch.mm {n}×{n}"], peak_flops[n] = matmul_contender(n)
+        timed_steps["training step, torch.compile"] = step_contender(
+            torch.compile(training_model(0.1)), batches, steps
+        )
+    timed_steps["its matrix products alone"] = lambda: [replay() for _ in range(steps)]
+    contenders = dict(timed_steps)
+    matmul_flops = add_matmul_peak_contenders(contenders, peak_sizes)
     timings = measure_alternating(contenders, repeats)
 
-    peak = max(timings[f"fp32 torch.mm {n}×{n}"].rate(peak_flops[n] / 1e9).median for n in peak_sizes)
-    credited = training_flops(
-        **model_shape(transformer_config(size)),
-        batch_size=BATCH_SIZE,
-        source_length=SEQUENCE_LENGTH,
-        target_length=SEQUENCE_LENGTH,
-    )
+    peak = peak_gflops(timings, matmul_flops)
+    credited = step_flops(size)
     per_step = {
-        name: Stats.of([1e3 * seconds / steps for seconds in timings[name].seconds])
-        for name in contenders
-        if not name.startswith("fp32")
+        name: Stats.of([1e3 * seconds / steps for seconds in timings[name].seconds]) for name in timed_steps
     }  # milliseconds
     rows = []
     for name, milliseconds in per_step.items():

@@ -14,7 +14,17 @@ from collections.abc import Callable
 
 import torch
 from fixtures import ModelSize, adamw, random_model, training_update, transformer_config, with_attention
-from harness import Section, format_spread, matmul_contender, measure_alternating, model_shape, ratio, training_flops
+from harness import (
+    Section,
+    add_matmul_peak_contenders,
+    format_spread,
+    matmul_peak_name,
+    measure_alternating,
+    model_shape,
+    peak_gflops,
+    ratio,
+    training_flops,
+)
 
 from modeling.convert import to_marian
 
@@ -61,6 +71,12 @@ def step_contender(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]
     return call
 
 
+def step_flops(size: ModelSize) -> int:
+    """The analytic FLOPs credited to one training step on the benchmark's padded batches."""
+    shape = model_shape(transformer_config(size))
+    return training_flops(**shape, batch_size=BATCH_SIZE, source_length=SEQUENCE_LENGTH, target_length=SEQUENCE_LENGTH)
+
+
 def contender_name(model_name: str, attention: str) -> str:
     return f"{model_name} ({attention})"
 
@@ -84,19 +100,12 @@ def run_train_step(
     contenders: dict[str, Callable[[], object]] = {
         name: step_contender(model, batches, steps_per_call) for name, model in models.items()
     }
-    peak_flops = {}
-    for n in peak_sizes:
-        contenders[f"fp32 torch.mm {n}×{n}"], peak_flops[n] = matmul_contender(n)
+    matmul_flops = add_matmul_peak_contenders(contenders, peak_sizes)
     timings = measure_alternating(contenders, repeats)
 
-    peak_gflops = max(timings[f"fp32 torch.mm {n}×{n}"].rate(peak_flops[n] / 1e9).median for n in peak_sizes)
+    peak = peak_gflops(timings, matmul_flops)
     tokens = steps_per_call * BATCH_SIZE * 2 * SEQUENCE_LENGTH
-    flops = steps_per_call * training_flops(
-        **model_shape(transformer_config(size)),
-        batch_size=BATCH_SIZE,
-        source_length=SEQUENCE_LENGTH,
-        target_length=SEQUENCE_LENGTH,
-    )
+    flops = steps_per_call * step_flops(size)
     section = Section(
         title=f"Training step: {BATCH_SIZE}×{SEQUENCE_LENGTH} padded batches, forward + backward + fused AdamW",
         headers=["contender", "tokens/s (median)", "min–max", "GFLOP/s", "% of fp32 peak", "vs MarianMT"],
@@ -107,17 +116,17 @@ def run_train_step(
             name = contender_name(model_name, attention)
             rate = timings[name].rate(tokens)
             gflops = timings[name].rate(flops / 1e9).median
-            percent = f"{100 * gflops / peak_gflops:.0f}%"
+            percent = f"{100 * gflops / peak:.0f}%"
             section.rows.append(
                 [name, rate.median, format_spread(rate), gflops, percent, ratio(rate.median, baseline)]
             )
             section.data.setdefault("tokens_per_second", {})[name] = rate.to_dict()
             section.data.setdefault("gflops", {})[name] = gflops
-    for n in peak_sizes:
-        rate = timings[f"fp32 torch.mm {n}×{n}"].rate(peak_flops[n] / 1e9)
-        section.rows.append([f"fp32 torch.mm {n}×{n} (GFLOP/s)", rate.median, format_spread(rate), "", "", ""])
+    for n, matmul in matmul_flops.items():
+        rate = timings[matmul_peak_name(n)].rate(matmul / 1e9)
+        section.rows.append([f"{matmul_peak_name(n)} (GFLOP/s)", rate.median, format_spread(rate), "", "", ""])
         section.data.setdefault("matmul_gflops", {})[n] = rate.to_dict()
-    section.data["peak_gflops"] = peak_gflops
+    section.data["peak_gflops"] = peak
     section.data["flops_per_step"] = flops / steps_per_call
     section.notes += [
         f"{tokens // steps_per_call} token positions per step (source + target, padding included: real lengths "
@@ -126,7 +135,7 @@ def run_train_step(
         "Both models are credited the same FLOPs; this model's training forward fuses the output projection with "
         "the loss and computes it on labelled positions only, so it executes fewer than it is credited.",
         f"fp32 peak = best median GFLOP/s of torch.mm at {peak_sizes}, timed in the same alternating loop: "
-        f"{peak_gflops:.1f} GFLOP/s.",
+        f"{peak:.1f} GFLOP/s.",
         f"{repeats} repeats of {steps_per_call} step(s) each after one warm-up call, contenders alternating; "
         f"torch threads = {torch.get_num_threads()}.",
     ]
