@@ -59,17 +59,24 @@ def test_quick_run_on_multi30k(tmp_path):
     assert efficiency["this model + token-budget batches"] > efficiency["MarianMT + Seq2SeqTrainer default (random)"]
 
 
-def test_gpu_check_dry_run_on_cpu(tmp_path):
-    output = tmp_path / "gpu.json"
+def run_gpu_check(tmp_path: Path, wheels: Path, *arguments: str) -> subprocess.CompletedProcess:
+    """benchmarks/gpu_check.sh with this interpreter, the wheels in `wheels`, temporary folders in `tmp_path`."""
     completed = subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--threads", "1", "--output-json", str(output)],
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), *arguments],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels")},
+        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "TMPDIR": str(tmp_path)},
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+    return completed
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    output = tmp_path / "gpu.json"
+    arguments = ["--dry-run", "--threads", "1", "--output-json", str(output)]
+    completed = run_gpu_check(tmp_path, tmp_path / "no-wheels", *arguments)
     assert "installed into" not in completed.stderr  # nothing to install: the packages as they are
     assert "| contender | tokens/s (median) |" in completed.stdout
     assert completed.stdout.rstrip().splitlines()[-1].startswith(("|", "-"))  # the table comes last
@@ -95,15 +102,7 @@ def test_gpu_check_installs_the_wheels_it_is_given_before_running(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     probe_wheel(wheels)
-    completed = subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--help"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "TMPDIR": str(tmp_path)},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    completed = run_gpu_check(tmp_path, wheels, "--help")
     assert "--dry-run" in completed.stdout  # gpu_check.py ran after the install
     message = next(line for line in completed.stderr.splitlines() if line.startswith("gpu_check.sh: installed into"))
     site = Path(message.removeprefix("gpu_check.sh: installed into ").split(":")[0])
