@@ -9,6 +9,7 @@
 import argparse
 import sys
 import time
+from collections.abc import Iterable
 
 from modeling.data import load_parallel_dataset
 from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
@@ -37,23 +38,26 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def training_texts(args: argparse.Namespace) -> Iterable[str]:
+    """Both sides' training sentences, from --train-files or from the parallel dataset."""
+    if args.train_files:
+        return iter_text_files(args.train_files)
+    ds = load_parallel_dataset(
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        dataset=args.dataset,
+        language_pair=args.language_pair,
+        data_dir=args.data_dir,
+        splits=["train"],
+        cache_dir=args.cache_dir,
+    )
+    return iter_corpus_text(ds["train"], [args.source_lang, args.target_lang])
+
+
 def main() -> None:
     args = parse_args()
-    try:
-        if args.train_files:
-            texts = iter_text_files(args.train_files)
-        else:
-            languages = [args.source_lang, args.target_lang]
-            ds = load_parallel_dataset(
-                source_lang=args.source_lang,
-                target_lang=args.target_lang,
-                dataset=args.dataset,
-                language_pair=args.language_pair,
-                data_dir=args.data_dir,
-                splits=["train"],
-                cache_dir=args.cache_dir,
-            )
-            texts = iter_corpus_text(ds["train"], languages)
+    try:  # a dataset loads here; plain files are read lazily, while the BPE trains
+        texts = training_texts(args)
         start = time.perf_counter()
         tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)
     except (OSError, ValueError) as error:
