@@ -1,7 +1,7 @@
 """Where a training step's time goes, against the fp32 matrix-multiply peak: this model on `train_step`'s batches.
 
     python benchmarks/profile_training.py                # a profiled pass, then 5 alternating repeats of 4 steps
-    python benchmarks/profile_training.py --compile      # also the step under torch.compile
+    python benchmarks/profile_training.py --compile      # also the step under torch.compile, whole model and per layer
     python benchmarks/profile_training.py --quick        # tiny sizes, seconds: checks that it runs
 
 First, one profiled pass over the batches (its top operators are printed last) and one step recording the shapes
@@ -37,6 +37,8 @@ from harness import (
 )
 from torch.profiler import ProfilerActivity, profile
 from train_step import BATCH_SIZE, SEQUENCE_LENGTH, padded_batches, step_contender, step_flops
+
+from modeling import TransformerForConditionalGeneration
 
 MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 PEAK_FRACTION_GOAL = 0.7  # the issue's goal for the training step on CPU
@@ -101,6 +103,14 @@ def replay_contender(products: list[tuple[str, list[list[int]]]]) -> tuple[Calla
     return call, flops
 
 
+def with_compiled_layers(model: TransformerForConditionalGeneration) -> TransformerForConditionalGeneration:
+    """Each encoder and decoder layer under torch.compile; embeddings and the fused loss stay eager (compiling the
+    whole model takes the unfused loss)."""
+    for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
+        layer.compile()
+    return model
+
+
 def main() -> None:
     arguments = parse_arguments()
     torch.set_num_threads(arguments.threads)
@@ -122,6 +132,9 @@ def main() -> None:
     if arguments.compile:
         timed_steps["training step, torch.compile"] = step_contender(
             torch.compile(training_model(0.1)), batches, steps
+        )
+        timed_steps["training step, torch.compile of each layer"] = step_contender(
+            with_compiled_layers(training_model(0.1)), batches, steps
         )
     timed_steps["its matrix products alone"] = lambda: [replay() for _ in range(steps)]
     contenders = dict(timed_steps)
