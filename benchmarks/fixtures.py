@@ -19,10 +19,11 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, MarianMTModel, PreTrainedModel, PreTrainedTokenizerFast
 
 from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.convert import to_marian
-from modeling.data import TokenBudgetBatchSampler, load_parallel_dataset, sequence_lengths, tokenize_parallel_dataset
+from modeling.data import load_parallel_dataset, tokenize_parallel_dataset
+from modeling.schedule import noam_learning_rate, noam_scheduler
 from modeling.tokenization import iter_corpus_text, train_shared_bpe
-from modeling.training import noam_learning_rate, noam_scheduler
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 DEFAULT_CACHE_DIR = BENCHMARKS_DIR / ".cache"
@@ -246,7 +247,7 @@ def trained_checkpoint(corpus: Corpus, size: ModelSize, steps: int, cache_dir: P
     """A checkpoint trained for `steps` token-budget updates, cached, so that beam search runs on a model that
     translates: its sentences end where their translations do, with the spread of lengths real batches have.
 
-    The paper's schedule (`modeling.training.noam_scheduler`) with warm-up over the first fifth of the updates and
+    The paper's schedule (`modeling.schedule.noam_scheduler`) with warm-up over the first fifth of the updates and
     its peak at `GENERATION_CHECKPOINT_PEAK_RATE`. `steps=0` saves the random initialisation.
     """
     # The recipe is part of the name, so that a checkpoint cached by another recipe is never taken for this one's.

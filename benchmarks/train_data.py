@@ -3,7 +3,7 @@
 Three pipelines, each a fixed number of AdamW updates on Multi30k en→de with the same shared BPE, the same
 initial weights and about the same real tokens per update:
 
-- this project: this model with the batches `modeling.training.TokenBudgetSeq2SeqTrainer` builds
+- this project: this model with the batches `modeling.trainer.TokenBudgetSeq2SeqTrainer` builds
   (`TokenBudgetBatchSampler`: similar lengths, a padded-token budget per side);
 - MarianMT with the batches `Seq2SeqTrainer` builds by default (random 64-sentence batches), and with
   `train_sampling_strategy="group_by_length"`.
@@ -37,9 +37,10 @@ from harness import Section, format_spread, measure_alternating, ratio
 from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
+from modeling.arguments import TranslationTrainingArguments
+from modeling.batching import padding_efficiency, sequence_lengths
 from modeling.convert import to_marian
-from modeling.data import padding_efficiency, sequence_lengths
-from modeling.training import TokenBudgetSeq2SeqTrainer, TranslationTrainingArguments
+from modeling.trainer import TokenBudgetSeq2SeqTrainer
 
 SENTENCES_PER_BATCH = 64
 OURS = "this model + token-budget batches"

@@ -2,19 +2,16 @@
 
 Importing this package registers the model with the Auto classes, so that `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` resolve `model_type="vaswani_transformer"`, and marks the classes for
-`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the two model files: a
-saved directory then loads with `trust_remote_code=True` where this package is not installed.
+`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the three remote-code files
+(configuration, model and generation): a saved directory then loads with `trust_remote_code=True` where this
+package is not installed.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_transformer import TransformerConfig
-from .modeling_transformer import (
-    GNMTLengthPenalty,
-    TransformerForConditionalGeneration,
-    TransformerModel,
-    TransformerPreTrainedModel,
-)
+from .generation_transformer import GNMTLengthPenalty
+from .modeling_transformer import TransformerForConditionalGeneration, TransformerModel, TransformerPreTrainedModel
 
 AutoConfig.register(TransformerConfig.model_type, TransformerConfig, exist_ok=True)
 AutoModel.register(TransformerConfig, TransformerModel, exist_ok=True)

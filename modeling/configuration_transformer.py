@@ -3,12 +3,28 @@
 This file travels with every checkpoint as remote code: it imports nothing from the rest of the project.
 Field names follow Marian/BART so that Hugging Face tools (caches, `get_text_config`, pipelines) size
 themselves from it without special cases.
+
+Every way in (the installed package, `from_pretrained(..., trust_remote_code=True)`) imports this file before the
+model's, so the version check below guards all three remote-code files.
 """
 
 from typing import Any
 
-from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+import transformers
+from packaging.version import Version
+
+MINIMUM_TRANSFORMERS = "5.24"
+# Checked before importing anything that differs between releases: 4.x has no `PreTrainedConfig` and an older
+# huggingface_hub, and releases before 5.24 name the generation cache `past_key_values` where this code passes
+# `cache` (5.17 imports the model, then fails in its first forward pass).
+if Version(transformers.__version__) < Version(MINIMUM_TRANSFORMERS):
+    raise ImportError(
+        f"This model's code needs transformers>={MINIMUM_TRANSFORMERS}, found {transformers.__version__}: "
+        f"pip install -U 'transformers>={MINIMUM_TRANSFORMERS}'"
+    )
+
+from huggingface_hub.dataclasses import strict  # noqa: E402 (after the version check)
+from transformers import PreTrainedConfig  # noqa: E402
 
 POSITIONAL_ENCODING_LAYOUTS = ("interleaved", "concatenated")
 

@@ -1,35 +1,29 @@
-"""Model card, training curves and pushing a saved model directory to the Hugging Face Hub.
-
-The card is rendered from files that earlier steps wrote, never from numbers typed by hand: whatever is missing
-is shown as "not measured" / "not recorded". It carries `model-index` metadata with the BLEU results, which
-`Trainer.push_to_hub` cannot produce for translation (its task table has no "translation").
-
-Files read from the `card_from` directories (any subset may be missing):
-- `eval_results_{split}.json`: written by `scripts/evaluate.py` (`modeling.evaluation`), one per split;
-- `trainer_state.json`: the Trainer's state, whose `log_history` gives the curves and the training length;
-- `training_args.json`: training hyperparameters, e.g. `TrainingArguments.to_dict()` plus project extras;
-- `data_stats.json`: data statistics (sentence counts, cleaning), any nesting of numbers and strings.
+"""Pushing a saved model directory to the Hugging Face Hub, by hand (`scripts/push_to_hub.py`) or at the end of
+training (`modeling.training.train` with `push_to_hub`), with this project's model card (`modeling.model_card`).
 """
 
-import dataclasses
-import json
-import math
-from collections.abc import Iterable, Sequence
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import jinja2
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_token
-from safetensors import safe_open
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.utils import validate_repo_id
 from transformers import TrainingArguments
 
-DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "template.md"
-EVAL_RESULTS_GLOB = "eval_results_*.json"
-TRAINER_STATE_FILE = "trainer_state.json"
-TRAINING_ARGS_FILE = "training_args.json"
-DATA_STATS_FILE = "data_stats.json"
-CURVES_FILE = "training_curves.png"
-REMOTE_CODE_FILES = ("configuration_transformer.py", "modeling_transformer.py")
+from .model_card import (
+    DATA_STATS_FILE,
+    EVAL_RESULTS_GLOB,
+    TRAINER_STATE_FILE,
+    TRAINING_ARGS_FILE,
+    read_json,
+    write_model_card,
+)
+
+logger = logging.getLogger(__name__)
+
+REMOTE_CODE_FILES = ("configuration_transformer.py", "modeling_transformer.py", "generation_transformer.py")
 
 # Files a repo needs so that `from_pretrained(repo_id, trust_remote_code=True)` works without this package.
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", *REMOTE_CODE_FILES)
@@ -38,306 +32,9 @@ REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.jso
 UPLOAD_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.md", "*.png", "*.txt", "*.model")
 IGNORE_PATTERNS = ("*/*",)
 
-# Training hyperparameters worth a reader's attention, in display order; keys that are not TrainingArguments
-# fields (project extras such as a token budget) are always shown after them.
-SHOWN_TRAINING_ARGS = (
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "warmup_ratio",
-    "max_steps",
-    "num_train_epochs",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "optim",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "weight_decay",
-    "max_grad_norm",
-    "label_smoothing_factor",
-    "seed",
-    "bf16",
-    "fp16",
-)
-_TRAINING_ARGUMENT_FIELDS = {field.name for field in dataclasses.fields(TrainingArguments)}
-
-# Shown as "Architecture" from config.json, with the paper's name for each setting.
-ARCHITECTURE_FIELDS = (
-    ("d_model", "d_model"),
-    ("encoder_layers", "N (encoder layers)"),
-    ("decoder_layers", "N (decoder layers)"),
-    ("encoder_attention_heads", "h (attention heads)"),
-    ("encoder_ffn_dim", "d_ff"),
-    ("dropout", "P_drop"),
-    ("vocab_size", "shared vocabulary"),
-    ("positional_encoding_layout", "positional encoding layout"),
-    ("tie_word_embeddings", "tied embeddings / pre-softmax projection"),
-)
-
-# (JSON key, model-index metric type, display name) for each score of an evaluation JSON.
-CARD_METRICS = (
-    ("sacrebleu", "bleu", "sacreBLEU"),
-    ("paper_bleu", "bleu", "BLEU (tokenised, compound splitting, as in the paper)"),
-    ("tokenized_bleu_lc", "bleu", "BLEU (tokenised, lowercased)"),
-    ("chrf", "chrf", "chrF"),
-)
-
-_EXAMPLE_SENTENCES = {
-    "en": "The small dog sees a red ball.",
-    "de": "Der kleine Hund sieht einen roten Ball.",
-    "fr": "Le petit chien voit une balle rouge.",
-}
-
 
 class MissingHubTokenError(RuntimeError):
     """Raised before any network call when a push has no Hugging Face token."""
-
-
-# --- reading what earlier steps wrote -------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
-
-
-def collect_card_inputs(directories: Iterable[str | Path]) -> dict[str, Any]:
-    """Gather evaluation results, trainer log history, training arguments and data statistics.
-
-    Evaluation results accumulate over all directories; for the other files the first directory that has one
-    wins. Missing files simply leave their entry empty: the card then says the item was not measured.
-    """
-    inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
-    for directory in map(Path, directories):
-        if not directory.is_dir():
-            raise FileNotFoundError(f"Card input directory {directory} does not exist.")
-        inputs["eval_results"] += [_read_json(path) for path in sorted(directory.glob(EVAL_RESULTS_GLOB))]
-        state = directory / TRAINER_STATE_FILE
-        if inputs["log_history"] is None and state.is_file():
-            inputs["log_history"] = _read_json(state).get("log_history")
-        for key, name in (("training_args", TRAINING_ARGS_FILE), ("data_stats", DATA_STATS_FILE)):
-            if inputs[key] is None and (directory / name).is_file():
-                inputs[key] = _read_json(directory / name)
-    return inputs
-
-
-def count_parameters(model_dir: str | Path) -> int | None:
-    """Number of stored parameters, read from the safetensors headers (tied matrices are stored once)."""
-    total = 0
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    for path in files:
-        with safe_open(path, framework="pt") as weights:
-            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
-    return total if files else None
-
-
-# --- training curves ------------------------------------------------------------------------------------------
-
-
-def _series(log_history: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    points = [(entry["step"], entry[key]) for entry in log_history if key in entry and "step" in entry]
-    return [step for step, _ in points], [value for _, value in points]
-
-
-def _bleu_keys(log_history: Sequence[dict[str, Any]]) -> list[str]:
-    """Numeric eval metrics with "bleu" in their name (`eval_bleu`, `eval_sacrebleu`, ...), not signatures."""
-    keys = {key for entry in log_history for key in entry if key.startswith("eval_") and "bleu" in key}
-    return sorted(k for k in keys if all(isinstance(e.get(k, 0.0), int | float) for e in log_history))
-
-
-def plot_training_curves(log_history: Sequence[dict[str, Any]], output_png: str | Path) -> Path:
-    """Plot train and eval loss, and every logged eval BLEU, against the optimizer step.
-
-    `log_history` is `trainer_state.json`'s list of log entries. Uses a bare matplotlib `Figure` (Agg canvas),
-    so it neither needs a display nor changes the pyplot backend of the caller.
-    """
-    from matplotlib.figure import Figure
-
-    losses = {label: _series(log_history, key) for key, label in (("loss", "train"), ("eval_loss", "eval"))}
-    losses = {label: series for label, series in losses.items() if series[0]}
-    bleus = {key.removeprefix("eval_"): _series(log_history, key) for key in _bleu_keys(log_history)}
-    if not losses and not bleus:
-        raise ValueError("The log history holds no train loss, eval loss or eval BLEU to plot.")
-
-    panels = [(title, series) for title, series in (("Loss", losses), ("BLEU", bleus)) if series]
-    figure = Figure(figsize=(6 * len(panels), 4), layout="constrained")
-    for axes, (title, series) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels, strict=True):
-        for label, (steps, values) in series.items():
-            axes.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
-        axes.set(title=title, xlabel="step")
-        axes.grid(alpha=0.3)
-        axes.legend()
-    output_png = Path(output_png)
-    figure.savefig(output_png, dpi=120)
-    return output_png
-
-
-def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
-    """Training length as logged by the Trainer: last step and epoch, runtime and final train loss if present."""
-    if not log_history:
-        return {}
-    summary = {"steps": max((e["step"] for e in log_history if "step" in e), default=None)}
-    summary["epochs"] = max((e["epoch"] for e in log_history if "epoch" in e), default=None)
-    for entry in log_history:
-        summary.update({k: entry[k] for k in ("train_runtime", "train_loss") if k in entry})
-    return {k: v for k, v in summary.items() if v is not None}
-
-
-# --- the card -------------------------------------------------------------------------------------------------
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]:
-    if not training_args:
-        return {}
-    shown = {key: training_args[key] for key in SHOWN_TRAINING_ARGS if key in training_args}
-    extras = {k: v for k, v in training_args.items() if k not in _TRAINING_ARGUMENT_FIELDS}
-    return {**shown, **_flatten(extras)}
-
-
-def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str | None) -> list[EvalResult]:
-    metadata = []
-    for result in results:
-        dataset = result.get("dataset") or dataset_name or "unknown"
-        pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
-        for key, metric_type, metric_name in CARD_METRICS:
-            if result.get(key) is None:
-                continue
-            metadata.append(
-                EvalResult(
-                    task_type="translation",
-                    task_name="Translation",
-                    dataset_type=dataset,
-                    dataset_name=f"{dataset} {pair}",
-                    dataset_config=result.get("language_pair"),
-                    dataset_split=result.get("split"),
-                    metric_type=metric_type,
-                    metric_name=metric_name,
-                    metric_value=round(float(result[key]), 2),
-                    metric_config=result.get(f"{key}_signature"),
-                )
-            )
-    return metadata
-
-
-def render_model_card(
-    template_path: str | Path | None = None,
-    *,
-    model_name: str,
-    repo_id: str,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    dataset_name: str | None = None,
-    eval_results: Sequence[dict[str, Any]] = (),
-    training_args: dict[str, Any] | None = None,
-    log_history: Sequence[dict[str, Any]] | None = None,
-    data_stats: dict[str, Any] | None = None,
-    model_config: dict[str, Any] | None = None,
-    num_parameters: int | None = None,
-    curve_png: str | None = None,
-    license: str = "apache-2.0",
-) -> ModelCard:
-    """Fill the card template with measured values only, and build its `model-index` metadata.
-
-    `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
-    theirs. `template_path` is a Jinja2 template (default: `model_cards/template.md` of this repository)
-    rendered with `StrictUndefined`, so a misspelt variable fails instead of silently printing nothing.
-    """
-    first = eval_results[0] if eval_results else {}
-    source_lang = source_lang or first.get("source_lang")
-    target_lang = target_lang or first.get("target_lang")
-    dataset_name = dataset_name or first.get("dataset")
-    metadata = _eval_results_metadata(eval_results, dataset_name)
-    card_data = ModelCardData(
-        model_name=model_name if metadata else None,
-        eval_results=metadata or None,
-        language=[lang for lang in (source_lang, target_lang) if lang] or None,
-        license=license,
-        library_name="transformers",
-        pipeline_tag="translation",
-        tags=["translation", "transformer", "vaswani-transformer", "custom_code"],
-        datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,
-        metrics=["bleu", "chrf"] if metadata else None,
-    )
-    config = model_config or {}
-    context = {
-        "model_name": model_name,
-        "repo_id": repo_id,
-        "source_lang": source_lang,
-        "target_lang": target_lang,
-        "dataset_name": dataset_name,
-        "example_sentence": _EXAMPLE_SENTENCES.get(source_lang or "", "A sentence to translate."),
-        "eval_results": list(eval_results),
-        "metrics": [(key, name) for key, _, name in CARD_METRICS],
-        "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],
-        "num_parameters": f"{num_parameters:,}" if num_parameters else None,
-        "training_args": _shown_training_args(training_args),
-        "training_summary": training_summary(log_history),
-        "data_stats": _flatten(data_stats) if data_stats else {},
-        "curve_png": curve_png,
-    }
-    template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
-    if not template.is_file():
-        raise FileNotFoundError(f"Model card template {template} does not exist; pass template_path.")
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    content = environment.from_string(template.read_text(encoding="utf-8")).render(
-        card_data=card_data.to_yaml(), **context
-    )
-    return ModelCard(content)
-
-
-def write_model_card(
-    model_dir: str | Path,
-    *,
-    repo_id: str,
-    card_from: Sequence[str | Path] = (),
-    template_path: str | Path | None = None,
-) -> Path:
-    """Render README.md (and `training_curves.png` when a log history exists) into `model_dir`.
-
-    Returns the path of the card.
-    """
-    model_dir = Path(model_dir)
-    inputs = collect_card_inputs(card_from)
-    # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
-    source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
-    curve_png = None
-    if inputs["log_history"]:
-        try:
-            curve_png = plot_training_curves(inputs["log_history"], model_dir / CURVES_FILE).name
-        except ValueError:  # a history without losses or BLEU: the card says there are no curves
-            curve_png = None
-    card = render_model_card(
-        template_path,
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        source_lang=source_lang or None,
-        target_lang=target_lang or None,
-        eval_results=inputs["eval_results"],
-        training_args=inputs["training_args"],
-        log_history=inputs["log_history"],
-        data_stats=inputs["data_stats"],
-        model_config=_read_json(model_dir / "config.json"),
-        num_parameters=count_parameters(model_dir),
-        curve_png=curve_png,
-    )
-    card.save(model_dir / "README.md")
-    return model_dir / "README.md"
-
-
-# --- pushing --------------------------------------------------------------------------------------------------
 
 
 def resolve_token(token: str | None = None) -> str:
@@ -365,7 +62,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
             "(so that save_pretrained copies the remote code and writes auto_map) and save the tokenizer "
             "into the same directory."
         )
-    if "auto_map" not in _read_json(model_dir / "config.json"):
+    if "auto_map" not in read_json(model_dir / "config.json"):
         raise ValueError(f"{model_dir}/config.json has no auto_map: save the model with `import modeling` done.")
     return model_dir
 
@@ -403,3 +100,90 @@ def push_model_dir(
         commit_message=commit_message,
     )
     return str(repo_url)
+
+
+# --- pushing at the end of training -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubTarget:
+    """The repo to push to, and the token checked before training (kept out of reprs and logs)."""
+
+    repo_id: str
+    token: str = field(repr=False)
+
+
+def prepare_push(training_args: TrainingArguments) -> HubTarget | None:
+    """Before training, on the main process: the token and the repo of the push at the end, checked now.
+
+    A push that cannot happen (no token: `MissingHubTokenError`; an invalid repo name; a revision; no right to
+    create the repo) fails here rather than after the whole run. The repo is `hub_model_id`, else output_dir's name
+    as the Trainer names it; a name without namespace gets the token owner's (asked of the Hub now), which the model
+    card needs. Returns None without `push_to_hub`, and on the other processes (only the main one pushes).
+    """
+    if not training_args.push_to_hub:
+        return None
+    if training_args.hub_revision is not None:
+        raise ValueError("The push at the end of training goes to the main branch: --hub_revision is not supported.")
+    if training_args.process_index != 0:
+        return None
+    token = resolve_token(training_args.hub_token)  # the argument, else HF_TOKEN, else `hf auth login`
+    repo_id = training_args.hub_model_id or Path(training_args.output_dir).absolute().name
+    validate_repo_id(repo_id)
+    api = HfApi(token=token)
+    if "/" not in repo_id:
+        repo_id = f"{api.whoami()['name']}/{repo_id}"
+    # Creating the repo now proves the token may write there, before hours of training rather than after.
+    api.create_repo(repo_id, private=bool(training_args.hub_private_repo), exist_ok=True, repo_type="model")
+    if training_args.hub_strategy in ("checkpoint", "all_checkpoints"):
+        logger.warning("hub_strategy=%s is not used: checkpoints are not pushed.", training_args.hub_strategy.value)
+    logger.info("The model will be pushed to %s at the end of training", repo_id)
+    return HubTarget(repo_id, token)
+
+
+def stage_card_inputs(model_dir: Path, output_dir: Path, staging: Path) -> None:
+    """Copy what the card is rendered from into `staging`: the run's records (output_dir), and evaluation JSONs of
+    `model_dir` (in it or in its `eval/`, where `scripts/evaluate.py --output-dir` usually puts them).
+
+    Only `model_dir`'s own are searched: those of the final model never describe the averaged one. An evaluation
+    JSON older than the weights scored an earlier model (a previous run in this output_dir): it is left out of the
+    card with a warning.
+    """
+    for name in (TRAINER_STATE_FILE, TRAINING_ARGS_FILE, DATA_STATS_FILE):
+        if (output_dir / name).is_file():
+            shutil.copy(output_dir / name, staging / name)
+    weights_time = min(path.stat().st_mtime for path in model_dir.glob("*.safetensors"))
+    found = sorted(path for directory in (model_dir, model_dir / "eval") for path in directory.glob(EVAL_RESULTS_GLOB))
+    fresh = [path for path in found if path.stat().st_mtime >= weights_time]
+    stale = [str(path) for path in found if path not in fresh]
+    if stale:
+        logger.warning(
+            "Left out of the model card, older than the weights of %s: %s. Evaluate this model with "
+            "scripts/evaluate.py and push again with scripts/push_to_hub.py --card-from to add its scores.",
+            model_dir,
+            ", ".join(stale),
+        )
+    for index, path in enumerate(fresh):  # distinct names: eval/ may hold a file of the same name
+        shutil.copy(path, staging / f"eval_results_{index}_{path.name.removeprefix('eval_results_')}")
+
+
+def push_trained_model(
+    target: HubTarget, model_dir: Path, output_dir: Path, description: str, private: bool | None
+) -> str:
+    """Write the model card into `model_dir` and push it as `scripts/push_to_hub.py` does; return the repo URL."""
+    check_model_dir(model_dir)
+    with tempfile.TemporaryDirectory() as staging:
+        stage_card_inputs(model_dir, output_dir, Path(staging))
+        card = write_model_card(model_dir, repo_id=target.repo_id, card_from=[staging])
+    logger.info("Pushing %s (%s, model card %s) to %s", description, model_dir, card, target.repo_id)
+    try:
+        url = push_model_dir(model_dir, target.repo_id, token=target.token, private=bool(private))
+    except Exception:
+        logger.error(
+            "The push failed; the model is saved. Retry with: python scripts/push_to_hub.py --model %s --repo-id %s",
+            model_dir,
+            target.repo_id,
+        )
+        raise
+    logger.info("Pushed %s to %s", model_dir, url)
+    return url

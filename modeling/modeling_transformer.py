@@ -2,38 +2,29 @@
 
 Read top to bottom, this file follows the paper: positional encodings (Sec. 3.5), multi-head attention
 (Sec. 3.2), the post-LayerNorm encoder and decoder layers (Sec. 3.1, 3.3), the stacks with one shared,
-scaled embedding matrix (Sec. 3.4), and the translation model with the paper's beam search (Sec. 6.1).
+scaled embedding matrix (Sec. 3.4), the label-smoothed training loss (Sec. 5.4) and the translation model.
+Its decoding, the paper's beam search (Sec. 6.1), lives beside it in `generation_transformer.py`.
 
-This file travels with every checkpoint as remote code: it imports only torch, transformers and the
-configuration beside it.
+This file travels with every checkpoint as remote code: it imports only torch, transformers and its two
+siblings (`configuration_transformer.py`, which refuses transformers releases older than it supports, and
+`generation_transformer.py`).
 """
 
-import copy
 import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import (
-    GenerationConfig,
-    GenerationMixin,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    StoppingCriteriaList,
-)
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import logits_process
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
-    ModelOutput,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
@@ -43,17 +34,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdyn
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
-from transformers.utils.versions import require_version
 
 from .configuration_transformer import TransformerConfig
-
-# Releases before 5.24 import this file, but their masking and generation code names the cache `past_key_values`
-# where this file passes `cache`: the first forward pass would fail deep inside. Say so at import instead.
-require_version("transformers>=5.24", "this model's code follows transformers 5.24: pip install 'transformers>=5.24'")
-
-LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
-PAPER_DECODING_FIELDS = ("length_penalty_type", "max_length_offset")
-
+from .generation_transformer import TransformerGenerationMixin, set_paper_decoding
 
 # --------------------------------------------------------------------------------------------------------------
 # Positional encoding (Sec. 3.5)
@@ -617,96 +600,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden_states * grad_loss, grad_weight * grad_loss, None, None
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Decoding as in the paper (Sec. 6.1): beam 4, length penalty alpha = 0.6, max length = input length + 50
-# --------------------------------------------------------------------------------------------------------------
-
-
-class GNMTLengthPenalty(float):
-    """alpha of the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper.
-
-    transformers' beam search ranks a finished hypothesis by `sum_logprobs / (length ** length_penalty)`, where
-    `length` is a Python int. An int cannot raise itself to this float subclass, so Python calls `__rpow__`,
-    which evaluates the GNMT penalty in place of `length ** alpha`; everything else treats it as alpha.
-    """
-
-    def __rpow__(self, length: int) -> float:
-        return ((5 + length) / 6) ** float(self)
-
-
-class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
-    """Forces end-of-sentence once a hypothesis holds `max_lengths[i]` tokens, so that each sentence stops at
-    its own limit rather than the batch's longest (Sec. 6.1: "maximum output length to input length + 50")."""
-
-    def __init__(self, max_lengths: torch.Tensor, eos_token_id: int):
-        self.max_lengths = max_lengths  # (B,)
-        self.eos_token_id = eos_token_id
-
-    def for_sentences(self, sentences: torch.Tensor) -> "PerSentenceMaxLengthLogitsProcessor":
-        """The same limits for a batch that keeps only `sentences` (indices into this one's)."""
-        return PerSentenceMaxLengthLogitsProcessor(
-            self.max_lengths[sentences.to(self.max_lengths.device)], self.eos_token_id
-        )
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows_per_sentence = input_ids.shape[0] // self.max_lengths.shape[0]  # beams or returned sequences
-        limits = self.max_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence)  # (B * K,)
-        # input_ids holds the decoder start token plus the tokens generated so far.
-        at_limit = input_ids.shape[1] >= limits  # (B * K,)
-        if not at_limit.any():  # most steps: spare three passes over the (B * K, V) scores
-            return scores
-        forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = 0.0
-        return torch.where(at_limit[:, None], forced, scores)
-
-
-# Beam search steps see each row alone with these, so dropping other sentences from the batch changes nothing for
-# the rows that stay. Anything else (sampling, processors with per-batch state) takes transformers' own loop.
-ROW_WISE_LOGITS_PROCESSORS = (
-    PerSentenceMaxLengthLogitsProcessor,
-    logits_process.MinLengthLogitsProcessor,
-    logits_process.MinNewTokensLengthLogitsProcessor,
-    logits_process.TemperatureLogitsWarper,
-    logits_process.RepetitionPenaltyLogitsProcessor,
-    logits_process.NoRepeatNGramLogitsProcessor,
-    logits_process.SequenceBiasLogitsProcessor,
-    logits_process.ForcedBOSTokenLogitsProcessor,
-    logits_process.ForcedEOSTokenLogitsProcessor,
-    logits_process.InfNanRemoveLogitsProcessor,
-    logits_process.LogitNormalization,
-    logits_process.SuppressTokensAtBeginLogitsProcessor,
-    logits_process.SuppressTokensLogitsProcessor,
-)
-ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
-
-
-# What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
-# transformers' own loop, since the batch could not be cut safely.
-PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
-
-
-def select_rows(model_kwargs: dict, rows: torch.Tensor, self_attention_rows: torch.Tensor) -> dict:
-    """`model_kwargs` for another batch made of the rows `rows` of this one (a row may be taken several times);
-    the self-attention cache, which beam search also reorders, takes `self_attention_rows`."""
-
-    def select(value):
-        if isinstance(value, torch.Tensor):
-            return value.index_select(0, rows)
-        if isinstance(value, ModelOutput):
-            return type(value)(**{name: select(field) for name, field in value.items()})
-        if isinstance(value, tuple):
-            return tuple(select(item) for item in value)
-        return value
-
-    selected = dict(model_kwargs)
-    for name in PER_ROW_GENERATION_KWARGS:
-        if name in selected:
-            selected[name] = select(selected[name])
-    cache = selected["cache"]
-    cache.self_attention_cache.reorder_cache(self_attention_rows)
-    cache.cross_attention_cache.reorder_cache(rows)
-    return selected
-
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Decoder inputs for teacher forcing: the start token, then the labels without their last position."""
@@ -716,8 +609,9 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return decoder_input_ids.masked_fill(decoder_input_ids == -100, pad_token_id)
 
 
-class TransformerForConditionalGeneration(TransformerPreTrainedModel, GenerationMixin):
-    """The translation model: the pre-softmax projection shares the embedding matrix (Sec. 3.4)."""
+class TransformerForConditionalGeneration(TransformerPreTrainedModel, TransformerGenerationMixin):
+    """The translation model: the pre-softmax projection shares the embedding matrix (Sec. 3.4); `generate()` decodes
+    as the paper (Sec. 6.1, `TransformerGenerationMixin`)."""
 
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
@@ -730,15 +624,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
         self.model = TransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # Sec. 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum output length
-        # to input length + 50, but terminate early when possible".
-        self.generation_config.num_beams = 4
-        self.generation_config.length_penalty = 0.6
-        self.generation_config.early_stopping = True
-        self.generation_config.length_penalty_type = "gnmt"
-        self.generation_config.max_length_offset = 50
-        # These settings are the model's own, not copies of config.json: keep them when saved and loaded.
-        self.generation_config._from_model_config = False
+        set_paper_decoding(self.generation_config)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -861,266 +747,6 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Generation
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    @torch.no_grad()
-    def generate(
-        self,
-        inputs: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        logits_processor: LogitsProcessorList | None = None,
-        **kwargs,
-    ):
-        """`GenerationMixin.generate` with the paper's decoding (Sec. 6.1), as the generation config asks:
-
-        - `max_length_offset` (default 50): each sentence's output holds at most its source length plus this many
-          tokens, end-of-sentence included; `None` turns the limit off. A `max_length` or `max_new_tokens`
-          given here or saved in the generation config still caps the whole batch.
-        - `length_penalty_type`: `"gnmt"` (default) ranks finished beams by log P(Y) / ((5 + |Y|) / 6) ** alpha;
-          `"transformers"` keeps the library's log P(Y) / |Y| ** alpha.
-        Both may also be passed as keyword arguments, like any generation parameter.
-        """
-        base_config = generation_config if generation_config is not None else self.generation_config
-        unknown_to_config = {
-            name: kwargs.pop(name)
-            for name in PAPER_DECODING_FIELDS
-            if name in kwargs and not hasattr(base_config, name)
-        }
-        if unknown_to_config:  # a user's own GenerationConfig without our fields: carry them on a copy
-            generation_config = copy.deepcopy(base_config)
-            for name, value in unknown_to_config.items():
-                setattr(generation_config, name, value)
-            base_config = generation_config
-
-        def setting(name: str, default):
-            return kwargs.get(name, getattr(base_config, name, default))
-
-        num_beams = setting("num_beams", 1)
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-            # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
-            raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
-        penalty_type = setting("length_penalty_type", "transformers")
-        if penalty_type not in LENGTH_PENALTY_TYPES:
-            raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
-        offset = setting("max_length_offset", None)
-        source_lengths = self._source_lengths(inputs, kwargs) if offset is not None else None
-        if source_lengths is not None:
-            eos_token_id = setting("eos_token_id", self.config.eos_token_id)
-            eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
-            logits_processor = LogitsProcessorList(logits_processor or [])
-            max_lengths = source_lengths + offset
-            logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id))
-            if not self._length_cap_given(base_config, kwargs):
-                kwargs["max_new_tokens"] = int(max_lengths.max())
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
-
-    @staticmethod
-    def _length_cap_given(generation_config: GenerationConfig, kwargs: dict) -> bool:
-        """Whether the caller or the saved generation config set a length for the whole batch."""
-        if kwargs.get("max_new_tokens") is not None or kwargs.get("max_length") is not None:
-            return True
-        return generation_config.max_new_tokens is not None or generation_config.max_length is not None
-
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
-        """Real (non-padding) source lengths, (B,), from the attention mask or the input ids."""
-        attention_mask = kwargs.get("attention_mask")
-        if attention_mask is not None:
-            return attention_mask.sum(dim=-1)
-        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if input_ids is not None:
-            return input_ids.ne(self.config.pad_token_id).sum(dim=-1)
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if encoder_outputs is not None:
-            hidden = encoder_outputs[0]
-            return torch.full((hidden.shape[0],), hidden.shape[1], device=hidden.device)
-        return None
-
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
-        """Beam search keeps the surviving hypotheses: only their self-attention keys and values move. Beams only
-        ever move within their own sentence, whose rows hold identical encoder keys and values, so reordering the
-        cross-attention cache (half of the work transformers would do) changes nothing and is skipped."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
-        return cache
-
-    def _beam_search(
-        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
-    ):
-        if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
-            generation_config = copy.copy(generation_config)
-            generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        can_drop_finished = not (
-            synced_gpus
-            or generation_config.do_sample
-            or generation_config.return_dict_in_generate
-            or not isinstance(model_kwargs.get("cache"), EncoderDecoderCache)
-            or any(
-                isinstance(value, (torch.Tensor, ModelOutput)) and name not in PER_ROW_GENERATION_KWARGS
-                for name, value in model_kwargs.items()
-            )
-            or not all(isinstance(p, ROW_WISE_LOGITS_PROCESSORS) for p in logits_processor)
-            or not all(isinstance(c, ROW_WISE_STOPPING_CRITERIA) for c in stopping_criteria)
-        )
-        if not can_drop_finished:
-            return super()._beam_search(
-                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
-            )
-        return self._beam_search_dropping_finished(
-            input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
-        )
-
-    def _beam_search_dropping_finished(
-        self,
-        input_ids: torch.LongTensor,
-        logits_processor: LogitsProcessorList,
-        stopping_criteria: StoppingCriteriaList,
-        generation_config: GenerationConfig,
-        **model_kwargs,
-    ) -> torch.LongTensor:
-        """transformers' beam search, step for step (its own step functions), except that a sentence leaves the
-        batch once its result is final, as CTranslate2 does: a batch then costs the sum of its sentences' lengths
-        rather than its longest sentence's length times its size. The outputs are the library loop's.
-
-        A sentence's result is final once transformers' loop would no longer change it: all its `num_beams`
-        finished hypotheses are in with `early_stopping=True`, or no running beam can beat the worst of them.
-        `input_ids` holds B sentences × K beams, (B·K, prompt length); the state below is (b, K, ...) for the b
-        sentences still running, `sentences` holding their positions in the batch.
-        """
-        num_beams = generation_config.num_beams
-        length_penalty, early_stopping = generation_config.length_penalty, generation_config.early_stopping
-        max_length = generation_config.max_length
-        pad_token_id, eos_token_id = generation_config._pad_token_tensor, generation_config._eos_token_tensor
-        batch_size = input_ids.shape[0] // num_beams
-        prompt_length = cur_len = input_ids.shape[1]
-        device = input_ids.device
-
-        # As transformers: keep 2K candidates per sentence so that K can run on when some end, and fill unused
-        # positions the same way.
-        candidates_per_sentence = max(2, 1 + (eos_token_id.shape[0] if eos_token_id is not None else 0)) * num_beams
-        is_top_k_candidate = torch.arange(candidates_per_sentence, device=device) < num_beams
-        fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
-
-        running_sequences = torch.full(
-            (batch_size, num_beams, max_length), fill_value, dtype=torch.long, device=device
-        )
-        running_sequences[:, :, :cur_len] = input_ids.view(batch_size, num_beams, -1)
-        running_beam_scores = torch.zeros((batch_size, num_beams), device=device)  # (b, K)
-        running_beam_scores[:, 1:] = -1e9  # every beam starts as the same prefix: expand only the first
-        running_beam_indices = torch.full(
-            (batch_size, num_beams, max_length - cur_len), -1, dtype=torch.int32, device=device
-        )
-        finished_sequences, finished_beam_indices = running_sequences.clone(), running_beam_indices.clone()
-        finished_scores = torch.full((batch_size, num_beams), -1e9, device=device)
-        is_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
-        can_improve = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
-        sentences = torch.arange(batch_size, device=device)
-        results = (finished_sequences.clone(), finished_beam_indices.clone())  # every sentence's, once final
-
-        # All K beams of a sentence start from the same prefix: the first step runs on one of them, and its caches
-        # and logits are then copied to the others (at this step the cross-attention keys and values are computed).
-        first_beams = torch.arange(batch_size, device=device) * num_beams  # (B,)
-        model_kwargs = select_rows(model_kwargs, first_beams, first_beams)
-        model_outputs = self._prefill(input_ids[first_beams], generation_config, model_kwargs)
-        model_kwargs = self._update_model_kwargs_for_generation(model_outputs, model_kwargs, is_encoder_decoder=True)
-        every_beam = torch.arange(batch_size, device=device).repeat_interleave(num_beams)  # (B·K,)
-        model_kwargs = select_rows(model_kwargs, every_beam, every_beam)
-        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
-        del model_outputs
-        while True:
-            flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
-            log_probs = logits_processor(flat_sequences, F.log_softmax(logits, dim=-1))
-            running = len(sentences)
-            log_probs = (log_probs.view(running, num_beams, -1) + running_beam_scores[:, :, None]).view(running, -1)
-
-            candidate_scores, candidate_sequences, candidate_beam_indices = self._get_top_k_continuations(
-                accumulated_log_probs=log_probs,
-                running_sequences=running_sequences,
-                running_beam_indices=running_beam_indices,
-                cur_len=cur_len,
-                decoder_prompt_len=prompt_length,
-                do_sample=False,
-                beams_to_keep=candidates_per_sentence,
-                num_beams=num_beams,
-                batch_size=running,
-            )
-            candidate_ends = stopping_criteria(candidate_sequences[:, :, : cur_len + 1].flatten(0, 1), None)
-            candidate_ends = candidate_ends.view(running, candidates_per_sentence)
-            running_sequences, running_beam_scores, running_beam_indices = self._get_running_beams_for_next_iteration(
-                candidate_scores, candidate_sequences, candidate_beam_indices, candidate_ends, num_beams
-            )
-            finished_sequences, finished_scores, finished_beam_indices, is_finished = self._update_finished_beams(
-                sequences=finished_sequences,
-                topk_running_sequences=candidate_sequences,
-                beam_scores=finished_scores,
-                topk_log_probs=candidate_scores,
-                beam_indices=finished_beam_indices,
-                topk_running_beam_indices=candidate_beam_indices,
-                is_early_stop_heuristic_unsatisfied=can_improve,
-                is_sent_finished=is_finished,
-                next_token_hits_stopping_criteria=candidate_ends,
-                top_num_beam_mask=is_top_k_candidate,
-                num_beams=num_beams,
-                cur_len=cur_len,
-                decoder_prompt_len=prompt_length,
-                length_penalty=length_penalty,
-                early_stopping=early_stopping,
-            )
-            beam_rows = running_beam_indices[:, :, cur_len - prompt_length].flatten().long()  # (b·K,) rows kept
-            cur_len += 1
-            can_improve = self._check_early_stop_heuristic(
-                can_improve,
-                running_beam_scores,
-                finished_scores,
-                is_finished,
-                cur_len,
-                max_length,
-                prompt_length,
-                early_stopping,
-                length_penalty,
-            )
-
-            final = ~can_improve[:, 0] | (is_finished.all(dim=-1) & (early_stopping is True))  # (b,)
-            if candidate_ends.all() or final.all():
-                results[0][sentences], results[1][sentences] = finished_sequences, finished_beam_indices
-                break
-            if final.any():
-                results[0][sentences[final]] = finished_sequences[final]
-                results[1][sentences[final]] = finished_beam_indices[final]
-                stay = (~final).nonzero().squeeze(-1)  # (b',)
-                rows = (stay[:, None] * num_beams + torch.arange(num_beams, device=device)).flatten()  # (b'·K,)
-                sentences = sentences[stay]
-                running_sequences, running_beam_scores = running_sequences[stay], running_beam_scores[stay]
-                running_beam_indices, finished_scores = running_beam_indices[stay], finished_scores[stay]
-                finished_sequences, finished_beam_indices = finished_sequences[stay], finished_beam_indices[stay]
-                is_finished, can_improve = is_finished[stay], can_improve[stay]
-                # rows of the batch before the removal: the self-attention cache is reordered and cut in one go
-                beam_rows = beam_rows.view(-1, num_beams)[stay].flatten()
-                model_kwargs = select_rows(model_kwargs, rows, beam_rows)
-                logits_processor = LogitsProcessorList(
-                    p.for_sentences(stay) if isinstance(p, PerSentenceMaxLengthLogitsProcessor) else p
-                    for p in logits_processor
-                )
-            else:
-                model_kwargs["cache"] = self._reorder_cache(model_kwargs["cache"], beam_rows)
-
-            flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)
-            model_inputs = self.prepare_inputs_for_generation(flat_sequences, next_sequence_length=1, **model_kwargs)
-            model_outputs = self(**model_inputs, return_dict=True)
-            model_kwargs = self._update_model_kwargs_for_generation(
-                model_outputs, model_kwargs, is_encoder_decoder=True
-            )
-            logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (b·K, V)
-            del model_outputs
-
-        # As transformers: the best `num_return_sequences` of each sentence, cut to the longest of them.
-        num_return = generation_config.num_return_sequences
-        sequences = results[0][:, :num_return].flatten(0, 1)
-        generated_length = (results[1][:, :num_return].flatten(0, 1) >= 0).sum(dim=1).max()
-        return sequences[:, : prompt_length + generated_length]
 
 
-__all__ = [
-    "TransformerPreTrainedModel",
-    "TransformerModel",
-    "TransformerForConditionalGeneration",
-    "GNMTLengthPenalty",
-]
+__all__ = ["TransformerPreTrainedModel", "TransformerModel", "TransformerForConditionalGeneration"]

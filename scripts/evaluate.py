@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 from modeling.data import load_parallel_dataset
-from modeling.evaluation import evaluate_split, load_model_and_tokenizer, metrics_filename, write_json
+from modeling.evaluation import evaluate_split, metrics_filename
+from modeling.files import write_json
+from modeling.translation import load_model_and_tokenizer
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),

@@ -10,13 +10,8 @@ attention, the only implementation that returns attention weights.
 import argparse
 import sys
 
-from modeling.evaluation import (
-    ATTENTION_KINDS,
-    attention_maps,
-    load_model_and_tokenizer,
-    plot_attention_maps,
-    translate,
-)
+from modeling.attention import ATTENTION_KINDS, attention_maps, plot_attention_maps
+from modeling.translation import load_model_and_tokenizer, translate
 
 
 def layer_or_all(value: str) -> int | None:

@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from modeling.hub import MissingHubTokenError, check_model_dir, push_model_dir, resolve_token, write_model_card
+from modeling.hub import MissingHubTokenError, check_model_dir, push_model_dir, resolve_token
+from modeling.model_card import write_model_card
 
 
 def parse_args() -> argparse.Namespace:
@@ -28,7 +29,9 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="directory with evaluation / training outputs for the model card (repeatable)",
     )
-    parser.add_argument("--template", default=None, help="model card template (default: model_cards/template.md)")
+    parser.add_argument(
+        "--template", default=None, help="model card template (default: modeling/templates/model_card.md)"
+    )
     return parser.parse_args()
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from modeling.training import DataArguments, ModelArguments, TranslationTrainingArguments, get_preset, train
+from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from modeling.presets import get_preset
+from modeling.training import train
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 

@@ -10,8 +10,8 @@ Decoding defaults to the model's generation config (the paper's beam 4, GNMT len
 import argparse
 import sys
 
-from modeling.evaluation import load_model_and_tokenizer, translate
 from modeling.tokenization import iter_lines
+from modeling.translation import load_model_and_tokenizer, translate
 
 
 def parse_args() -> argparse.Namespace:

@@ -112,10 +112,12 @@ def test_gpu_check_installs_the_wheels_it_is_given_before_running(tmp_path):
 
 @pytest.fixture
 def benchmarks_importable():
-    """benchmarks/ on sys.path for the test, as its scripts have it."""
-    sys.path.insert(0, str(BENCHMARKS))
+    """benchmarks/ (and its investigations/) on sys.path for the test, as its scripts have it."""
+    folders = [str(BENCHMARKS), str(BENCHMARKS / "investigations")]
+    sys.path[:0] = folders
     yield
-    sys.path.remove(str(BENCHMARKS))
+    for folder in folders:
+        sys.path.remove(folder)
 
 
 @pytest.mark.parametrize("source_length, target_length", [(10, 7), (5, 9)])
@@ -154,7 +156,7 @@ def test_training_profile_replays_every_matrix_product_of_a_step(benchmarks_impo
 
 def test_training_profile_quick_run_prints_its_tables():
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "profile_training.py"), "--quick", "--threads", "1"],
+        [sys.executable, str(BENCHMARKS / "investigations" / "profile_training.py"), "--quick", "--threads", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,

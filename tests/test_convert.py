@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_checkpoint import tiny_config
+from helpers import tiny_config
 from transformers import MarianConfig, MarianMTModel
 
 from modeling import TransformerForConditionalGeneration

@@ -1,7 +1,6 @@
 """Tests for loading, cleaning, tokenising and token-budget batching (modeling/data.py).
 
-All data is synthetic and written by the tests; the Multi30k test skips when ../shared is absent.
-"""
+All data is synthetic and written by the tests; the Multi30k test skips when ../shared is absent."""
 
 import gzip
 import json
@@ -9,29 +8,29 @@ import logging
 from pathlib import Path
 
 import datasets
-import numpy as np
 import pytest
 import torch
+from helpers import MULTI30K
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq
 
+from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.data import (
-    TokenBudgetBatchSampler,
     clean_parallel_dataset,
     discover_parallel_files,
     load_parallel_dataset,
     normalize_translation_dataset,
-    padding_efficiency,
     resolve_split,
-    sequence_lengths,
     tokenize_parallel_dataset,
 )
 from modeling.tokenization import train_shared_bpe
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-
 EN = ["a man runs .", "two dogs play in the park .", "a woman in a red shirt .", "the boy eats ."]
+
+
 DE = ["ein mann läuft .", "zwei hunde spielen im park .", "eine frau in einem roten hemd .", "der junge isst ."]
+
+
 VAL_EN, VAL_DE = ["a dog ."], ["ein hund ."]
 
 
@@ -51,9 +50,6 @@ def pairs(ds: datasets.Dataset, source: str = "en", target: str = "de") -> list[
 def load(data_dir: Path, **kwargs) -> datasets.DatasetDict:
     kwargs.setdefault("cache_dir", str(data_dir / ".cache"))
     return load_parallel_dataset(source_lang="en", target_lang="de", data_dir=data_dir, **kwargs)
-
-
-# --- local files ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])
@@ -195,9 +191,6 @@ def test_argument_errors(tmp_path):
         load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path)
 
 
-# --- Hub schema ------------------------------------------------------------------------------------------
-
-
 def hub_like(features: datasets.Features | None = None, **columns) -> datasets.DatasetDict:
     """A DatasetDict shaped like a Hub translation dataset, e.g. wmt/wmt14 de-en."""
     return datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns, features=features)})
@@ -242,9 +235,6 @@ def test_unknown_language_in_hub_dataset():
         normalize_translation_dataset(hub_like(text=["a"]), "en", "de")
 
 
-# --- cleaning ---------------------------------------------------------------------------------------------
-
-
 def test_each_cleaning_rule_is_counted_and_logged(caplog):
     rows = [
         ("a man runs .", "ein mann läuft ."),  # kept
@@ -267,9 +257,6 @@ def test_each_cleaning_rule_is_counted_and_logged(caplog):
 
     _, counts = clean_parallel_dataset(ds, "en", "de", max_length=None, max_ratio=None, splits=["train", "test"])
     assert counts["test"] == {"total": 6, "empty": 2, "too_long": 0, "ratio": 0, "kept": 4}
-
-
-# --- tokenisation --------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -308,109 +295,6 @@ def test_truncation_keeps_eos_and_is_counted(tokenizer, caplog):
     assert encoded[long]["input_ids"] == full[long]["input_ids"][:3] + [tokenizer.eos_token_id]
 
 
-# --- token-budget batching ------------------------------------------------------------------------------
-
-
-def random_lengths(n: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    source = rng.integers(2, 60, size=n)
-    target = np.clip(source + rng.integers(-8, 9, size=n), 2, None)
-    return source, target
-
-
-def test_every_example_once_per_epoch_and_len_is_exact():
-    source, target = random_lengths()
-    sampler = TokenBudgetBatchSampler(source, target, max_tokens=500)
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        batches = list(sampler)
-        assert len(batches) == len(sampler)
-        assert sorted(i for batch in batches for i in batch) == list(range(len(source)))
-
-
-def test_budget_is_never_exceeded_except_by_a_single_long_example():
-    source, target = random_lengths()
-    source[7], target[8] = 900, 700  # longer than the budget
-    max_tokens = 600
-    batches = list(TokenBudgetBatchSampler(source, target, max_tokens=max_tokens))
-    for batch in batches:
-        if len(batch) > 1:
-            assert source[batch].max() * len(batch) <= max_tokens
-            assert target[batch].max() * len(batch) <= max_tokens
-    assert [7] in batches and [8] in batches
-    assert all(len(b) == 1 for b in batches if source[b].max() > max_tokens or target[b].max() > max_tokens)
-
-
-def test_batches_group_similar_lengths():
-    source, target = random_lengths()
-    sampler = TokenBudgetBatchSampler(source, target, max_tokens=1000)
-    random_batches = np.array_split(np.random.default_rng(0).permutation(len(source)), len(sampler))
-    grouped = sampler.padding_efficiency()
-    assert grouped["total"] > 0.9
-    assert grouped["total"] > padding_efficiency(random_batches, source, target)["total"] + 0.3
-
-
-def test_padding_efficiency_by_hand():
-    efficiency = padding_efficiency([[0, 1], [2]], source_lengths=[2, 4, 3], target_lengths=[1, 1, 5])
-    assert efficiency == {"source": 9 / 11, "target": 7 / 7, "total": 16 / 18}
-
-
-def test_order_is_deterministic_per_seed_and_epoch():
-    source, target = random_lengths()
-    first, again = (TokenBudgetBatchSampler(source, target, 500, seed=3) for _ in range(2))
-    assert list(first) == list(again)
-    epoch0 = list(first)
-    first.set_epoch(1)
-    assert list(first) != epoch0
-    assert list(TokenBudgetBatchSampler(source, target, 500, seed=4)) != epoch0
-
-
-def test_without_shuffle_batches_come_in_length_order():
-    source, target = random_lengths()
-    sampler = TokenBudgetBatchSampler(source, target, 500, shuffle=False)
-    batches = list(sampler)
-    sampler.set_epoch(5)
-    assert list(sampler) == batches
-    longest = [max(source[b].max(), target[b].max()) for b in batches]
-    assert longest == sorted(longest)
-
-
-@pytest.mark.parametrize("num_replicas", [2, 3, 4])
-def test_ranks_are_disjoint_equal_and_cover_everything(num_replicas):
-    source, target = random_lengths(1000)
-    samplers = [
-        TokenBudgetBatchSampler(source, target, 700, seed=1, num_replicas=num_replicas, rank=r)
-        for r in range(num_replicas)
-    ]
-    total = len(TokenBudgetBatchSampler(source, target, 700))
-    repeated = -total % num_replicas
-    per_rank = [list(s) for s in samplers]
-    assert {len(batches) for batches in per_rank} == {len(samplers[0])} == {(total + repeated) // num_replicas}
-    seen = [i for batches in per_rank for batch in batches for i in batch]
-    assert set(seen) == set(range(1000))
-    # Only the few repeated batches (at most num_replicas - 1) show examples twice.
-    flat = [tuple(batch) for batches in per_rank for batch in batches]
-    assert len(flat) - len(set(flat)) == repeated
-
-
-def test_more_replicas_than_batches_still_gives_every_rank_a_batch():
-    samplers = [TokenBudgetBatchSampler([3, 3], [3, 3], 100, num_replicas=3, rank=r) for r in range(3)]
-    for sampler in samplers:
-        assert len(sampler) == 1 and [sorted(batch) for batch in sampler] == [[0, 1]]
-
-
-def test_empty_and_invalid_inputs():
-    assert list(TokenBudgetBatchSampler([], [], 100)) == [] and len(TokenBudgetBatchSampler([], [], 100)) == 0
-    with pytest.raises(ValueError, match="3 source lengths but 2 target lengths"):
-        TokenBudgetBatchSampler([1, 2, 3], [1, 2], 100)
-    with pytest.raises(ValueError, match="max_tokens"):
-        TokenBudgetBatchSampler([1], [1], 0)
-    with pytest.raises(ValueError, match="rank"):
-        TokenBudgetBatchSampler([1], [1], 10, num_replicas=2, rank=2)
-    with pytest.raises(ValueError, match="num_replicas must be at least 1, got 0"):
-        TokenBudgetBatchSampler([1], [1], 10, num_replicas=0)
-
-
 def test_sampler_drives_a_dataloader(tokenizer):
     corpus = datasets.DatasetDict({"train": datasets.concatenate_datasets([tiny_corpus()["train"]] * 10)})
     encoded = tokenize_parallel_dataset(corpus, tokenizer, "en", "de")["train"]
@@ -421,9 +305,6 @@ def test_sampler_drives_a_dataloader(tokenizer):
     assert sum(len(b["input_ids"]) for b in batches) == 40
     assert all(b["input_ids"].numel() <= 64 and b["labels"].numel() <= 64 for b in batches)
     assert all(isinstance(b["labels"], torch.Tensor) for b in batches)
-
-
-# --- real data -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")

@@ -1,74 +1,21 @@
-"""The model: architecture as in the paper, Hugging Face plumbing, decoding, bad input."""
+"""Tests of modeling/modeling_transformer.py: the architecture of the paper, its loss, and the Hugging Face contracts
+(saving, loading, tying, attention implementations, gradient checkpointing, compile)."""
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
-import tiny_checkpoint
 import torch
+from helpers import EOS, PAD, batch, labelled_batch, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from modeling import TransformerConfig, TransformerForConditionalGeneration, TransformerModel
+from modeling import TransformerForConditionalGeneration, TransformerModel
 from modeling.modeling_transformer import sinusoidal_positional_encoding
 
 VOCAB = 50
-PAD, EOS = 0, 2
+
+
 # The fused loss's tests also run on a GPU where there is one: its chunks and autocast take other kernels there.
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
-
-
-def tiny_config(**overrides) -> TransformerConfig:
-    return tiny_checkpoint.tiny_config(VOCAB, **{"max_position_embeddings": 64, **overrides})
-
-
-def tiny_model(seed: int = 0, **overrides) -> TransformerForConditionalGeneration:
-    torch.manual_seed(seed)
-    return TransformerForConditionalGeneration(tiny_config(**overrides)).eval()
-
-
-def batch() -> dict[str, torch.Tensor]:
-    """Two sources of different lengths, the shorter one padded."""
-    input_ids = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS, PAD, PAD]])
-    decoder_input_ids = torch.tensor([[EOS, 20, 21, 22], [EOS, 23, 24, 25]])
-    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
-
-
-def labelled_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
-    """`batch()`'s sources with labels instead of decoder inputs; the second target is padded with -100."""
-    inputs = batch()
-    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
-    labelled = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
-    return {name: tensor.to(device) for name, tensor in labelled.items()}
-
-
-# ---------------------------------------------------------------------------------------------------------- config
-
-
-def test_presets_match_table_3():
-    base, big = TransformerConfig.base(), TransformerConfig.big(vocab_size=32000)
-    assert (base.encoder_layers, base.d_model, base.encoder_ffn_dim, base.encoder_attention_heads) == (6, 512, 2048, 8)
-    assert base.dropout == 0.1 and base.activation_function == "relu" and base.scale_embedding
-    assert (big.d_model, big.decoder_ffn_dim, big.decoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
-    assert big.vocab_size == 32000 and big.hidden_size == 1024 and big.num_attention_heads == 16
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"d_model": 30, "encoder_attention_heads": 4}, "divisible by encoder_attention_heads"),
-        ({"decoder_attention_heads": 5}, "divisible by decoder_attention_heads"),
-        ({"positional_encoding_layout": "rotary"}, "Unknown positional_encoding_layout"),
-    ],
-)
-def test_bad_config_raises_value_error(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        tiny_config(**overrides)
-
-
-# ------------------------------------------------------------------------------------------------------ positions
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
@@ -103,9 +50,6 @@ def test_positional_table_is_not_saved_and_is_rebuilt_by_from_pretrained(tmp_pat
     expected = sinusoidal_positional_encoding(torch.arange(64), 32, "interleaved")
     assert torch.equal(loaded.model.encoder.embed_positions.table, expected)
     assert torch.equal(loaded.model.decoder.embed_positions.table, expected)
-
-
-# --------------------------------------------------------------------------------------------------- architecture
 
 
 def test_post_layer_norm_and_no_final_layer_norm():
@@ -226,9 +170,6 @@ def test_return_dict_false_gives_a_tuple():
     assert isinstance(out, tuple) and out[0].shape == (2, 4, VOCAB)
 
 
-# -------------------------------------------------------------------------------------------------------- dropout
-
-
 def test_cpu_dropout_drops_at_rate_p_and_scales_the_kept_by_one_over_one_minus_p():
     from modeling.modeling_transformer import apply_dropout
 
@@ -257,9 +198,6 @@ def test_cpu_dropout_follows_the_seed_and_keeps_shape_and_dtype():
     assert torch.equal(apply_dropout(x, 1.0, training=True), torch.zeros_like(x))
     with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
         apply_dropout(x, 1.5, training=True)
-
-
-# ----------------------------------------------------------------------------------------------------------- loss
 
 
 def test_loss_ignores_minus_100_and_uses_shifted_labels():
@@ -429,9 +367,6 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert torch.allclose(*gradients, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------------ save, load, Auto classes
-
-
 def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)
@@ -477,66 +412,6 @@ def test_resize_token_embeddings_keeps_the_three_way_tie():
     assert model.get_input_embeddings() is model.model.shared and model.get_output_embeddings() is model.lm_head
 
 
-def test_remote_code_loads_where_the_package_cannot_be_imported(tmp_path):
-    model = tiny_model()
-    save_dir = tmp_path / "checkpoint"
-    model.save_pretrained(save_dir)
-    torch.save(batch(), tmp_path / "batch.pt")
-    torch.save(model(**batch()).logits, tmp_path / "logits.pt")
-    script = textwrap.dedent(
-        f"""
-        import importlib.abc, sys
-        class BlockModeling(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name == "modeling" or name.startswith("modeling."):
-                    raise ModuleNotFoundError("blocked: " + name)
-        sys.meta_path.insert(0, BlockModeling())
-        try:
-            import modeling
-            sys.exit("the package was importable")
-        except ModuleNotFoundError:
-            pass
-        import torch
-        from transformers import AutoModelForSeq2SeqLM
-        model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        logits = model(**torch.load({str(tmp_path / "batch.pt")!r})).logits
-        assert torch.equal(logits, torch.load({str(tmp_path / "logits.pt")!r})), "logits differ"
-        print("remote-ok")
-        """
-    )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "remote-ok" in result.stdout
-
-
-# ------------------------------------------------------------------------------------------------------ bad input
-
-
-def test_an_older_transformers_is_refused_at_import_with_the_version_it_needs():
-    # transformers 5.17 imports the model file, then fails in the first forward pass (`cache` was
-    # `past_key_values` before 5.24); the file must say so when it is imported.
-    script = textwrap.dedent(
-        """
-        import importlib.metadata
-        import transformers
-        installed = importlib.metadata.version
-        importlib.metadata.version = lambda name: "5.17.0" if name == "transformers" else installed(name)
-        try:
-            import modeling.modeling_transformer
-        except ImportError as error:
-            print(error)
-        else:
-            raise SystemExit("imported under transformers 5.17")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "transformers>=5.24 is required" in result.stdout
-    assert "found transformers==5.17.0" in result.stdout
-
-
 def test_token_ids_outside_the_vocabulary_raise():
     model = tiny_model()
     inputs = batch()
@@ -551,172 +426,6 @@ def test_mismatched_mask_shape_raises():
     inputs = batch()
     with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5\), expected \(2, 6\)"):
         model(**{**inputs, "attention_mask": inputs["attention_mask"][:, :5]})
-
-
-# ------------------------------------------------------------------------------------------------------ decoding
-
-
-def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
-    """Greedy decoding that re-runs the whole prefix at every step, with no cache."""
-    decoded = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id)
-    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
-    for _ in range(steps):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoded, use_cache=False)
-        next_tokens = logits.logits[:, -1].argmax(-1)
-        next_tokens = torch.where(finished, torch.full_like(next_tokens, EOS), next_tokens)
-        decoded = torch.cat([decoded, next_tokens[:, None]], dim=1)
-        finished |= next_tokens == EOS
-        if finished.all():
-            break
-    return decoded
-
-
-def test_greedy_generate_with_cache_equals_reference_without_cache():
-    model = tiny_model(seed=3)
-    inputs = batch()
-    generated = model.generate(
-        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=1, max_new_tokens=12
-    )
-    expected = reference_greedy(model, inputs["input_ids"], inputs["attention_mask"], steps=12)
-    assert generated.tolist() == expected.tolist()
-
-
-def test_beam_generate_with_cache_equals_generate_without_cache():
-    model = tiny_model(seed=4)
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    cached = model.generate(**inputs, max_new_tokens=10)
-    uncached = model.generate(**inputs, max_new_tokens=10, use_cache=False)
-    assert cached.tolist() == uncached.tolist()
-    # The deprecated cache name still works for callers of forward.
-    out = model(**inputs, decoder_input_ids=torch.tensor([[EOS], [EOS]]), use_cache=True)
-    again = model(
-        **inputs, decoder_input_ids=torch.tensor([[5], [6]]), past_key_values=out.past_key_values, use_cache=True
-    )
-    full = model(**inputs, decoder_input_ids=torch.tensor([[EOS, 5], [EOS, 6]]))
-    assert torch.allclose(again.logits[:, -1], full.logits[:, -1], atol=1e-5)
-
-
-def random_sources(count: int, seed: int, vocab_size: int) -> dict[str, torch.Tensor]:
-    """`count` right-padded sources of 2 to 8 tokens ending in </s>, with their attention mask."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, 9, (count,), generator=generator)
-    input_ids = torch.full((count, int(lengths.max())), PAD)
-    for row, length in enumerate(lengths.tolist()):
-        input_ids[row, : length - 1] = torch.randint(3, vocab_size, (length - 1,), generator=generator)
-        input_ids[row, length - 1] = EOS
-    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long()}
-
-
-SEARCH_SETTINGS = [
-    {},
-    {"max_length_offset": 2},
-    {"early_stopping": False},
-    {"early_stopping": "never"},
-    {"length_penalty_type": "transformers", "length_penalty": 1.0},
-    {"num_return_sequences": 2},
-    {"max_new_tokens": 7, "max_length_offset": 2},
-    {"num_beams": 3, "no_repeat_ngram_size": 2},
-]
-
-
-@pytest.mark.parametrize("settings", SEARCH_SETTINGS, ids=lambda settings: str(settings) or "paper")
-def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, monkeypatch):
-    import modeling.modeling_transformer as modeling_transformer
-
-    batch_sizes, removals, num_beams = [], [], settings.get("num_beams", 4)
-
-    def recording_select_rows(model_kwargs, rows, self_attention_rows):
-        batch_sizes.append(len(rows))
-        return select_rows(model_kwargs, rows, self_attention_rows)
-
-    select_rows = modeling_transformer.select_rows
-    monkeypatch.setattr(modeling_transformer, "select_rows", recording_select_rows)
-    torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
-    model = TransformerForConditionalGeneration(tiny_checkpoint.tiny_config(20, max_position_embeddings=64)).eval()
-    for seed in range(2):
-        inputs = random_sources(6, seed, vocab_size=20)
-        batch_sizes.clear()
-        dropping = model.generate(**inputs, **settings)
-        # 6 rows for the first step, 6·K for the next, then fewer each time sentences leave
-        assert batch_sizes[:2] == [6, 6 * num_beams]
-        removals += batch_sizes[2:]
-        # return_dict_in_generate takes transformers' own loop, which keeps every sentence to the end
-        library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
-        assert dropping.tolist() == library.tolist()
-    assert removals, "sentences should have left the batch"
-
-
-def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
-    """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
-    start token, and an end-of-sentence forced at the length limit has probability one."""
-    tokens = sequence[1:].tolist()
-    length = tokens.index(EOS) + 1
-    logits = model(**inputs, decoder_input_ids=sequence[None, :length]).logits[0]
-    log_probs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[:length])[:, None])[:, 0]
-    scored = length - 1 if length == max_length else length
-    return log_probs[:scored].sum().item()
-
-
-@pytest.mark.parametrize("penalty_type", ["gnmt", "transformers"])
-def test_beam_scores_follow_the_chosen_length_penalty(penalty_type):
-    model = tiny_model(seed=5)
-    source = batch()
-    inputs = {"input_ids": source["input_ids"][:1], "attention_mask": source["attention_mask"][:1]}
-    alpha, offset = 0.6, 4
-    source_length = int(inputs["attention_mask"].sum())
-    out = model.generate(
-        **inputs,
-        num_beams=4,
-        num_return_sequences=4,
-        length_penalty=alpha,
-        length_penalty_type=penalty_type,
-        max_length_offset=offset,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    expected_scores = []
-    for sequence in out.sequences:
-        length = sequence[1:].tolist().index(EOS) + 1
-        log_probability = sequence_log_probability(model, inputs, sequence, max_length=source_length + offset)
-        penalty = ((5 + length) / 6) ** alpha if penalty_type == "gnmt" else length**alpha
-        expected_scores.append(log_probability / penalty)
-    assert out.sequences_scores.tolist() == pytest.approx(expected_scores, abs=1e-4)
-    assert expected_scores == sorted(expected_scores, reverse=True)  # the first returned is the best
-
-
-def test_each_sentence_stops_at_its_own_limit():
-    model = tiny_model(seed=6)
-    # Bias the output towards a non-EOS token so that only the length limit ends the hypotheses.
-    with torch.no_grad():
-        model.model.shared.weight[7] *= 8
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    source_lengths = inputs["attention_mask"].sum(-1).tolist()  # [6, 4]
-    for num_beams in (1, 4):
-        out = model.generate(**inputs, num_beams=num_beams, max_length_offset=3)
-        for row, source_length in zip(out.tolist(), source_lengths, strict=True):
-            generated = row[1:]
-            assert EOS in generated
-            assert generated.index(EOS) + 1 == source_length + 3
-    assert out.shape[1] == 1 + max(source_lengths) + 3
-
-
-def test_default_generation_is_the_papers():
-    config = tiny_model().generation_config
-    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
-    assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
-    with pytest.raises(ValueError, match="Unknown length_penalty_type"):
-        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
-
-
-@pytest.mark.parametrize("num_beams", [0, -1, 2.0])
-def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    with pytest.raises(ValueError, match=f"num_beams must be a positive integer, got {num_beams!r}"):
-        tiny_model().generate(**inputs, num_beams=num_beams)
-    model = tiny_model()
-    model.generation_config.num_beams = num_beams  # a saved config is checked the same way
-    with pytest.raises(ValueError, match="num_beams must be a positive integer"):
-        model.generate(**inputs)
 
 
 def test_loss_accepts_non_contiguous_labels():

@@ -1,38 +1,15 @@
-"""Tests for the shared BPE (modeling/tokenization.py) and its CLI, on synthetic text made here."""
+"""Tests of modeling/tokenization.py: the shared BPE and the line readers."""
 
 import gzip
 import json
-import os
-import random
-import runpy
-import subprocess
-import sys
 import unicodedata
-from pathlib import Path
 
 import datasets
 import pytest
+from helpers import MULTI30K
 from transformers import AutoTokenizer
 
 from modeling.tokenization import iter_corpus_text, iter_lines, iter_text_files, train_shared_bpe
-
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-
-EN_WORDS = "the a man woman dog runs plays with red ball in park street blue shirt is are two".split()
-DE_WORDS = "der die ein mann frau hund läuft spielt mit rotem ball im park straße blauen hemd".split()
-PUNCT = [".", ",", "!", "?"]
-
-
-def make_sentences(words: list[str], n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(words, k=rng.randint(3, 12))) + rng.choice(PUNCT) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    en, de = make_sentences(EN_WORDS, 300, seed=0), make_sentences(DE_WORDS, 300, seed=1)
-    return [s for pair in zip(en, de, strict=True) for s in pair]
 
 
 @pytest.fixture(scope="module")
@@ -141,51 +118,6 @@ def test_iter_lines_names_unreadable_file(tmp_path):
 def test_iter_corpus_text_streams_both_sides():
     ds = datasets.Dataset.from_dict({"translation": [{"en": f"e{i}", "de": f"d{i}"} for i in range(5)]})
     assert list(iter_corpus_text(ds, ["en", "de"], batch_size=2)) == [s for i in range(5) for s in (f"e{i}", f"d{i}")]
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "train_tokenizer.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-
-
-def test_cli_train_files_and_data_dir(corpus, tmp_path, monkeypatch, capsys):
-    with gzip.open(tmp_path / "train.en.gz", "wt", encoding="utf-8") as f:
-        f.write("\n".join(corpus[0::2]) + "\n")
-    (tmp_path / "train.de").write_text("\n".join(corpus[1::2]) + "\n", encoding="utf-8")
-
-    files = [str(tmp_path / "train.en.gz"), str(tmp_path / "train.de")]
-    result = run_cli("--train-files", *files, "--vocab-size", "90", "--output-dir", str(tmp_path / "bpe"))
-    assert result.returncode == 0, result.stderr
-    assert "vocab size: 96" in result.stdout and "training time:" in result.stdout
-    from_files = AutoTokenizer.from_pretrained(tmp_path / "bpe")
-
-    # The dataset options, in-process (a second interpreter start would double this test's time).
-    argv = ["train_tokenizer.py", "--data-dir", str(tmp_path), "--source-lang", "en", "--target-lang", "de"]
-    argv += ["--vocab-size", "90", "--output-dir", str(tmp_path / "bpe2"), "--cache-dir", str(tmp_path / "cache")]
-    monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(REPO / "scripts" / "train_tokenizer.py"), run_name="__main__")
-    assert "vocab size: 96" in capsys.readouterr().out
-    from_dir = AutoTokenizer.from_pretrained(tmp_path / "bpe2")
-    assert from_dir(corpus[:20])["input_ids"] == from_files(corpus[:20])["input_ids"]  # same text, same BPE
-
-
-def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpus, tmp_path, monkeypatch):
-    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    cases = [
-        (["--train-files", str(tmp_path / "missing.gz"), "--vocab-size", "90"], "No such file or directory"),
-        (["--train-files", str(tmp_path / "train.en"), "--vocab-size", "2"], "vocab_size must exceed the 3 special"),
-    ]
-    for args, message in cases:
-        monkeypatch.setattr(sys, "argv", ["train_tokenizer.py", *args, "--output-dir", str(tmp_path / "bpe")])
-        with pytest.raises(SystemExit) as exit_info:
-            runpy.run_path(str(REPO / "scripts" / "train_tokenizer.py"), run_name="__main__")
-        assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")

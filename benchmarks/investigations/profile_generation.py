@@ -1,20 +1,24 @@
 """Where beam-search time goes: this model against its MarianMT twin, one batch each, under torch.profiler.
 
-    python benchmarks/profile_generation.py                      # cached trained checkpoint, 40 sentences
-    python benchmarks/profile_generation.py --top 25 --trace-dir /tmp/traces   # also Chrome traces
+    python benchmarks/investigations/profile_generation.py             # cached trained checkpoint, 40 sentences
+    python benchmarks/investigations/profile_generation.py --top 25 --trace-dir /tmp/traces  # also Chrome traces
 
 For each model it prints the wall time, the decoding steps, the share of wall time spent inside ATen operators
 (the rest is Python: generation loop, modules, masks, cache bookkeeping), and the top operators by self time
 with their calls per decoding step. For Python-level stacks, run the generation under py-spy instead:
 
-    py-spy record -r 200 -f raw -o ours.txt -- python benchmarks/profile_generation.py --no-profiler --models ours
+    py-spy record -r 200 -f raw -o ours.txt -- \
+        python benchmarks/investigations/profile_generation.py --no-profiler --models ours
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
 import datasets
 import torch

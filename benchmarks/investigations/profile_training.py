@@ -1,8 +1,8 @@
 """Where a training step's time goes, against the fp32 matrix-multiply peak: this model on `train_step`'s batches.
 
-    python benchmarks/profile_training.py                # a profiled pass, then 5 alternating repeats of 4 steps
-    python benchmarks/profile_training.py --compile      # also the step under torch.compile, whole model and per layer
-    python benchmarks/profile_training.py --quick        # tiny sizes, seconds: checks that it runs
+    python benchmarks/investigations/profile_training.py            # a profiled pass, then 5 repeats of 4 steps
+    python benchmarks/investigations/profile_training.py --compile  # also under torch.compile, whole and per layer
+    python benchmarks/investigations/profile_training.py --quick    # tiny sizes, seconds: checks that it runs
 
 First, one profiled pass over the batches (its top operators are printed last) and one step recording the shapes
 of its matrix products. Then contenders, alternating in one loop as in `run.py`: the training step of the
@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
 import torch
 import transformers

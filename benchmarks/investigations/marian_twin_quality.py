@@ -1,6 +1,6 @@
 """The MarianMT twin of a Multi30k run, trained the way transformers users would, for a same-budget comparison.
 
-    OMP_NUM_THREADS=1 python benchmarks/marian_twin_quality.py --reference-run runs/m30k_en_de \\
+    OMP_NUM_THREADS=1 python benchmarks/investigations/marian_twin_quality.py --reference-run runs/m30k_en_de \\
         --data-dir ../shared/data/multi30k --output-dir runs/m30k_en_de_marian --minutes 80
 
 The twin has this project's architecture settings at the reference run's size (ReLU, scaled and shared embeddings,
@@ -13,8 +13,11 @@ Adam(0.9, 0.98, 1e-9), for the same wall-clock minutes. Then both are scored wit
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
 from transformers import (
     AutoTokenizer,
@@ -26,10 +29,11 @@ from transformers import (
 )
 
 from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling.callbacks import StopAfterMinutesCallback
 from modeling.convert import to_marian
 from modeling.data import clean_parallel_dataset, load_parallel_dataset, resolve_split, tokenize_parallel_dataset
-from modeling.evaluation import corpus_scores, translate
-from modeling.training import StopAfterMinutesCallback
+from modeling.scoring import corpus_scores
+from modeling.translation import translate
 
 
 def twin_model(reference_run: Path, seed: int) -> MarianMTModel:

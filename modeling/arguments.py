@@ -1,0 +1,119 @@
+"""The three argument groups of `scripts/train.py`: what model, what data, and how to train it.
+
+`TranslationTrainingArguments` is `Seq2SeqTrainingArguments` plus token-budget batching, time-based checkpoints, a
+wall-clock budget, the paper's schedule and checkpoint averaging; every `Seq2SeqTrainingArguments` field keeps its
+meaning. A preset (`modeling.presets`) supplies the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import Seq2SeqTrainingArguments
+
+from .presets import PRESETS
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` plus token-budget batching, time-based checkpoints and the paper's schedule."""
+
+    max_tokens_per_device: int = field(
+        default=4096,
+        metadata={"help": "Padded tokens per batch and per side (source, target) on each device (Sec. 5.1)."},
+    )
+    tokens_per_update: int | None = field(
+        default=None,
+        metadata={
+            "help": "Real target tokens per optimizer update, over all devices (paper: 25000). When set, "
+            "gradient_accumulation_steps is derived from it, the world size and the data."
+        },
+    )
+    paper_schedule: bool = field(
+        default=True,
+        metadata={
+            "help": "Use the schedule of Sec. 5.3 with learning_rate as its multiplier (1.0 = paper); "
+            "--no_paper_schedule uses lr_scheduler_type with learning_rate as the peak rate."
+        },
+    )
+    save_every_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Also save a checkpoint every this many minutes (the paper: 10), besides save_steps."},
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this many minutes of training (evaluation included), saving a last checkpoint, "
+            "even if max_steps is not reached: a wall-clock budget."
+        },
+    )
+    average_last_checkpoints: int = field(
+        default=0,
+        metadata={"help": "After training, average the last N checkpoints into OUTPUT_DIR/averaged (Sec. 6.1)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "
+                "update is derived from tokens_per_update."
+            )
+        if self.max_tokens_per_device < 1:
+            raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
+        if self.max_train_minutes is not None and self.max_train_minutes <= 0:
+            raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a preset, optionally resized, or existing weights to fine-tune."""
+
+    preset: str = field(default="base", metadata={"help": f"One of {sorted(PRESETS)}."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tune this model (local directory or Hub repo, with its tokenizer) instead."},
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"aliases": ["--tokenizer"], "help": "Use this tokenizer instead of training a shared BPE."},
+    )
+    d_model: int | None = field(default=None, metadata={"help": "Override the preset's d_model."})
+    num_layers: int | None = field(default=None, metadata={"help": "Override N, encoder and decoder layers."})
+    num_heads: int | None = field(default=None, metadata={"help": "Override h, attention heads."})
+    ffn_dim: int | None = field(default=None, metadata={"help": "Override d_ff."})
+    dropout: float | None = field(default=None, metadata={"help": "Override P_drop (also when fine-tuning)."})
+
+    def config_overrides(self) -> dict[str, Any]:
+        """`TransformerConfig` fields set by the overrides given."""
+        overrides = {
+            "d_model": self.d_model,
+            "encoder_layers": self.num_layers,
+            "decoder_layers": self.num_layers,
+            "encoder_attention_heads": self.num_heads,
+            "decoder_attention_heads": self.num_heads,
+            "encoder_ffn_dim": self.ffn_dim,
+            "decoder_ffn_dim": self.ffn_dim,
+            "dropout": self.dropout,
+        }
+        return {name: value for name, value in overrides.items() if value is not None}
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel text comes from and how it is prepared."""
+
+    source_lang: str = field(default="en", metadata={"help": "Source language code."})
+    target_lang: str = field(default="de", metadata={"help": "Target language code."})
+    dataset: str | None = field(default=None, metadata={"help": "Hub dataset, e.g. wmt/wmt14."})
+    language_pair: str | None = field(default=None, metadata={"help": "Hub dataset configuration, e.g. de-en."})
+    data_dir: str | None = field(default=None, metadata={"help": "Local parallel files (see modeling.data)."})
+    vocab_size: int | None = field(default=None, metadata={"help": "Size of the shared BPE to train (preset's)."})
+    max_length: int | None = field(default=256, metadata={"help": "Truncate sequences to this many tokens."})
+    clean: bool = field(default=True, metadata={"help": "Drop empty, over-long and mismatched training pairs."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
+    bleu_sample_size: int | None = field(
+        default=None, metadata={"help": "Validation sentences scored by BLEU at each evaluation (preset's; 0: none)."}
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})

@@ -1,0 +1,124 @@
+"""Attention weights of a trained model, and heatmaps of them (`scripts/plot_attention.py`)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+ATTENTION_KINDS = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "cross-attention",
+}
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of every layer and head for one sentence pair, shaped (layers, heads, queries, keys).
+
+    Decoder queries are labelled with the target token each position predicts; decoder self-attention keys with
+    the token each position reads (the start token, then the target shifted right).
+    """
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    decoder_input_tokens: list[str]
+    encoder: torch.Tensor
+    decoder: torch.Tensor
+    cross: torch.Tensor
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(query labels, key labels) of one kind of attention."""
+        return {
+            "encoder": (self.source_tokens, self.source_tokens),
+            "decoder": (self.target_tokens, self.decoder_input_tokens),
+            "cross": (self.target_tokens, self.source_tokens),
+        }[kind]
+
+
+def attention_maps(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str, target: str
+) -> AttentionMaps:
+    """Run the model teacher-forced on (source, target) and collect its attention weights.
+
+    SDPA and flash attention never materialise the weights, so the model must be loaded with
+    `attn_implementation="eager"`.
+    """
+    if model.config._attn_implementation != "eager":
+        raise ValueError(
+            f"The model uses {model.config._attn_implementation!r} attention, which returns no weights: "
+            "load it with attn_implementation='eager'."
+        )
+    source_ids = tokenizer(source, return_tensors="pt")["input_ids"].to(model.device)
+    labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(model.device)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    with torch.inference_mode():
+        outputs = model(input_ids=source_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
+
+    def stack(per_layer: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.stack([weights[0] for weights in per_layer]).float().cpu()
+
+    return AttentionMaps(
+        source_tokens=tokenizer.convert_ids_to_tokens(source_ids[0].tolist()),
+        target_tokens=tokenizer.convert_ids_to_tokens(labels[0].tolist()),
+        decoder_input_tokens=tokenizer.convert_ids_to_tokens(decoder_input_ids[0].tolist()),
+        encoder=stack(outputs.encoder_attentions),
+        decoder=stack(outputs.decoder_attentions),
+        cross=stack(outputs.cross_attentions),
+    )
+
+
+def _select(weights: torch.Tensor, head: int | None) -> torch.Tensor:
+    heads = weights.shape[0]
+    if head is None:
+        return weights.mean(0)
+    if not 0 <= head < heads:
+        raise ValueError(f"head {head} does not exist: this attention has heads 0 to {heads - 1}.")
+    return weights[head]
+
+
+def plot_attention_maps(
+    maps: AttentionMaps,
+    output_png: str | Path,
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+    kinds: Sequence[str] = tuple(ATTENTION_KINDS),
+) -> Path:
+    """Draw heatmaps, one row per layer (`None`: all layers) and one column per kind of attention.
+
+    `head=None` averages the heads. Uses a bare matplotlib `Figure`, leaving the caller's pyplot backend alone.
+    """
+    from matplotlib.figure import Figure
+
+    unknown = set(kinds) - set(ATTENTION_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"Unknown attention kinds {sorted(unknown)}; choose among {list(ATTENTION_KINDS)}.")
+    num_layers = {kind: getattr(maps, kind).shape[0] for kind in kinds}
+    layers = range(max(num_layers.values())) if layer is None else [layer]
+    for kind, count in num_layers.items():
+        if layer is not None and not 0 <= layer < count:
+            raise ValueError(f"layer {layer} does not exist: the {kind} has layers 0 to {count - 1}.")
+
+    longest = max(len(maps.source_tokens), len(maps.target_tokens))
+    cell = max(3.0, 0.3 * longest)
+    figure = Figure(figsize=(cell * len(kinds), cell * len(layers)), layout="constrained")
+    grid = figure.subplots(len(layers), len(kinds), squeeze=False)
+    head_name = "mean of heads" if head is None else f"head {head}"
+    for row, layer_index in enumerate(layers):
+        for column, kind in enumerate(kinds):
+            axes = grid[row][column]
+            if layer_index >= num_layers[kind]:
+                axes.set_axis_off()
+                continue
+            queries, keys = maps.labels(kind)
+            image = axes.imshow(_select(getattr(maps, kind)[layer_index], head).numpy(), cmap="viridis", vmin=0)
+            axes.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+            axes.set_yticks(range(len(queries)), queries, fontsize=8)
+            axes.set_title(f"{ATTENTION_KINDS[kind]}, layer {layer_index}, {head_name}", fontsize=9)
+            figure.colorbar(image, ax=axes, shrink=0.8)
+    output_png = Path(output_png)
+    figure.savefig(output_png, dpi=120)
+    return output_png

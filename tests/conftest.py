@@ -1,0 +1,82 @@
+"""Fixtures shared by the test files; the plain helpers they build on are in `helpers.py`."""
+
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from helpers import HUB_TOKEN, LOG_HISTORY, mixed_corpus, save_tiny_checkpoint, synthetic_pairs
+from hub_server import running_hub_server
+
+from modeling.evaluation import metrics_filename
+from modeling.files import write_json
+from modeling.scoring import corpus_scores
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models run several times faster on one thread, above all on a shared machine: they gain nothing from
+    more, and OpenMP threads competing with other processes for the cores spin and slow everything down."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """Keep the Arrow files of local datasets out of the user's cache."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets_cache"))
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """Start tests/hub_server.py on a free port; yield (endpoint, storage root); stop it by its pid."""
+    root = tmp_path_factory.mktemp("hub")
+    with running_hub_server(root, HUB_TOKEN) as endpoint:
+        yield endpoint, root
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """(directory, model, tokenizer) of a saved tiny checkpoint."""
+    directory = tmp_path_factory.mktemp("model")
+    model, tokenizer = save_tiny_checkpoint(directory)
+    return directory, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def eval_data_dir(tmp_path_factory) -> Path:
+    """Line-aligned test.en / test.de files, as in Multi30k."""
+    directory = tmp_path_factory.mktemp("data")
+    pairs = synthetic_pairs(6, seed=7)
+    (directory / "test.en").write_text("".join(en + "\n" for en, _ in pairs))
+    (directory / "test.de").write_text("".join(de + "\n" for _, de in pairs))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return mixed_corpus()
+
+
+@pytest.fixture(scope="module")
+def eval_result() -> dict:
+    """A real evaluation JSON, as scripts/evaluate.py writes it, scored on synthetic sentences."""
+    references = [f"{de} rot-weiß" for _, de in synthetic_pairs(10, seed=4)]
+    hypotheses = [ref.replace("Hund", "Katze").replace("Ball", "ball") for ref in references]
+    scores = corpus_scores(hypotheses, references, "de")
+    assert len({scores["sacrebleu"], scores["paper_bleu"], scores["tokenized_bleu_lc"]}) == 3, "tell them apart"
+    return {"split": "test", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", **scores}
+
+
+@pytest.fixture(scope="module")
+def card_dir(tmp_path_factory, eval_result) -> Path:
+    """Everything a model card is rendered from: an evaluation, a trainer state, training arguments, data stats."""
+    directory = tmp_path_factory.mktemp("card_inputs")
+    write_json(directory / metrics_filename("test"), eval_result)
+    write_json(directory / "trainer_state.json", {"global_step": 20, "log_history": LOG_HISTORY})
+    write_json(directory / "training_args.json", {"learning_rate": 7e-4, "output_dir": "/x", "max_tokens": 25000})
+    stats = {"language_pair": "en-de", "sentence_pairs": {"train": 200}, "cleaning": {"too_long": 3}}
+    write_json(directory / "data_stats.json", stats)
+    return directory

@@ -1,0 +1,308 @@
+"""What many test files build: tiny models, toy language pairs, tokenizers, trainers, checkpoints, script runs.
+
+Everything is made here, from toy word-for-word language pairs: no downloaded data, no network. Fixtures built on
+these live in `conftest.py`.
+"""
+
+import io
+import json
+import os
+import random
+import runpy
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerFast
+
+from modeling import TransformerConfig, TransformerForConditionalGeneration
+from modeling.arguments import TranslationTrainingArguments
+from modeling.tokenization import train_shared_bpe
+from modeling.trainer import TokenBudgetSeq2SeqTrainer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO_ROOT / "scripts"
+MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+HUB_TOKEN = "hf_test_token_not_a_real_one"
+# A trainer log, as `trainer_state.json` holds it, for the model card's curves.
+LOG_HISTORY = [
+    {"loss": 5.1, "learning_rate": 1e-4, "epoch": 0.5, "step": 10},
+    {"loss": 4.2, "learning_rate": 2e-4, "epoch": 1.0, "step": 20},
+    {"eval_loss": 4.6, "eval_sacrebleu": 1.5, "epoch": 1.0, "step": 20},
+    {"train_runtime": 12.5, "train_loss": 4.65, "epoch": 1.0, "step": 20},
+]
+PAD, EOS, FIRST_ID = 0, 2, 3  # the shared BPE's <pad> and </s>, and its first ordinary token
+
+# --- tiny models ------------------------------------------------------------------------------------------------
+
+TINY_SIZE = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+)
+
+
+def tiny_config(vocab_size: int = 50, **overrides) -> TransformerConfig:
+    """The tests' model size: d_model 32, 2 + 2 layers, 4 heads, d_ff 64, with `overrides` on top."""
+    return TransformerConfig(**{**TINY_SIZE, "vocab_size": vocab_size, **overrides})
+
+
+def tiny_model(vocab_size: int = 50, *, seed: int = 0, **overrides) -> TransformerForConditionalGeneration:
+    """A seeded random model of `tiny_config`, in eval mode."""
+    torch.manual_seed(seed)
+    return TransformerForConditionalGeneration(tiny_config(vocab_size, **overrides)).eval()
+
+
+def batch() -> dict[str, torch.Tensor]:
+    """Two sources of different lengths, the shorter one padded."""
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS, PAD, PAD]])
+    decoder_input_ids = torch.tensor([[EOS, 20, 21, 22], [EOS, 23, 24, 25]])
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
+
+
+def labelled_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
+    """`batch()`'s sources with labels instead of decoder inputs; the second target is padded with -100."""
+    inputs = batch()
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    labelled = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "labels": labels}
+    return {name: tensor.to(device) for name, tensor in labelled.items()}
+
+
+def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
+    """`tiny_model` with a short length limit: an untrained model rarely stops early, and tests decode it."""
+    model = tiny_model(vocab_size, seed=seed)
+    model.generation_config.max_length_offset = 8
+    return model
+
+
+# --- toy language pairs -----------------------------------------------------------------------------------------
+
+EN_DE = {
+    "the": "der",
+    "small": "kleine",
+    "big": "große",
+    "dog": "Hund",
+    "cat": "Katze",
+    "sees": "sieht",
+    "likes": "mag",
+    "a": "einen",
+    "red": "roten",
+    "ball": "Ball",
+    "house": "Haus",
+    "today": "heute",
+}
+# A second toy pair, one token per word in `word_tokenizer`, for the training tests.
+WORDS = "the a small big dog cat sees likes red ball house today".split()
+WORD_EN_DE = dict(zip(WORDS, "der ein kleine große Hund Katze sieht mag roten Ball Haus heute".split(), strict=True))
+
+
+def synthetic_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """`count` (English, German) sentence pairs of 3 to 8 words, with a final full stop."""
+    rng = random.Random(seed)
+    words = list(EN_DE)
+    pairs = []
+    for _ in range(count):
+        sentence = rng.choices(words, k=rng.randint(3, 8))
+        pairs.append((" ".join(sentence) + ".", " ".join(EN_DE[w] for w in sentence) + "."))
+    return pairs
+
+
+def word_for_word(words) -> str:
+    return " ".join(WORD_EN_DE[w] for w in words)
+
+
+def write_corpus(directory: Path, count: int, transform, seed: int = 0) -> Path:
+    """train/val files of toy English and `transform(words)` as the target side."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", count), ("val", 16)):
+        pairs = [rng.choices(WORDS, k=rng.randint(3, 7)) for _ in range(n)]
+        (directory / f"{split}.en").write_text("\n".join(" ".join(p) for p in pairs) + "\n", encoding="utf-8")
+        (directory / f"{split}.de").write_text("\n".join(transform(p) for p in pairs) + "\n", encoding="utf-8")
+    return directory
+
+
+EN_WORDS = "the a man woman dog runs plays with red ball in park street blue shirt is are two".split()
+DE_WORDS = "der die ein mann frau hund läuft spielt mit rotem ball im park straße blauen hemd".split()
+PUNCT = [".", ",", "!", "?"]
+
+
+def make_sentences(words: list[str], n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(words, k=rng.randint(3, 12))) + rng.choice(PUNCT) for _ in range(n)]
+
+
+def mixed_corpus() -> list[str]:
+    """300 English and 300 German sentences of toy words, interleaved."""
+    en, de = make_sentences(EN_WORDS, 300, seed=0), make_sentences(DE_WORDS, 300, seed=1)
+    return [s for pair in zip(en, de, strict=True) for s in pair]
+
+
+# --- tokenizers and checkpoints ---------------------------------------------------------------------------------
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    texts = [text for pair in synthetic_pairs(200) for text in pair]
+    return train_shared_bpe(texts, vocab_size=96, min_frequency=1)
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """A shared BPE over the toy vocabulary: every word is one token, ids 0-2 are <pad>, <unk>, </s>."""
+    sentences = [" ".join(WORDS), " ".join(WORD_EN_DE.values())] * 3
+    return train_shared_bpe(sentences, vocab_size=64, min_frequency=1)
+
+
+def save_tiny_checkpoint(directory: str | Path) -> tuple[TransformerForConditionalGeneration, PreTrainedTokenizerFast]:
+    """Save model and tokenizer side by side, as training does, and return them."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_translator(len(tokenizer))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model, tokenizer
+
+
+def save_trainer_checkpoint(directory: Path, seed: int, d_model: int = 32) -> dict[str, torch.Tensor]:
+    """A Trainer-like checkpoint of a tiny random model: weights, config, tokenizer and training state."""
+    tokenizer = train_shared_bpe(["the small dog sees a cat", "der kleine Hund sieht eine Katze"], 48, min_frequency=1)
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+    )
+    model = TransformerForConditionalGeneration(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"):
+        (directory / name).write_bytes(b"training state")
+    return load_file(directory / "model.safetensors")
+
+
+class EchoModel:
+    """Stands in for a seq2seq model: "translates" each source into itself and records what it was given.
+
+    With a tokenizer whose decode inverts encode, `translate` must then return its input, line for line.
+    """
+
+    def __init__(self):
+        self.training = True
+        self.device = torch.device("cpu")
+        self.generation_config = GenerationConfig(num_beams=4, length_penalty=0.6)
+        self.calls: list[dict] = []
+
+    def eval(self):
+        return self.train(False)
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        return self
+
+    def generate(self, input_ids, attention_mask, **kwargs):
+        assert not self.training
+        self.calls.append({"input_ids": input_ids, "attention_mask": attention_mask, "kwargs": kwargs})
+        return input_ids
+
+
+# --- trainers ---------------------------------------------------------------------------------------------------
+
+
+def copy_dataset(lengths: list[int], vocab_size: int, seed: int = 0) -> datasets.Dataset:
+    """Tokenised copy task: random ids ending in </s>, the target equal to the source."""
+    rng = random.Random(seed)
+    rows = [[rng.randrange(FIRST_ID, vocab_size) for _ in range(n - 1)] + [EOS] for n in lengths]
+    return datasets.Dataset.from_dict(
+        {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows], "labels": [list(r) for r in rows]}
+    )
+
+
+def equal_length_halves(vocab_size: int) -> datasets.Dataset:
+    """8 examples that a budget of 36 padded tokens cuts into exactly 2 batches: 4 × length 5 and 4 × length 9."""
+    return copy_dataset([5, 9] * 4, vocab_size, seed=1)
+
+
+def training_args(output_dir: Path, **overrides) -> TranslationTrainingArguments:
+    settings = {
+        "output_dir": str(output_dir),
+        "use_cpu": True,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "max_grad_norm": 0.0,
+        "label_smoothing_factor": 0.1,
+        "adam_beta2": 0.98,
+        "adam_epsilon": 1e-9,
+        "optim": "adamw_torch",
+        "learning_rate": 1.0,
+        "seed": 0,
+    }
+    return TranslationTrainingArguments(**{**settings, **overrides})
+
+
+def make_trainer(args, dataset, tokenizer, model, trainer_class=TokenBudgetSeq2SeqTrainer, **kwargs):
+    return trainer_class(
+        model=model,
+        args=args,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        **kwargs,
+    )
+
+
+def losses(log_history: list[dict]) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in log_history if "loss" in entry}
+
+
+# --- scripts and the local Hub ----------------------------------------------------------------------------------
+
+
+def run_script(name: str, *args: str, monkeypatch, stdin: bytes | None = None) -> None:
+    """Run scripts/NAME in this process (a fresh interpreter would spend most of a test importing torch)."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / name), *map(str, args)])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    runpy.run_path(str(SCRIPTS / name), run_name="__main__")
+
+
+def script_error(name: str, *args: str, monkeypatch) -> str:
+    """The message a script exits with."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(name, *args, monkeypatch=monkeypatch)
+    return str(exit_info.value.code)
+
+
+def hub_env(endpoint: str, hf_home: Path, token: str | None) -> dict[str, str]:
+    """Environment of a fresh process talking to the local Hub only, with its own empty cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(hf_home),
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        OMP_NUM_THREADS="1",  # tiny model: extra threads only contend with the other test processes
+    )
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def requests_made(root: Path) -> list[tuple[str, str, int]]:
+    """(method, path, status) of every request the local Hub served, in order."""
+    lines = (root / "requests.jsonl").read_text().splitlines() if (root / "requests.jsonl").exists() else []
+    return [(r["method"], r["path"], r["status"]) for r in map(json.loads, lines)]

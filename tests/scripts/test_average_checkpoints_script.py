@@ -1,0 +1,33 @@
+"""scripts/average_checkpoints.py end to end."""
+
+import runpy
+import sys
+
+import pytest
+import torch
+from helpers import SCRIPTS, save_trainer_checkpoint
+from safetensors.torch import load_file
+
+SCRIPT = SCRIPTS / "average_checkpoints.py"
+
+
+def test_script_averages_the_last_checkpoints(tmp_path, monkeypatch, capsys):
+    for step, seed in ((1, 0), (2, 1), (3, 2)):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=seed)
+    arguments = ["--checkpoint-dir", str(tmp_path), "--last", "2", "--output-dir", str(tmp_path / "averaged")]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *arguments])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert "checkpoint-2, checkpoint-3" in capsys.readouterr().out
+    expected = [load_file(tmp_path / f"checkpoint-{step}" / "model.safetensors") for step in (2, 3)]
+    averaged = load_file(tmp_path / "averaged" / "model.safetensors")
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (expected[0][name] + expected[1][name]) / 2, atol=1e-7, rtol=0)
+
+
+def test_script_refuses_fewer_than_one_checkpoint(tmp_path, monkeypatch, capsys):
+    arguments = ["--checkpoint-dir", str(tmp_path), "--last", "0", "--output-dir", str(tmp_path / "averaged")]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *arguments])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exit_info.value.code == 2
+    assert "--last must be at least 1, got 0" in capsys.readouterr().err

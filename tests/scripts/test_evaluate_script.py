@@ -1,0 +1,58 @@
+"""scripts/evaluate.py end to end on a tiny checkpoint, in this process (`helpers.run_script`)."""
+
+import json
+
+import pytest
+from helpers import run_script, script_error
+from transformers import MarianConfig
+
+from modeling.scoring import corpus_scores
+
+# The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+def test_evaluate_writes_scores_signature_and_hypotheses(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch, capsys
+):
+    model_dir, _, _ = tiny_checkpoint
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    run_script("evaluate.py", *common, "--num-beams", "2", "--output-dir", tmp_path, monkeypatch=monkeypatch)
+
+    printed = capsys.readouterr().out
+    metrics = json.loads((tmp_path / "eval_results_test.json").read_text())
+    assert metrics["sacrebleu_signature"] in printed and "sacreBLEU" in printed
+    assert metrics["split"] == "test" and metrics["dataset"] == eval_data_dir.name
+    assert metrics["num_beams"] == 2 and metrics["num_sentences"] == 6
+
+    hypotheses = (tmp_path / "hypotheses_test.de").read_text().split("\n")[:-1]
+    references = (eval_data_dir / "test.de").read_text().split("\n")[:-1]
+    assert len(hypotheses) == 6
+    rescored = corpus_scores(hypotheses, references, "de")
+    for key in ("sacrebleu", "paper_bleu", "tokenized_bleu_lc", "chrf"):
+        assert metrics[key] == pytest.approx(rescored[key])
+
+
+def test_evaluate_lists_the_available_splits_for_an_unknown_one(tiny_checkpoint, eval_data_dir, monkeypatch):
+    model_dir, _, _ = tiny_checkpoint
+    message = script_error(
+        "evaluate.py",
+        *("--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"),
+        *("--split", "validation"),
+        monkeypatch=monkeypatch,
+    )
+    assert message.startswith("error: no split 'validation'") and "['test']" in message
+
+
+def test_evaluate_refuses_a_missing_directory_and_another_model_type(eval_data_dir, tmp_path, monkeypatch):
+    common = ["--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error("evaluate.py", "--model", tmp_path / "missing", *common, monkeypatch=monkeypatch)
+    assert message == f"error: Model directory '{tmp_path / 'missing'}' does not exist."
+
+    MarianConfig(vocab_size=16, d_model=8).save_pretrained(tmp_path / "marian")
+    message = script_error("evaluate.py", "--model", tmp_path / "marian", *common, monkeypatch=monkeypatch)
+    assert "holds a 'marian' checkpoint, not a 'vaswani_transformer' one" in message
+
+    (tmp_path / "no_config").mkdir()
+    message = script_error("evaluate.py", "--model", tmp_path / "no_config", *common, monkeypatch=monkeypatch)
+    assert message.endswith("has no config.json: it is not a model saved with save_pretrained.")

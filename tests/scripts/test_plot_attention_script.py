@@ -1,0 +1,22 @@
+"""scripts/plot_attention.py end to end on a tiny checkpoint, in this process."""
+
+import pytest
+from helpers import run_script, script_error
+
+# The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+def test_plot_attention_writes_heatmaps_and_checks_indices(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    model_dir, _, _ = tiny_checkpoint
+    common = ["--model", model_dir, "--source", "the small dog sees a ball."]
+    run_script("plot_attention.py", *common, "--output", tmp_path / "all.png", monkeypatch=monkeypatch)
+    assert capsys.readouterr().out.startswith("target: ")
+    assert (tmp_path / "all.png").read_bytes().startswith(b"\x89PNG")
+
+    one = ["--target", "der kleine Hund.", "--layer", "1", "--head", "3", "--kinds", "cross"]
+    run_script("plot_attention.py", *common, *one, "--output", tmp_path / "one.png", monkeypatch=monkeypatch)
+    assert (tmp_path / "one.png").read_bytes().startswith(b"\x89PNG")
+
+    message = script_error("plot_attention.py", *common, "--target", "x", "--head", "9", monkeypatch=monkeypatch)
+    assert message == "error: head 9 does not exist: this attention has heads 0 to 3."

@@ -1,0 +1,139 @@
+"""scripts/push_to_hub.py: a real push + download round trip against the local Hub look-alike (tests/hub_server.py),
+then the repo loaded by id in a fresh interpreter that cannot import `modeling` and starts from an empty cache:
+what a user without this project gets from the Hub."""
+
+import json
+import runpy
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_checkpoint
+from huggingface_hub import metadata_load
+
+import modeling.hub as hub_module
+
+REPO_ID = "tester/tiny-transformer"
+
+
+SENTENCES = ["the small dog sees a red ball.", "a cat likes the house today.", "big ball."]
+
+
+# Runs in `python -I` (no PYTHONPATH, no user site) from an empty directory. The editable install of this project
+# lives in site-packages, so a meta-path finder refuses `modeling` first: the process is a machine without it.
+LOADER = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class NoProjectPackage(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "modeling" or name.startswith("modeling."):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+
+    sys.meta_path.insert(0, NoProjectPackage())
+    try:
+        import modeling
+    except ImportError:
+        pass
+    else:
+        sys.exit("the project package is importable: this would not test remote code")
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    repo_id, sentences, output = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    model = AutoModelForSeq2SeqLM.from_pretrained(repo_id, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)
+    plain_tokenizer = AutoTokenizer.from_pretrained(repo_id)  # no flag: prompts (stdout), EOF declines
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    with open(output, "w") as f:
+        json.dump({
+            "module": type(model).__module__,
+            "ids": model.generate(**batch).tolist(),
+            "plain_tokenizer_ids": plain_tokenizer(sentences)["input_ids"],
+            "num_beams": model.generation_config.num_beams,
+            "max_length_offset": model.generation_config.max_length_offset,
+        }, f)
+    """
+)
+
+
+def test_push_then_load_by_repo_id_without_the_package(hub, tmp_path, card_dir):
+    endpoint, root = hub
+    model_dir = tmp_path / "model"
+    model, tokenizer = save_tiny_checkpoint(model_dir)
+
+    push = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), "--model", str(model_dir)]
+        + ["--repo-id", REPO_ID, "--card-from", str(card_dir)],
+        env=hub_env(endpoint, tmp_path / "home_push", HUB_TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert push.returncode == 0, push.stderr
+    assert f"{endpoint}/{REPO_ID}" in push.stdout
+    assert HUB_TOKEN not in push.stdout + push.stderr
+    flow = [(method, path) for method, path, status in requests_made(root) if status == 200]
+    assert flow.index(("POST", "/api/repos/create")) < flow.index(("POST", "/api/validate-yaml"))
+    assert ("POST", f"/api/models/{REPO_ID}/commit/main") in flow
+
+    stored = root / REPO_ID
+    expected = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md"}
+    assert expected | {"configuration_transformer.py", "modeling_transformer.py", "training_curves.png"} <= {
+        p.name for p in stored.iterdir()
+    }
+    metadata = metadata_load(stored / "README.md")
+    assert metadata["model-index"][0]["name"] == "tiny-transformer" and metadata["language"] == ["en", "de"]
+    card = (stored / "README.md").read_text()
+    assert (
+        "| sentence_pairs.train | 200 |" in card and "![Training and evaluation curves](training_curves.png)" in card
+    )
+    for path in stored.iterdir():
+        assert HUB_TOKEN.encode() not in path.read_bytes(), f"the token leaked into {path.name}"
+
+    empty_dir = tmp_path / "elsewhere"
+    empty_dir.mkdir()
+    load = subprocess.run(
+        [sys.executable, "-I", "-c", LOADER, REPO_ID, json.dumps(SENTENCES), str(tmp_path / "loaded.json")],
+        cwd=empty_dir,
+        env=hub_env(endpoint, tmp_path / "home_load", token=None),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert load.returncode == 0, load.stderr
+    loaded = json.loads((tmp_path / "loaded.json").read_text())
+    assert loaded["module"].startswith("transformers_modules."), "the model class must come from the repo's code"
+    assert loaded["num_beams"] == 4, "generation_config.json travels with the repo"
+    assert loaded["max_length_offset"] == model.generation_config.max_length_offset
+
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        expected_ids = model.generate(**batch).tolist()
+    assert loaded["ids"] == expected_ids
+    assert loaded["plain_tokenizer_ids"] == tokenizer(SENTENCES)["input_ids"]
+
+
+def test_push_without_a_token_fails_clearly_before_any_request(tmp_path, monkeypatch):
+    """In-process (a third interpreter would cost seconds of imports): no HF_TOKEN and no saved login."""
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hub_module, "get_token", lambda: None)  # what a machine without `hf auth login` returns
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a push without a token must not reach the Hub")
+
+    monkeypatch.setattr(hub_module, "HfApi", no_network)
+    script = REPO_ROOT / "scripts" / "push_to_hub.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--model", str(model_dir), "--repo-id", "tester/no-token"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(script), run_name="__main__")
+    message = str(exit_info.value.code)
+    assert message.startswith("error: No Hugging Face token found")
+    assert "HF_TOKEN" in message and "hf auth login" in message
+    assert not (model_dir / "README.md").exists(), "nothing is written before the token is known"

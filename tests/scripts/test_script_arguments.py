@@ -1,0 +1,27 @@
+"""Counts that make no sense are refused by every script before it loads anything."""
+
+
+import pytest
+from helpers import run_script
+
+# The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [
+        ("evaluate.py", "--limit"),
+        ("evaluate.py", "--max-tokens"),
+        ("evaluate.py", "--num-beams"),
+        ("translate.py", "--max-tokens"),
+        ("translate.py", "--num-beams"),
+    ],
+)
+def test_scripts_refuse_counts_below_one_before_loading_anything(script, flag, tmp_path, monkeypatch, capsys):
+    languages = ["--source-lang", "en", "--target-lang", "de", "--data-dir", tmp_path]
+    extra = languages if script == "evaluate.py" else ["a cat."]
+    with pytest.raises(SystemExit) as exit_info:  # the model directory does not exist: not reached
+        run_script(script, "--model", tmp_path / "missing", flag, "0", *extra, monkeypatch=monkeypatch)
+    assert exit_info.value.code == 2
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err

@@ -1,0 +1,56 @@
+"""scripts/train_tokenizer.py end to end."""
+
+import gzip
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO_ROOT
+from transformers import AutoTokenizer
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "train_tokenizer.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_cli_train_files_and_data_dir(corpus, tmp_path, monkeypatch, capsys):
+    with gzip.open(tmp_path / "train.en.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(corpus[0::2]) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(corpus[1::2]) + "\n", encoding="utf-8")
+
+    files = [str(tmp_path / "train.en.gz"), str(tmp_path / "train.de")]
+    result = run_cli("--train-files", *files, "--vocab-size", "90", "--output-dir", str(tmp_path / "bpe"))
+    assert result.returncode == 0, result.stderr
+    assert "vocab size: 96" in result.stdout and "training time:" in result.stdout
+    from_files = AutoTokenizer.from_pretrained(tmp_path / "bpe")
+
+    # The dataset options, in-process (a second interpreter start would double this test's time).
+    argv = ["train_tokenizer.py", "--data-dir", str(tmp_path), "--source-lang", "en", "--target-lang", "de"]
+    argv += ["--vocab-size", "90", "--output-dir", str(tmp_path / "bpe2"), "--cache-dir", str(tmp_path / "cache")]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    assert "vocab size: 96" in capsys.readouterr().out
+    from_dir = AutoTokenizer.from_pretrained(tmp_path / "bpe2")
+    assert from_dir(corpus[:20])["input_ids"] == from_files(corpus[:20])["input_ids"]  # same text, same BPE
+
+
+def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpus, tmp_path, monkeypatch):
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    cases = [
+        (["--train-files", str(tmp_path / "missing.gz"), "--vocab-size", "90"], "No such file or directory"),
+        (["--train-files", str(tmp_path / "train.en"), "--vocab-size", "2"], "vocab_size must exceed the 3 special"),
+    ]
+    for args, message in cases:
+        monkeypatch.setattr(sys, "argv", ["train_tokenizer.py", *args, "--output-dir", str(tmp_path / "bpe")])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+        assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)

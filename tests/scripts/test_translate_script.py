@@ -1,0 +1,39 @@
+"""scripts/translate.py end to end on a tiny checkpoint, in this process."""
+
+import gzip
+
+import pytest
+from helpers import run_script
+
+from modeling.translation import translate
+
+# The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+def test_translate_from_stdin_keeps_order_and_empty_lines(tiny_checkpoint, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    lines = ["the small dog sees a red ball.", "", "a cat.", "  ", "big house today."]
+    stdin = "\r\n".join(lines).encode() + b"\n"
+    run_script("translate.py", "--model", model_dir, monkeypatch=monkeypatch, stdin=stdin)
+
+    output = capsys.readouterr().out
+    assert output.count("\n") == len(lines)
+    translations = output.split("\n")[:-1]
+    assert translations[1] == translations[3] == ""
+    assert translations == translate(model, tokenizer, lines)
+
+
+def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    sentences = ["a cat likes the ball.", "", "the dog."]
+    run_script("translate.py", "--model", model_dir, *sentences, monkeypatch=monkeypatch)
+    from_arguments = capsys.readouterr().out.split("\n")[:-1]
+    assert from_arguments == translate(model, tokenizer, sentences)
+
+    with gzip.open(tmp_path / "input.en.gz", "wt", encoding="utf-8") as handle:
+        handle.write("".join(s + "\n" for s in sentences))
+    output_file = tmp_path / "output.de"
+    args = ["--model", model_dir, "--input-file", tmp_path / "input.en.gz", "--output-file", output_file]
+    run_script("translate.py", *args, monkeypatch=monkeypatch)
+    assert output_file.read_text().split("\n")[:-1] == from_arguments

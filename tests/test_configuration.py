@@ -1,0 +1,28 @@
+"""Tests of modeling/configuration_transformer.py: the paper's sizes and refused settings."""
+
+
+import pytest
+from helpers import tiny_config
+
+from modeling import TransformerConfig
+
+
+def test_presets_match_table_3():
+    base, big = TransformerConfig.base(), TransformerConfig.big(vocab_size=32000)
+    assert (base.encoder_layers, base.d_model, base.encoder_ffn_dim, base.encoder_attention_heads) == (6, 512, 2048, 8)
+    assert base.dropout == 0.1 and base.activation_function == "relu" and base.scale_embedding
+    assert (big.d_model, big.decoder_ffn_dim, big.decoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert big.vocab_size == 32000 and big.hidden_size == 1024 and big.num_attention_heads == 16
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_model": 30, "encoder_attention_heads": 4}, "divisible by encoder_attention_heads"),
+        ({"decoder_attention_heads": 5}, "divisible by decoder_attention_heads"),
+        ({"positional_encoding_layout": "rotary"}, "Unknown positional_encoding_layout"),
+    ],
+)
+def test_bad_config_raises_value_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)

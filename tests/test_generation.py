@@ -1,0 +1,177 @@
+"""Tests of modeling/generation_transformer.py: the paper's decoding (GNMT length penalty, a length limit per
+sentence) and the beam-search loop that drops finished sentences, against transformers' own loop."""
+
+
+import pytest
+import torch
+from helpers import batch, tiny_config, tiny_model
+
+from modeling import TransformerForConditionalGeneration
+
+VOCAB = 50
+
+
+PAD, EOS = 0, 2
+
+
+def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
+    """Greedy decoding that re-runs the whole prefix at every step, with no cache."""
+    decoded = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id)
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    for _ in range(steps):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoded, use_cache=False)
+        next_tokens = logits.logits[:, -1].argmax(-1)
+        next_tokens = torch.where(finished, torch.full_like(next_tokens, EOS), next_tokens)
+        decoded = torch.cat([decoded, next_tokens[:, None]], dim=1)
+        finished |= next_tokens == EOS
+        if finished.all():
+            break
+    return decoded
+
+
+def test_greedy_generate_with_cache_equals_reference_without_cache():
+    model = tiny_model(seed=3)
+    inputs = batch()
+    generated = model.generate(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=1, max_new_tokens=12
+    )
+    expected = reference_greedy(model, inputs["input_ids"], inputs["attention_mask"], steps=12)
+    assert generated.tolist() == expected.tolist()
+
+
+def test_beam_generate_with_cache_equals_generate_without_cache():
+    model = tiny_model(seed=4)
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    cached = model.generate(**inputs, max_new_tokens=10)
+    uncached = model.generate(**inputs, max_new_tokens=10, use_cache=False)
+    assert cached.tolist() == uncached.tolist()
+    # The deprecated cache name still works for callers of forward.
+    out = model(**inputs, decoder_input_ids=torch.tensor([[EOS], [EOS]]), use_cache=True)
+    again = model(
+        **inputs, decoder_input_ids=torch.tensor([[5], [6]]), past_key_values=out.past_key_values, use_cache=True
+    )
+    full = model(**inputs, decoder_input_ids=torch.tensor([[EOS, 5], [EOS, 6]]))
+    assert torch.allclose(again.logits[:, -1], full.logits[:, -1], atol=1e-5)
+
+
+def random_sources(count: int, seed: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """`count` right-padded sources of 2 to 8 tokens ending in </s>, with their attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (count,), generator=generator)
+    input_ids = torch.full((count, int(lengths.max())), PAD)
+    for row, length in enumerate(lengths.tolist()):
+        input_ids[row, : length - 1] = torch.randint(3, vocab_size, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = EOS
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long()}
+
+
+SEARCH_SETTINGS = [
+    {},
+    {"max_length_offset": 2},
+    {"early_stopping": False},
+    {"early_stopping": "never"},
+    {"length_penalty_type": "transformers", "length_penalty": 1.0},
+    {"num_return_sequences": 2},
+    {"max_new_tokens": 7, "max_length_offset": 2},
+    {"num_beams": 3, "no_repeat_ngram_size": 2},
+]
+
+
+@pytest.mark.parametrize("settings", SEARCH_SETTINGS, ids=lambda settings: str(settings) or "paper")
+def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, monkeypatch):
+    import modeling.generation_transformer as generation_transformer
+
+    batch_sizes, removals, num_beams = [], [], settings.get("num_beams", 4)
+
+    def recording_select_rows(model_kwargs, rows, self_attention_rows):
+        batch_sizes.append(len(rows))
+        return select_rows(model_kwargs, rows, self_attention_rows)
+
+    select_rows = generation_transformer.select_rows
+    monkeypatch.setattr(generation_transformer, "select_rows", recording_select_rows)
+    torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
+    model = TransformerForConditionalGeneration(tiny_config(20)).eval()
+    for seed in range(2):
+        inputs = random_sources(6, seed, vocab_size=20)
+        batch_sizes.clear()
+        dropping = model.generate(**inputs, **settings)
+        # 6 rows for the first step, 6·K for the next, then fewer each time sentences leave
+        assert batch_sizes[:2] == [6, 6 * num_beams]
+        removals += batch_sizes[2:]
+        # return_dict_in_generate takes transformers' own loop, which keeps every sentence to the end
+        library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
+        assert dropping.tolist() == library.tolist()
+    assert removals, "sentences should have left the batch"
+
+
+def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
+    """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
+    start token, and an end-of-sentence forced at the length limit has probability one."""
+    tokens = sequence[1:].tolist()
+    length = tokens.index(EOS) + 1
+    logits = model(**inputs, decoder_input_ids=sequence[None, :length]).logits[0]
+    log_probs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[:length])[:, None])[:, 0]
+    scored = length - 1 if length == max_length else length
+    return log_probs[:scored].sum().item()
+
+
+@pytest.mark.parametrize("penalty_type", ["gnmt", "transformers"])
+def test_beam_scores_follow_the_chosen_length_penalty(penalty_type):
+    model = tiny_model(seed=5)
+    source = batch()
+    inputs = {"input_ids": source["input_ids"][:1], "attention_mask": source["attention_mask"][:1]}
+    alpha, offset = 0.6, 4
+    source_length = int(inputs["attention_mask"].sum())
+    out = model.generate(
+        **inputs,
+        num_beams=4,
+        num_return_sequences=4,
+        length_penalty=alpha,
+        length_penalty_type=penalty_type,
+        max_length_offset=offset,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    expected_scores = []
+    for sequence in out.sequences:
+        length = sequence[1:].tolist().index(EOS) + 1
+        log_probability = sequence_log_probability(model, inputs, sequence, max_length=source_length + offset)
+        penalty = ((5 + length) / 6) ** alpha if penalty_type == "gnmt" else length**alpha
+        expected_scores.append(log_probability / penalty)
+    assert out.sequences_scores.tolist() == pytest.approx(expected_scores, abs=1e-4)
+    assert expected_scores == sorted(expected_scores, reverse=True)  # the first returned is the best
+
+
+def test_each_sentence_stops_at_its_own_limit():
+    model = tiny_model(seed=6)
+    # Bias the output towards a non-EOS token so that only the length limit ends the hypotheses.
+    with torch.no_grad():
+        model.model.shared.weight[7] *= 8
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    source_lengths = inputs["attention_mask"].sum(-1).tolist()  # [6, 4]
+    for num_beams in (1, 4):
+        out = model.generate(**inputs, num_beams=num_beams, max_length_offset=3)
+        for row, source_length in zip(out.tolist(), source_lengths, strict=True):
+            generated = row[1:]
+            assert EOS in generated
+            assert generated.index(EOS) + 1 == source_length + 3
+    assert out.shape[1] == 1 + max(source_lengths) + 3
+
+
+def test_default_generation_is_the_papers():
+    config = tiny_model().generation_config
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
+    assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
+    with pytest.raises(ValueError, match="Unknown length_penalty_type"):
+        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
+
+
+@pytest.mark.parametrize("num_beams", [0, -1, 2.0])
+def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match=f"num_beams must be a positive integer, got {num_beams!r}"):
+        tiny_model().generate(**inputs, num_beams=num_beams)
+    model = tiny_model()
+    model.generation_config.num_beams = num_beams  # a saved config is checked the same way
+    with pytest.raises(ValueError, match="num_beams must be a positive integer"):
+        model.generate(**inputs)

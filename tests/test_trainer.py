@@ -1,0 +1,170 @@
+"""Tests of modeling/trainer.py: token budgets through the Trainer, the step-1 learning rate, gradient accumulation,
+several processes, label smoothing in the fused loss, resuming. Everything is synthetic and tiny."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import copy_dataset, equal_length_halves, losses, make_trainer, tiny_model, training_args, word_tokenizer
+from transformers import TrainerCallback
+
+from modeling.schedule import noam_learning_rate
+
+
+def one_sgd_update(output_dir: Path, max_tokens: int, **overrides) -> dict[str, torch.Tensor]:
+    """Weights after one SGD update with the step-1 rate d_model^-0.5 (warmup 1); SGD, unlike Adam, shows any
+    error in the scale of the gradient."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    settings = {"max_steps": 1, "optim": "sgd", "warmup_steps": 1, "max_tokens_per_device": max_tokens}
+    args = training_args(output_dir, **settings, **overrides)
+    make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, model).train()
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_same_update(actual: dict, expected: dict, initial: dict) -> None:
+    moved = max((expected[name] - initial[name]).abs().max().item() for name in expected)
+    assert moved > 1e-3, "the update should move the weights"
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_first_trainer_update_uses_the_step_one_rate(tmp_path):
+    class RecordLearningRate(TrainerCallback):
+        def __init__(self):
+            self.rates = []
+
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            self.rates.append(optimizer.param_groups[0]["lr"])
+
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=3, warmup_steps=2, learning_rate=0.5, max_tokens_per_device=36)
+    record = RecordLearningRate()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, model)
+    trainer.add_callback(record)
+    trainer.train()
+    expected = [0.5 * noam_learning_rate(step, 32, 2) for step in (1, 2, 3)]
+    assert record.rates == pytest.approx(expected, rel=1e-12)
+    logged = [entry["learning_rate"] for entry in trainer.state.log_history if "loss" in entry]
+    assert logged == pytest.approx(expected, rel=1e-12)
+
+
+def test_tokens_per_update_and_accumulation_steps_exclude_each_other(tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        training_args(tmp_path, tokens_per_update=25000, gradient_accumulation_steps=2)
+
+
+def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
+    initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
+    full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples
+    # A budget of 36 cuts the 8 examples in 2 batches with 20 and 36 target tokens; asking for 56 tokens per
+    # update makes the trainer accumulate 2 of them.
+    accumulated = one_sgd_update(tmp_path / "halves", max_tokens=36, tokens_per_update=56)
+    assert_same_update(accumulated, full, initial)
+
+
+WORKER = """
+import json, os, sys, torch
+sys.path.insert(0, {tests_dir!r})
+from helpers import copy_dataset, equal_length_halves, make_trainer, tiny_model, training_args, word_tokenizer
+from modeling.trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
+
+class RecordingTrainer(TokenBudgetSeq2SeqTrainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        rows = [[t for t in row if t != 0] for row in inputs["input_ids"].tolist()]
+        with open(os.path.join({out!r}, f"batches_{{self.args.process_index}}.jsonl"), "a") as f:
+            f.write(json.dumps(rows) + "\\n")
+        return super().training_step(model, inputs, num_items_in_batch)
+
+tokenizer = word_tokenizer()
+model = tiny_model(len(tokenizer), dropout=0.0)
+args = training_args({out!r}, max_steps=1, optim="sgd", warmup_steps=1, max_tokens_per_device=36, ddp_backend="gloo",
+                     predict_with_generate=True, generation_max_length=4)
+three = copy_dataset([5, 5, 9], len(tokenizer), seed=7)  # one batch, split in two for the two processes
+trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, model, RecordingTrainer,
+                       eval_dataset=three, bleu_dataset=three, compute_metrics=bleu_metrics(tokenizer, "de"))
+trainer.train()
+metrics = trainer.evaluate()
+if trainer.is_world_process_zero():
+    torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
+    with open(os.path.join({out!r}, "metrics.json"), "w") as f:
+        json.dump(metrics, f)
+"""
+
+
+def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER.format(tests_dir=str(Path(__file__).parent), out=str(tmp_path)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    rank_batches = [
+        [json.loads(line) for line in (tmp_path / f"batches_{rank}.jsonl").read_text().splitlines()] for rank in (0, 1)
+    ]
+    assert [len(batches) for batches in rank_batches] == [1, 1], "each rank takes one of the two batches"
+    rows = [tuple(row) for batches in rank_batches for batch in batches for row in batch]
+    expected = [tuple(row) for row in equal_length_halves(len(word_tokenizer()))["input_ids"]]
+    assert sorted(rows) == sorted(expected), "the two ranks' batches are disjoint and cover the global batch"
+
+    initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
+    single = one_sgd_update(tmp_path / "single", max_tokens=36, gradient_accumulation_steps=2)
+    assert_same_update(torch.load(tmp_path / "weights.pt"), single, initial)
+
+    # Evaluation: 3 examples in one token batch, split so that each of the two processes gets one batch and no
+    # example is translated (and counted) twice.
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["eval_sample_sentences"] == 3
+    assert math.isfinite(metrics["eval_loss"])
+
+
+def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    args = training_args(tmp_path, max_steps=1, max_tokens_per_device=36)
+    dataset = equal_length_halves(len(tokenizer))
+    trainer = make_trainer(args, dataset, tokenizer, model)
+    assert trainer.label_smoother is None, "the Trainer's own smoother would smooth a second time"
+    short = dataset.select([0, 2, 4, 6])  # the four of length 5: one batch
+    batch = trainer.data_collator(list(short))
+    loss = trainer.compute_loss(model, dict(batch))
+    # The training forward fuses the loss and returns no logits (dropout is 0: the same forward gives them).
+    expected = LabelSmoother(epsilon=0.1)(model(**batch, skip_logits=False), batch["labels"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    # Only `labels` is a label: an argument named like one would leave evaluation without a loss.
+    assert trainer.label_names == ["labels"]
+    assert trainer.evaluate(short)["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
+    tokenizer = word_tokenizer()
+    lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
+    dataset = copy_dataset(lengths, len(tokenizer), seed=3)
+
+    def run(output_dir, resume=None):
+        # Adam and dropout as in the paper: resuming must restore optimizer, schedule, RNG and data order.
+        args = training_args(
+            output_dir, max_steps=6, warmup_steps=2, max_tokens_per_device=48, save_strategy="steps", save_steps=3
+        )
+        trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer), dropout=0.1))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    uninterrupted = run(tmp_path / "a")
+    batches_per_epoch = len(uninterrupted.get_train_dataloader())
+    assert 3 < batches_per_epoch < 6, "steps 4-6 must finish one epoch and start the next"
+    resumed = run(tmp_path / "b", resume=str(tmp_path / "a" / "checkpoint-3"))
+    expected, actual = losses(uninterrupted.state.log_history), losses(resumed.state.log_history)
+    assert sorted(expected) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        assert actual[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step

@@ -1,0 +1,57 @@
+"""Tests of modeling/translation.py: bulk translation keeps order and empty lines, batches by token budget."""
+
+
+import pytest
+from helpers import EchoModel, synthetic_pairs, tiny_tokenizer, tiny_translator
+
+from modeling.translation import translate
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def test_translate_keeps_order_and_empty_lines(tokenizer):
+    pairs = synthetic_pairs(30, seed=1)
+    sentences = [en for en, _ in pairs]
+    sentences[3:3] = [""]
+    sentences[10:10] = ["   "]
+    sentences.append("")
+    model = EchoModel()
+
+    outputs = translate(model, tokenizer, sentences, max_tokens=40, num_beams=2, max_new_tokens=7)
+
+    assert outputs == [s.strip() for s in sentences]
+    assert model.training, "the model's train/eval mode is restored"
+    seen = [ids for call in model.calls for ids in call["input_ids"].tolist()]
+    assert len(seen) == len(sentences) - 3, "empty lines never reach the model"
+    for call in model.calls:
+        batch_size, width = call["input_ids"].shape
+        assert batch_size == 1 or batch_size * width <= 40, "batches respect the token budget"
+        assert call["kwargs"] == {"num_beams": 2, "max_new_tokens": 7}
+        assert call["attention_mask"].sum(1).max() == width, "no batch is padded beyond its longest sentence"
+    assert len(model.calls) > 1
+
+
+def test_translate_gives_an_oversized_sentence_a_batch_of_its_own(tokenizer):
+    long_sentence = " ".join(["the small dog sees a red ball today."] * 4)
+    model = EchoModel()
+    assert translate(model, tokenizer, ["a cat.", long_sentence], max_tokens=8) == ["a cat.", long_sentence]
+    assert [call["input_ids"].shape[0] for call in model.calls] == [1, 1]
+
+
+def test_translate_of_only_empty_lines_does_not_call_the_model(tokenizer):
+    model = EchoModel()
+    assert translate(model, tokenizer, ["", " "]) == ["", ""]
+    assert model.calls == []
+
+
+def test_real_model_translations_do_not_depend_on_batching(tokenizer):
+    """Padding must not leak into results: one big batch and one sentence per batch agree exactly."""
+    model = tiny_translator(len(tokenizer))
+    sentences = [en for en, _ in synthetic_pairs(6, seed=2)]
+    settings = {"num_beams": 2, "max_new_tokens": 6}
+    together = translate(model, tokenizer, sentences, max_tokens=10_000, **settings)
+    alone = translate(model, tokenizer, sentences, max_tokens=1, **settings)
+    assert together == alone
