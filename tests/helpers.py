@@ -286,16 +286,23 @@ def script_error(name: str, *args: str, monkeypatch) -> str:
     return str(exit_info.value.code)
 
 
+def subprocess_env(**overrides: str) -> dict[str, str]:
+    """This environment for a child process that imports `modeling` from this checkout, whatever checkout the
+    package was installed from (a script's own folder, not the checkout, comes first on its sys.path), on one thread
+    (tiny models: extra threads only contend with the other test processes)."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **overrides}
+
+
 def hub_env(endpoint: str, hf_home: Path, token: str | None) -> dict[str, str]:
     """Environment of a fresh process talking to the local Hub only, with its own empty cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
     env.update(
         HF_ENDPOINT=endpoint,
         HF_HOME=str(hf_home),
         HF_HUB_DISABLE_XET="1",
         HF_HUB_DISABLE_TELEMETRY="1",
         HF_HUB_DISABLE_PROGRESS_BARS="1",
-        OMP_NUM_THREADS="1",  # tiny model: extra threads only contend with the other test processes
     )
     if token is not None:
         env["HF_TOKEN"] = token

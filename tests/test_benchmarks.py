@@ -8,7 +8,6 @@ when ../shared is absent.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import subprocess_env
 from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def run_quick(tmp_path: Path, *arguments: str) -> tuple[str, dict]:
     command = [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--cache-dir", str(tmp_path / "cache")]
     command += ["--threads", "1"]
     command += ["--output-json", str(output), *arguments]
-    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-4000:]
     return completed.stdout, json.loads(output.read_text())
 
@@ -67,7 +67,7 @@ def run_gpu_check(tmp_path: Path, wheels: Path, *arguments: str) -> subprocess.C
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "TMPDIR": str(tmp_path)},
+        env=subprocess_env(PYTHON=sys.executable, WHEELS=str(wheels), TMPDIR=str(tmp_path)),
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     return completed
@@ -158,6 +158,7 @@ def test_training_profile_quick_run_prints_its_tables():
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / "investigations" / "profile_training.py"), "--quick", "--threads", "1"],
         cwd=ROOT,
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,

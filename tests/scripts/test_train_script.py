@@ -5,12 +5,11 @@ the token checked before training and kept out of every record)."""
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, word_for_word, write_corpus
+from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, subprocess_env, word_for_word, write_corpus
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -48,8 +47,7 @@ def test_train_script_writes_a_loadable_model(tmp_path):
     ).split()
     script = str(REPO_ROOT / "scripts" / "train.py")
     command = [sys.executable, script, *flags, "--data-dir", str(data_dir), "--output-dir", str(output_dir)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
     state = json.loads((output_dir / "trainer_state.json").read_text())

@@ -1,23 +1,21 @@
 """scripts/train_tokenizer.py end to end."""
 
 import gzip
-import os
 import runpy
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, subprocess_env
 from transformers import AutoTokenizer
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "train_tokenizer.py"), *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=subprocess_env(),
         timeout=120,
     )
 
