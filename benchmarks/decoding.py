@@ -14,12 +14,14 @@ import ctranslate2
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """Beam search as both libraries can express it: beam size, a cap on new tokens (end-of-sentence included)
-    and the length penalty in its common form, score / length ** alpha."""
+    """Beam search as both libraries can express it: beam size, a cap on new tokens (end-of-sentence included),
+    optionally a minimum (`min_new_tokens` = `max_new_tokens` fixes the output length) and the length penalty in its
+    common form, score / length ** alpha."""
 
     num_beams: int = 4
     max_new_tokens: int = 64
     length_penalty: float = 0.6
+    min_new_tokens: int = 0
 
     def transformers_kwargs(self, paper_fields: bool) -> dict:
         """`generate()` arguments; `paper_fields` switches this model's paper decoding (GNMT penalty, source + 50
@@ -31,6 +33,8 @@ class DecodingSettings:
             "early_stopping": True,
             "do_sample": False,
         }
+        if self.min_new_tokens:
+            kwargs["min_new_tokens"] = self.min_new_tokens
         if paper_fields:
             kwargs |= {"length_penalty_type": "transformers", "max_length_offset": None}
         return kwargs
@@ -39,6 +43,7 @@ class DecodingSettings:
         return {
             "beam_size": self.num_beams,
             "max_decoding_length": self.max_new_tokens,
+            "min_decoding_length": self.min_new_tokens,
             "length_penalty": self.length_penalty,
         }
 

@@ -134,12 +134,14 @@ class Checkpoint:
 
 @dataclass
 class Corpus:
-    """A tokenised training split and raw validation sources, with the shared BPE that encoded them."""
+    """A tokenised training split and raw validation sources and references, with the shared BPE that encoded
+    them."""
 
     name: str  # "multi30k" or "synthetic"
     tokenizer: PreTrainedTokenizerFast
     train: datasets.Dataset  # input_ids, attention_mask, labels
     validation_sources: list[str]
+    validation_references: list[str]
 
     @property
     def is_real(self) -> bool:
@@ -181,8 +183,9 @@ def load_corpus(
         )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     tokenized = tokenize_parallel_dataset(datasets.DatasetDict(train=train), tokenizer, SOURCE_LANG, TARGET_LANG)
-    sources = [pair[SOURCE_LANG] for pair in validation["translation"]]
-    return Corpus(name, tokenizer, tokenized["train"], sources)
+    pairs = validation["translation"]
+    sources, references = [pair[SOURCE_LANG] for pair in pairs], [pair[TARGET_LANG] for pair in pairs]
+    return Corpus(name, tokenizer, tokenized["train"], sources, references)
 
 
 def synthetic_split(count: int, seed: int) -> datasets.Dataset:

@@ -1,15 +1,25 @@
-"""Benchmark 3: beam-search translation of real validation sentences.
+"""Benchmark 3: beam-search translation, measured the ways users translate.
 
-This model, its MarianMT twin and CTranslate2 (float32 and int8, converted from the twin) translate the same
-sentences in the same batches (file order, right-padded with attention masks as the tokenizer gives them) with
-the same beam search (`decoding.DecodingSettings`). This model and its twin must agree token for token at float32:
-the run stops if they do not. CTranslate2's agreement is reported, not asserted (its beam search ends and ranks
-hypotheses slightly differently; int8 changes the numbers).
+Three workloads, each at every thread count asked for (1 and 2 by default):
+
+- **fixed length**: 16 validation sentences of 8–20 tokens, every hypothesis forced to 24 new tokens (min = max):
+  the cost of a decoding step, with nothing to gain from ending sentences early;
+- **sorted by length**: the validation sentences sorted by source length and cut into batches, as
+  `modeling.translation.translate` batches (its token budget cut into fixed-size batches here, so that every
+  contender gets the same ones);
+- **file order**: the same sentences in file order, in batches of the same size.
+
+Contenders, all on the same weights: this model (float32, and int8 through `modeling.quantization`), its exact
+MarianMT twin, and CTranslate2 float32 and int8 converted from it. All decode with the same beam search
+(`decoding.DecodingSettings`: transformers' length penalty form, a fixed cap on new tokens), and this model and its
+twin must agree token for token at float32: the run stops if they do not. Agreement of the others with this model
+is reported, and so is the sacreBLEU of each on the real workloads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from decoding import DecodingSettings, ctranslate2_translate, load_translator
@@ -17,30 +27,69 @@ from fixtures import Checkpoint
 from harness import Section, format_spread, measure_alternating, ratio
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
-REFERENCE = "this model (sdpa)"
-BASELINE = "MarianMT (sdpa)"
+from modeling.quantization import quantize_int8
+from modeling.scoring import corpus_scores
+
+OURS = "this model"
+MARIAN = "MarianMT"
 CT2_BASELINE = "CTranslate2 float32"
+FIXED_SOURCES, FIXED_SOURCE_LENGTHS, FIXED_NEW_TOKENS = 16, (8, 20), 24
 
 
-def encode_batches(tokenizer: PreTrainedTokenizerBase, sources: list[str], batch_size: int) -> list[BatchEncoding]:
+@dataclass(frozen=True)
+class Workload:
+    """Sentences in batches (indices into `sources`), the decoding to run on them, references when they exist."""
+
+    name: str
+    sources: list[str]
+    batches: list[list[int]]
+    settings: DecodingSettings
+    references: list[str] | None = None
+
+
+def workloads(
+    tokenizer: PreTrainedTokenizerBase,
+    sources: list[str],
+    references: list[str] | None,
+    batch_size: int,
+    settings: DecodingSettings,
+) -> list[Workload]:
+    """The fixed-length, sorted and file-order workloads on `sources` (see the module docstring)."""
+    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+    low, high = FIXED_SOURCE_LENGTHS
+    in_range = [i for i, length in enumerate(lengths) if low <= length <= high]
+    fixed_indices = (in_range or list(range(len(sources))))[:FIXED_SOURCES]
+    fixed = Workload(
+        f"fixed length ({len(fixed_indices)} sources, {FIXED_NEW_TOKENS} new tokens)",
+        [sources[i] for i in fixed_indices],
+        [list(range(len(fixed_indices)))],
+        replace(settings, min_new_tokens=FIXED_NEW_TOKENS, max_new_tokens=FIXED_NEW_TOKENS),
+    )
+    by_length = sorted(range(len(sources)), key=lambda i: (-lengths[i], i))
     return [
-        tokenizer(sources[start : start + batch_size], padding=True, return_tensors="pt")
-        for start in range(0, len(sources), batch_size)
+        fixed,
+        Workload("sorted by length", sources, in_batches(by_length, batch_size), settings, references),
+        Workload("file order", sources, in_batches(range(len(sources)), batch_size), settings, references),
     ]
 
 
-def token_batches(tokenizer: PreTrainedTokenizerBase, sources: list[str], batch_size: int) -> list[list[list[str]]]:
-    """The same batches as CTranslate2 takes them: token strings, unpadded, ending in </s>."""
-    return [
-        [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources[start : start + batch_size])["input_ids"]]
-        for start in range(0, len(sources), batch_size)
-    ]
+def in_batches(order: Sequence[int], batch_size: int) -> list[list[int]]:
+    """`order` cut into consecutive batches of `batch_size` (the last one shorter)."""
+    order = list(order)
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def strip_output(ids: list[int], eos_token_id: int) -> list[int]:
     """Generated tokens without the decoder start token, the end-of-sentence token and the padding after it."""
     generated = ids[1:]
     return generated[: generated.index(eos_token_id)] if eos_token_id in generated else generated
+
+
+def encode_batches(
+    tokenizer: PreTrainedTokenizerBase, sources: list[str], batches: list[list[int]]
+) -> list[BatchEncoding]:
+    """Right-padded batches with attention masks, as the tokenizer gives them."""
+    return [tokenizer([sources[i] for i in batch], padding=True, return_tensors="pt") for batch in batches]
 
 
 @torch.inference_mode()
@@ -58,20 +107,26 @@ def transformers_translate(
 def generation_contenders(
     checkpoint: Checkpoint,
     tokenizer: PreTrainedTokenizerBase,
-    sources: list[str],
-    batch_size: int,
-    settings: DecodingSettings,
+    workload: Workload,
     attentions: list[str],
     threads: int,
 ) -> dict[str, Callable[[], list[list[int]]]]:
-    """{name: call translating every source}, each returning token ids per sentence."""
-    batches = encode_batches(tokenizer, sources, batch_size)
+    """{name: call translating the workload's batches}, each returning token ids per sentence, in batch order."""
+    batches = encode_batches(tokenizer, workload.sources, workload.batches)
+    settings = workload.settings
     contenders: dict[str, Callable[[], list[list[int]]]] = {}
     for attention in attentions:
+        suffix = "" if attention == "sdpa" else f" ({attention})"
         ours, marian = checkpoint.load_ours(attention), checkpoint.load_marian(attention)
-        contenders[f"this model ({attention})"] = lambda m=ours: transformers_translate(m, batches, settings, True)
-        contenders[f"MarianMT ({attention})"] = lambda m=marian: transformers_translate(m, batches, settings, False)
-    tokens = token_batches(tokenizer, sources, batch_size)
+        contenders[OURS + suffix] = lambda m=ours: transformers_translate(m, batches, settings, True)
+        if attention == "sdpa":
+            int8 = quantize_int8(ours)
+            contenders[f"{OURS} int8"] = lambda m=int8: transformers_translate(m, batches, settings, True)
+        contenders[MARIAN + suffix] = lambda m=marian: transformers_translate(m, batches, settings, False)
+    tokens = [
+        [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer([workload.sources[i] for i in batch])["input_ids"]]
+        for batch in workload.batches
+    ]
     for compute_type in ("float32", "int8"):
         translator = load_translator(checkpoint.ct2, compute_type, threads)
         contenders[f"CTranslate2 {compute_type}"] = lambda t=translator: [
@@ -80,77 +135,112 @@ def generation_contenders(
     return contenders
 
 
-def check_twins_agree(outputs: dict[str, list[list[int]]], attentions: list[str], sources: list[str]) -> None:
+def check_twins_agree(outputs: dict[str, list[list[int]]], workload: Workload) -> None:
     """This model and its Marian twin must produce identical translations at float32."""
-    for attention in attentions:
-        ours, marian = outputs[f"this model ({attention})"], outputs[f"MarianMT ({attention})"]
-        for index, (a, b) in enumerate(zip(ours, marian, strict=True)):
+    order = [i for batch in workload.batches for i in batch]
+    for name in outputs:
+        if not name.startswith(MARIAN):
+            continue
+        ours, marian = outputs[OURS + name.removeprefix(MARIAN)], outputs[name]
+        for position, (a, b) in enumerate(zip(ours, marian, strict=True)):
             if a != b:
-                raise AssertionError(
-                    f"this model and MarianMT ({attention}) disagree on sentence {index} ({sources[index]!r}): "
-                    f"{a} != {b}"
-                )
+                source = workload.sources[order[position]]
+                raise AssertionError(f"this model and {name} disagree on {source!r} ({workload.name}): {a} != {b}")
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
     return sum(a == b for a, b in zip(outputs, reference, strict=True)) / len(reference)
 
 
+def sacrebleu_of(
+    tokenizer: PreTrainedTokenizerBase, outputs: list[list[int]], workload: Workload, target_lang: str
+) -> float | None:
+    if workload.references is None:
+        return None
+    order = [i for batch in workload.batches for i in batch]
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(outputs, skip_special_tokens=True)]
+    references = [workload.references[i] for i in order]
+    return corpus_scores(hypotheses, references, target_lang)["sacrebleu"]
+
+
 def run_generation(
     checkpoint: Checkpoint,
     tokenizer: PreTrainedTokenizerBase,
     sources: list[str],
+    references: list[str] | None,
     batch_size: int,
     settings: DecodingSettings,
     attentions: list[str],
     repeats: int,
-    threads: int,
+    thread_counts: list[int],
     model_note: str,
-) -> Section:
-    contenders = generation_contenders(checkpoint, tokenizer, sources, batch_size, settings, attentions, threads)
-    outputs = {name: call() for name, call in contenders.items()}  # also the warm-up
-    check_twins_agree(outputs, attentions, sources)
-    reference = outputs.get(REFERENCE, outputs[f"this model ({attentions[0]})"])
-    timings = measure_alternating(contenders, repeats, warmup=0)
-
-    sentence_rates = {name: timing.rate(len(sources)) for name, timing in timings.items()}
-    baseline = sentence_rates.get(BASELINE, sentence_rates[f"MarianMT ({attentions[0]})"]).median
-    section = Section(
+    target_lang: str = "de",
+) -> list[Section]:
+    """The generation table (every workload × thread count × contender) and the table at each contender's best
+    thread count."""
+    main = Section(
         title=f"Beam-{settings.num_beams} generation: {len(sources)} validation sentences, batches of {batch_size}",
         headers=[
+            "workload",
+            "threads",
             "contender",
             "sentences/s (median)",
             "min–max",
-            "output tokens/s",
-            "vs MarianMT",
             "vs CTranslate2 float32",
+            "sacreBLEU",
             "same output as this model",
         ],
     )
-    for name, rate in sentence_rates.items():
-        output_tokens = sum(len(ids) for ids in outputs[name])
-        token_rate = timings[name].rate(output_tokens).median
-        section.rows.append(
-            [
-                name,
-                rate.median,
-                format_spread(rate),
-                token_rate,
-                ratio(rate.median, baseline),
-                ratio(rate.median, sentence_rates[CT2_BASELINE].median),
-                f"{100 * agreement(outputs[name], reference):.1f}%",
-            ]
-        )
-        section.data.setdefault("sentences_per_second", {})[name] = rate.to_dict()
-        section.data.setdefault("output_tokens_per_second", {})[name] = token_rate
-        section.data.setdefault("agreement", {})[name] = agreement(outputs[name], reference)
-    mean_length = sum(len(ids) for ids in reference) / len(reference)
-    section.notes += [
-        f"Model: {model_note}. Mean output length {mean_length:.1f} tokens (without </s>).",
-        f"Decoding: beam {settings.num_beams}, at most {settings.max_new_tokens} new tokens, length penalty "
-        f"score / length^{settings.length_penalty} (this model with length_penalty_type='transformers', "
-        "max_length_offset=None), early stopping; outputs of this model and MarianMT asserted identical.",
-        f"{repeats} repeats after one warm-up pass, contenders alternating; {threads} threads for torch and "
-        "CTranslate2 (intra_threads); output tokens/s counts tokens without </s>.",
+    best = Section(
+        title="The same, each contender at its best thread count",
+        headers=["workload", "contender", "threads", "sentences/s", f"vs {CT2_BASELINE} at its best"],
+    )
+    threads_before = torch.get_num_threads()
+    for workload in workloads(tokenizer, sources, references, batch_size, settings):
+        rates_by_threads: dict[int, dict[str, float]] = {}
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            contenders = generation_contenders(checkpoint, tokenizer, workload, attentions, threads)
+            outputs = {name: call() for name, call in contenders.items()}  # also the warm-up
+            check_twins_agree(outputs, workload)
+            timings = measure_alternating(contenders, repeats, warmup=0)
+            rates = {name: timing.rate(len(workload.sources)) for name, timing in timings.items()}
+            rates_by_threads[threads] = {name: rate.median for name, rate in rates.items()}
+            for name, rate in rates.items():
+                bleu = sacrebleu_of(tokenizer, outputs[name], workload, target_lang)
+                main.rows.append(
+                    [
+                        workload.name,
+                        threads,
+                        name,
+                        rate.median,
+                        format_spread(rate),
+                        ratio(rate.median, rates[CT2_BASELINE].median),
+                        "–" if bleu is None else f"{bleu:.2f}",
+                        f"{100 * agreement(outputs[name], outputs[OURS]):.1f}%",
+                    ]
+                )
+                record = main.data.setdefault(workload.name, {}).setdefault(str(threads), {})
+                record[name] = {
+                    "sentences_per_second": rate.to_dict(),
+                    "sacrebleu": bleu,
+                    "agreement": agreement(outputs[name], outputs[OURS]),
+                }
+        names = list(next(iter(rates_by_threads.values())))
+        best_rate = {name: max(rates_by_threads[t][name] for t in thread_counts) for name in names}
+        for name in names:
+            threads = max(thread_counts, key=lambda t, name=name: rates_by_threads[t][name])
+            best.rows.append(
+                [workload.name, name, threads, best_rate[name], ratio(best_rate[name], best_rate[CT2_BASELINE])]
+            )
+    torch.set_num_threads(threads_before)
+    main.notes += [
+        f"Model: {model_note}.",
+        f"Decoding: beam {settings.num_beams}, at most {settings.max_new_tokens} new tokens (fixed length: exactly "
+        f"{FIXED_NEW_TOKENS}), length penalty score / length^{settings.length_penalty} (this model with "
+        "length_penalty_type='transformers', max_length_offset=None), early stopping; outputs of this model and "
+        "MarianMT asserted identical.",
+        f"{repeats} repeats after one warm-up pass, contenders alternating; torch and CTranslate2 (intra_threads) "
+        "get the same number of threads. sacreBLEU against the validation references, on the same sentences.",
     ]
-    return section
+    return [main, best]

@@ -71,12 +71,13 @@ def run_generation(kind: str, variant: str, checkpoint_dir: Path, sources: list[
 
     import torch
     from fixtures import Checkpoint
-    from generation import encode_batches, transformers_translate
+    from generation import encode_batches, in_batches, transformers_translate
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     checkpoint = Checkpoint(checkpoint_dir)
-    batches = encode_batches(AutoTokenizer.from_pretrained(checkpoint.ours), sources, args.batch_size)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.ours)
+    batches = encode_batches(tokenizer, sources, in_batches(range(len(sources)), args.batch_size))
     baseline = current_rss()
     model = checkpoint.load_ours(variant) if kind == "ours" else checkpoint.load_marian(variant)
     transformers_translate(model, batches, settings, paper_fields=kind == "ours")

@@ -67,7 +67,7 @@ class Plan:
     all_memory_probes: bool  # else one torch and one CTranslate2 probe (each probe is a fresh process)
 
 
-FULL = Plan(ISSUE_SIZE, 5, 2, (1024, 2048), 4, None, GENERATION_CHECKPOINT_STEPS, 200, 40, 64, 3, True)
+FULL = Plan(ISSUE_SIZE, 5, 2, (1024, 2048), 4, None, GENERATION_CHECKPOINT_STEPS, 200, 32, 64, 3, True)
 QUICK = Plan(QUICK_SIZE, 1, 1, (256,), 1, 1000, 0, 8, 4, 8, 1, False)
 
 
@@ -78,6 +78,15 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, help="timed repeats per contender (default 5, quick 2)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch and CTranslate2 threads (default 2)")
     parser.add_argument("--attention", default="eager,sdpa", help="attention implementations to compare")
+    parser.add_argument(
+        "--generation-threads",
+        type=thread_counts,
+        default=[1, 2],
+        help="comma-separated thread counts at which generation is measured (default 1,2)",
+    )
+    parser.add_argument(
+        "--generation-attention", default="sdpa", help="attention implementations in the generation benchmark"
+    )
     parser.add_argument(
         "--trained-steps",
         type=int,
@@ -92,6 +101,10 @@ def parse_arguments() -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown benchmarks {sorted(unknown)}; choose from {BENCHMARKS}")
     return arguments
+
+
+def thread_counts(value: str) -> list[int]:
+    return [positive_int(count) for count in value.split(",")]
 
 
 def plan_for(arguments: argparse.Namespace) -> Plan:
@@ -148,15 +161,16 @@ def run_benchmarks(arguments: argparse.Namespace, plan: Plan) -> dict[str, Secti
     export_ctranslate2(checkpoint.marian, checkpoint.ct2)
     if "generate" in only:
         log("generate")
-        sections["generate"] = run_generation(
+        sections["generate"], sections["generate_best"] = run_generation(
             checkpoint,
             corpus.tokenizer,
             sources,
+            corpus.validation_references[: plan.sentences],
             plan.batch_size,
             settings,
-            attentions,
+            arguments.generation_attention.split(","),
             plan.repeats,
-            arguments.threads,
+            arguments.generation_threads,
             model_note(corpus, plan.trained_steps),
         )
     if "memory" in only:

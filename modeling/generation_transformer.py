@@ -16,6 +16,7 @@ release can break it, and `tests/test_generation.py` compares it with the librar
 
 import copy
 import math
+from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
@@ -23,6 +24,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, Log
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import ModelOutput
 
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
@@ -80,10 +82,36 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         return torch.where(at_limit[:, None], forced, scores)
 
 
+class EndOfSentenceBlockedLogitsProcessor(LogitsProcessor):
+    """`min_length` / `min_new_tokens` in place: end-of-sentence is impossible while hypotheses hold fewer than
+    `min_length` tokens (the decoder start token included). transformers' own two processors copy the (rows, V)
+    scores twice every step, blocked or not; the decoding loop below owns its scores, so it only sets those of
+    end-of-sentence, to the same values."""
+
+    def __init__(self, min_length: int, eos_token_id: torch.Tensor):
+        self.min_length = min_length
+        self.eos_token_id = eos_token_id
+
+    @classmethod
+    def replacing(cls, processor: LogitsProcessor) -> LogitsProcessor:
+        """The in-place equivalent of transformers' min-length processors; any other processor unchanged."""
+        if isinstance(processor, logits_process.MinLengthLogitsProcessor):
+            return cls(processor.min_length, processor.eos_token_id)
+        if isinstance(processor, logits_process.MinNewTokensLengthLogitsProcessor):
+            return cls(processor.prompt_length_to_skip + processor.min_new_tokens, processor.eos_token_id)
+        return processor
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[-1] < self.min_length:
+            scores[:, self.eos_token_id.to(scores.device)] = -math.inf
+        return scores
+
+
 # Beam search steps see each row alone with these, so dropping other sentences from the batch changes nothing for
 # the rows that stay. Anything else (sampling, processors with per-batch state) takes transformers' own loop.
 ROW_WISE_LOGITS_PROCESSORS = (
     PerSentenceMaxLengthLogitsProcessor,
+    EndOfSentenceBlockedLogitsProcessor,
     logits_process.MinLengthLogitsProcessor,
     logits_process.MinNewTokensLengthLogitsProcessor,
     logits_process.TemperatureLogitsWarper,
@@ -103,29 +131,96 @@ ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriter
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
 # transformers' own loop, since the batch could not be cut safely.
 PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
+# The attention implementations whose decoding steps the static cache below serves; others take transformers' loop.
+STATIC_CACHE_ATTENTION = ("sdpa", "eager")
 
 
-def select_rows(model_kwargs: dict, rows: torch.Tensor, self_attention_rows: torch.Tensor) -> dict:
-    """`model_kwargs` for another batch made of the rows `rows` of this one (a row may be taken several times);
-    the self-attention cache, which beam search also reorders, takes `self_attention_rows`."""
+class _CrossAttention:
+    """Cross-attention keys and values of every layer, computed once from the encoder output at the first step."""
 
-    def select(value):
-        if isinstance(value, torch.Tensor):
-            return value.index_select(0, rows)
-        if isinstance(value, ModelOutput):
-            return type(value)(**{name: select(field) for name, field in value.items()})
-        if isinstance(value, tuple):
-            return tuple(select(item) for item in value)
-        return value
+    def __init__(self):
+        self.layers: list[SimpleNamespace] = []  # `.keys`, `.values`: (rows, H, S, Dh), where the attention reads
 
-    selected = dict(model_kwargs)
-    for name in PER_ROW_GENERATION_KWARGS:
-        if name in selected:
-            selected[name] = select(selected[name])
-    cache = selected["cache"]
-    cache.self_attention_cache.reorder_cache(self_attention_rows)
-    cache.cross_attention_cache.reorder_cache(rows)
-    return selected
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+        self.layers.append(SimpleNamespace(keys=key_states, values=value_states))
+        return key_states, value_states
+
+    def select(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+
+
+class _SelfAttention:
+    """Self-attention keys and values of every layer, in buffers of `max_rows` × `max_steps` written in place."""
+
+    def __init__(self, max_rows: int, max_steps: int):
+        self.max_rows, self.max_steps = max_rows, max_steps
+        self.length = self.rows = 0  # steps written; hypotheses held
+        self.buffers: list[list[torch.Tensor]] = []  # a layer's [keys, values], each (max_rows, H, max_steps, Dh)
+        self.spares: list[list[torch.Tensor]] = []  # the same shapes: where the next selection is copied to
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+        """Write a step's (rows, H, 1, Dh) at position `length`; return the layer's keys and values so far."""
+        if layer_idx == len(self.buffers):  # the first step allocates
+            self.rows = key_states.shape[0]
+            shape = (self.max_rows, key_states.shape[1], self.max_steps, key_states.shape[3])
+            self.buffers.append([key_states.new_empty(shape), key_states.new_empty(shape)])
+            self.spares.append([key_states.new_empty(shape), key_states.new_empty(shape)])
+        keys, values = (buffer[: self.rows] for buffer in self.buffers[layer_idx])
+        keys[:, :, self.length], values[:, :, self.length] = key_states[:, :, 0], value_states[:, :, 0]
+        return keys[:, :, : self.length + 1], values[:, :, : self.length + 1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the histories of `rows` (indices into the current rows, repeats allowed), copying only the steps
+        written, into the spare buffers, which then take the place of the current ones."""
+        count, written = rows.shape[0], slice(0, self.length)
+        for layer, (buffers, spares) in enumerate(zip(self.buffers, self.spares, strict=True)):
+            for buffer, spare in zip(buffers, spares, strict=True):
+                torch.index_select(buffer[: self.rows, :, written], 0, rows, out=spare[:count, :, written])
+            self.buffers[layer], self.spares[layer] = spares, buffers
+        self.rows = count
+
+
+class StaticBeamCache:
+    """The decoder's keys and values during beam search, where `TransformerAttention` reads them from a transformers
+    `EncoderDecoderCache` (`self_attention_cache.update`, `cross_attention_cache.layers`, `is_updated`), without that
+    cache's copies: self-attention keys and values are written in place into buffers preallocated for every step (a
+    `DynamicCache` concatenates, copying all earlier steps at every one), and beam search's reordering copies only
+    the steps written so far; cross-attention keys and values are computed once per sentence, at the first step, then
+    repeated for its beams.
+    """
+
+    def __init__(
+        self,
+        max_rows: int,
+        max_steps: int,
+        encoder_hidden_states: torch.Tensor,
+        cross_attention_mask: torch.Tensor | None,
+    ):
+        self.self_attention_cache = _SelfAttention(max_rows, max_steps)
+        self.cross_attention_cache = _CrossAttention()
+        self.is_updated: dict[int, bool] = {}  # set by each layer's cross-attention once it has stored its keys
+        self.encoder_hidden_states = encoder_hidden_states  # (B, S, D): projected at the first step only
+        self.cross_attention_mask = cross_attention_mask  # (rows, 1, 1, S), or None without padding
+
+    @property
+    def length(self) -> int:
+        return self.self_attention_cache.length
+
+    def advance(self) -> None:
+        """Every layer has stored this step's keys and values."""
+        self.self_attention_cache.length += 1
+
+    def select(self, hypotheses: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Keep the hypotheses `hypotheses`, in this order; with `sentences`, the batch's rows change too (finished
+        sentences leave, or one row per sentence becomes K): the cross-attention's rows follow. Beam search alone
+        needs no `sentences`: beams move within their sentence, whose rows hold the same encoder keys and values."""
+        self.self_attention_cache.select(hypotheses)
+        if sentences is not None:
+            self.cross_attention_cache.select(sentences)
+            if self.cross_attention_mask is not None:
+                self.cross_attention_mask = self.cross_attention_mask.index_select(0, sentences)
+
 
 class TransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with the paper's decoding; the translation model inherits it."""
@@ -217,11 +312,33 @@ class TransformerGenerationMixin(GenerationMixin):
         if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        can_drop_finished = not (
+        if not self._can_decode_with_static_cache(
+            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+        ):
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+            )
+        return self._beam_search_dropping_finished(
+            input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+        )
+
+    def _can_decode_with_static_cache(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+    ) -> bool:
+        """Whether `_beam_search_dropping_finished` gives exactly what transformers' loop would: rows that can be cut
+        from the batch (row-wise processors and criteria, no other per-row inputs), a decoding that starts from one
+        token, an attention that `StaticBeamCache` serves, and a model that runs as its forward would (evaluation
+        mode, no hooks on the stacks that the decoding step bypasses)."""
+        bypassed = (self, self.model, self.model.decoder)
+        return not (
             synced_gpus
             or generation_config.do_sample
             or generation_config.return_dict_in_generate
-            or not isinstance(model_kwargs.get("cache"), EncoderDecoderCache)
+            or input_ids.shape[1] != 1
+            or self.training
+            or self.config._attn_implementation not in STATIC_CACHE_ATTENTION
+            or any(module._forward_hooks or module._forward_pre_hooks for module in bypassed)
+            or "encoder_outputs" not in model_kwargs
             or any(
                 isinstance(value, (torch.Tensor, ModelOutput)) and name not in PER_ROW_GENERATION_KWARGS
                 for name, value in model_kwargs.items()
@@ -229,13 +346,26 @@ class TransformerGenerationMixin(GenerationMixin):
             or not all(isinstance(p, ROW_WISE_LOGITS_PROCESSORS) for p in logits_processor)
             or not all(isinstance(c, ROW_WISE_STOPPING_CRITERIA) for c in stopping_criteria)
         )
-        if not can_drop_finished:
-            return super()._beam_search(
-                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+
+    def _decoder_step(self, tokens: torch.Tensor, cache: StaticBeamCache) -> torch.Tensor:
+        """Logits (rows, V) of the next token of every hypothesis, given its last token `tokens` (rows,): the
+        decoder's own layers on one position, reading and writing `cache`. It computes what the model's forward does
+        for that position, with the same operations, without transformers' per-call mask building and output
+        plumbing (the cross-attention mask is made once, with the cache)."""
+        decoder = self.model.decoder
+        inputs_embeds = decoder.embed_tokens(tokens[:, None])  # (rows, 1, D)
+        positions = decoder.embed_positions(cache.length, 1).to(inputs_embeds.dtype)  # (1, D)
+        hidden_states = inputs_embeds * decoder.embed_scale + positions  # (rows, 1, D)
+        for layer in decoder.layers:
+            hidden_states = layer(
+                hidden_states,
+                None,  # the self-attention mask: one new token sees every earlier one
+                cache.encoder_hidden_states,
+                encoder_attention_mask=cache.cross_attention_mask,
+                cache=cache,
             )
-        return self._beam_search_dropping_finished(
-            input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
-        )
+        cache.advance()
+        return self.lm_head(hidden_states)[:, -1]  # (rows, V)
 
     def _beam_search_dropping_finished(
         self,
@@ -247,7 +377,8 @@ class TransformerGenerationMixin(GenerationMixin):
     ) -> torch.LongTensor:
         """transformers' beam search, step for step (its own step functions), except that a sentence leaves the
         batch once its result is final, as CTranslate2 does: a batch then costs the sum of its sentences' lengths
-        rather than its longest sentence's length times its size. The outputs are the library loop's.
+        rather than its longest sentence's length times its size. The decoder runs one position at a time on a
+        `StaticBeamCache`. The outputs are the library loop's.
 
         A sentence's result is final once transformers' loop would no longer change it: all its `num_beams`
         finished hypotheses are in with `early_stopping=True`, or no running beam can beat the worst of them.
@@ -268,6 +399,7 @@ class TransformerGenerationMixin(GenerationMixin):
         is_top_k_candidate = torch.arange(candidates_per_sentence, device=device) < num_beams
         fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
 
+        logits_processor = LogitsProcessorList(map(EndOfSentenceBlockedLogitsProcessor.replacing, logits_processor))
         running_sequences = torch.full(
             (batch_size, num_beams, max_length), fill_value, dtype=torch.long, device=device
         )
@@ -287,18 +419,24 @@ class TransformerGenerationMixin(GenerationMixin):
         # All K beams of a sentence start from the same prefix: the first step runs on one of them, and its caches
         # and logits are then copied to the others (at this step the cross-attention keys and values are computed).
         first_beams = torch.arange(batch_size, device=device) * num_beams  # (B,)
-        model_kwargs = select_rows(model_kwargs, first_beams, first_beams)
-        model_outputs = self._prefill(input_ids[first_beams], generation_config, model_kwargs)
-        model_kwargs = self._update_model_kwargs_for_generation(model_outputs, model_kwargs, is_encoder_decoder=True)
+        encoder_hidden_states = model_kwargs["encoder_outputs"][0].index_select(0, first_beams)  # (B, S, D)
+        attention_mask = model_kwargs.get("attention_mask")
+        cross_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=encoder_hidden_states[:, :1],
+            attention_mask=attention_mask.index_select(0, first_beams) if attention_mask is not None else None,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        cache = StaticBeamCache(batch_size * num_beams, max_length, encoder_hidden_states, cross_attention_mask)
+        logits = self._decoder_step(input_ids[first_beams, -1], cache)  # (B, V)
         every_beam = torch.arange(batch_size, device=device).repeat_interleave(num_beams)  # (B·K,)
-        model_kwargs = select_rows(model_kwargs, every_beam, every_beam)
-        logits = model_outputs.logits[:, -1, :].to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
-        del model_outputs
+        cache.select(every_beam, every_beam)
+        logits = logits.to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
         while True:
             flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
             log_probs = logits_processor(flat_sequences, F.log_softmax(logits, dim=-1))
             running = len(sentences)
-            log_probs = (log_probs.view(running, num_beams, -1) + running_beam_scores[:, :, None]).view(running, -1)
+            log_probs = log_probs.view(running, num_beams, -1).add_(running_beam_scores[:, :, None]).view(running, -1)
 
             candidate_scores, candidate_sequences, candidate_beam_indices = self._get_top_k_continuations(
                 accumulated_log_probs=log_probs,
@@ -363,22 +501,16 @@ class TransformerGenerationMixin(GenerationMixin):
                 is_finished, can_improve = is_finished[stay], can_improve[stay]
                 # rows of the batch before the removal: the self-attention cache is reordered and cut in one go
                 beam_rows = beam_rows.view(-1, num_beams)[stay].flatten()
-                model_kwargs = select_rows(model_kwargs, rows, beam_rows)
+                cache.select(beam_rows, rows)
                 logits_processor = LogitsProcessorList(
                     p.for_sentences(stay) if isinstance(p, PerSentenceMaxLengthLogitsProcessor) else p
                     for p in logits_processor
                 )
             else:
-                model_kwargs["cache"] = self._reorder_cache(model_kwargs["cache"], beam_rows)
+                cache.select(beam_rows)
 
-            flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)
-            model_inputs = self.prepare_inputs_for_generation(flat_sequences, next_sequence_length=1, **model_kwargs)
-            model_outputs = self(**model_inputs, return_dict=True)
-            model_kwargs = self._update_model_kwargs_for_generation(
-                model_outputs, model_kwargs, is_encoder_decoder=True
-            )
-            logits = model_outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (b·K, V)
-            del model_outputs
+            last_tokens = running_sequences[:, :, cur_len - 1].flatten()  # (b·K,)
+            logits = self._decoder_step(last_tokens, cache).float()  # (b·K, V)
 
         # As transformers: the best `num_return_sequences` of each sentence, cut to the longest of them.
         num_return = generation_config.num_return_sequences

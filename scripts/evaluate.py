@@ -16,6 +16,7 @@ from pathlib import Path
 from modeling.data import load_parallel_dataset
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import write_json
+from modeling.quantization import quantize_int8
 from modeling.translation import load_model_and_tokenizer
 
 SCORE_LINES = (
@@ -39,6 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--limit", type=int, help="evaluate only the first N sentences (quick checks)")
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
+    parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
@@ -52,7 +54,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model)
+        model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
+        if args.int8:
+            model = quantize_int8(model)
         splits = load_parallel_dataset(
             source_lang=args.source_lang,
             target_lang=args.target_lang,
@@ -85,6 +89,7 @@ def main() -> None:
         "language_pair": args.language_pair,
         "split": split_name,
         "limit": args.limit,
+        "int8": args.int8,
         **metrics,
     }
 

@@ -10,6 +10,7 @@ Decoding defaults to the model's generation config (the paper's beam 4, GNMT len
 import argparse
 import sys
 
+from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
 from modeling.translation import load_model_and_tokenizer, translate
 
@@ -22,6 +23,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-file", help="where to write the translations (default: stdout)")
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
+    parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
     args = parser.parse_args()
     if args.text and args.input_file:
         parser.error("give sentences as arguments or --input-file, not both")
@@ -41,7 +43,9 @@ def read_stdin_lines() -> list[str]:
 def main() -> None:
     args = parse_args()
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model)
+        model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
+        if args.int8:
+            model = quantize_int8(model)
         sentences = args.text or (list(iter_lines(args.input_file)) if args.input_file else read_stdin_lines())
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")

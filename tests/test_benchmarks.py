@@ -24,7 +24,8 @@ MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 TABLE_HEADERS = {
     "train_step": "| contender | tokens/s (median) |",
     "train_data": "| pipeline | real tokens/s (median) |",
-    "generate": "| contender | sentences/s (median) |",
+    "generate": "| workload | threads | contender | sentences/s (median) |",
+    "generate_best": "| workload | contender | threads | sentences/s |",
     "memory": "| workload: contender | peak RSS (MiB) |",
 }
 
@@ -32,7 +33,7 @@ TABLE_HEADERS = {
 def run_quick(tmp_path: Path, *arguments: str) -> tuple[str, dict]:
     output = tmp_path / "results.json"
     command = [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--cache-dir", str(tmp_path / "cache")]
-    command += ["--threads", "1"]
+    command += ["--threads", "1", "--generation-threads", "1"]
     command += ["--output-json", str(output), *arguments]
     completed = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -47,8 +48,13 @@ def test_quick_run_prints_every_table_on_synthetic_data(tmp_path):
         assert name in results["sections"]
     assert "synthetic" in results["sections"]["train_data"]["title"]
     # The twins' outputs are asserted identical inside the run; CTranslate2 float32 converts the twin exactly.
-    assert results["sections"]["generate"]["agreement"]["MarianMT (sdpa)"] == 1.0
-    assert results["sections"]["generate"]["agreement"]["CTranslate2 float32"] == 1.0
+    generation = results["sections"]["generate"]
+    workloads = [name for name in generation if name.startswith(("fixed length", "sorted", "file order"))]
+    assert len(workloads) == 3
+    for workload in workloads:
+        contenders = generation[workload]["1"]
+        assert contenders["MarianMT"]["agreement"] == 1.0 and contenders["CTranslate2 float32"]["agreement"] == 1.0
+        assert {"this model int8", "CTranslate2 int8"} <= set(contenders)
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")

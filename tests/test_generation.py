@@ -1,17 +1,12 @@
 """Tests of modeling/generation_transformer.py: the paper's decoding (GNMT length penalty, a length limit per
 sentence) and the beam-search loop that drops finished sentences, against transformers' own loop."""
 
-
 import pytest
 import torch
-from helpers import batch, tiny_config, tiny_model
+from helpers import EOS, PAD, batch, tiny_config, tiny_model
 
 from modeling import TransformerForConditionalGeneration
-
-VOCAB = 50
-
-
-PAD, EOS = 0, 2
+from modeling.generation_transformer import StaticBeamCache
 
 
 def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
@@ -74,30 +69,32 @@ SEARCH_SETTINGS = [
     {"num_return_sequences": 2},
     {"max_new_tokens": 7, "max_length_offset": 2},
     {"num_beams": 3, "no_repeat_ngram_size": 2},
+    {"min_new_tokens": 4},
+    {"min_length": 6, "max_length_offset": 3},
 ]
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("settings", SEARCH_SETTINGS, ids=lambda settings: str(settings) or "paper")
-def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, monkeypatch):
-    import modeling.generation_transformer as generation_transformer
-
+def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, attention, monkeypatch):
     batch_sizes, removals, num_beams = [], [], settings.get("num_beams", 4)
 
-    def recording_select_rows(model_kwargs, rows, self_attention_rows):
-        batch_sizes.append(len(rows))
-        return select_rows(model_kwargs, rows, self_attention_rows)
+    def recording_decoder_step(self, tokens, cache):
+        batch_sizes.append(len(tokens))
+        return decoder_step(self, tokens, cache)
 
-    select_rows = generation_transformer.select_rows
-    monkeypatch.setattr(generation_transformer, "select_rows", recording_select_rows)
+    decoder_step = TransformerForConditionalGeneration._decoder_step
+    monkeypatch.setattr(TransformerForConditionalGeneration, "_decoder_step", recording_decoder_step)
     torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
     model = TransformerForConditionalGeneration(tiny_config(20)).eval()
+    model.config._attn_implementation = attention
     for seed in range(2):
         inputs = random_sources(6, seed, vocab_size=20)
         batch_sizes.clear()
         dropping = model.generate(**inputs, **settings)
         # 6 rows for the first step, 6·K for the next, then fewer each time sentences leave
         assert batch_sizes[:2] == [6, 6 * num_beams]
-        removals += batch_sizes[2:]
+        removals += [size for size in batch_sizes[2:] if size < 6 * num_beams]
         # return_dict_in_generate takes transformers' own loop, which keeps every sentence to the end
         library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
         assert dropping.tolist() == library.tolist()
@@ -175,3 +172,47 @@ def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
     model.generation_config.num_beams = num_beams  # a saved config is checked the same way
     with pytest.raises(ValueError, match="num_beams must be a positive integer"):
         model.generate(**inputs)
+
+
+def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_not_give_its_outputs(monkeypatch):
+    steps = []
+    decoder_step = TransformerForConditionalGeneration._decoder_step
+    monkeypatch.setattr(
+        TransformerForConditionalGeneration,
+        "_decoder_step",
+        lambda self, tokens, cache: steps.append(len(tokens)) or decoder_step(self, tokens, cache),
+    )
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model = tiny_model(seed=8, dropout=0.0)
+    expected = model.generate(**inputs, max_length_offset=4)
+    assert steps, "the static cache serves the paper's decoding"
+
+    steps.clear()
+    handle = model.model.decoder.register_forward_hook(lambda module, args, output: None)
+    assert model.generate(**inputs, max_length_offset=4).tolist() == expected.tolist()
+    handle.remove()
+    model.train()  # dropout 0: the same outputs, but a training-mode forward is never bypassed
+    assert model.generate(**inputs, max_length_offset=4).tolist() == expected.tolist()
+    model.eval()
+    prompt = torch.tensor([[EOS, 5], [EOS, 6]])  # a decoder prompt longer than the start token
+    model.generate(**inputs, decoder_input_ids=prompt, max_length_offset=4)
+    assert not steps, "hooks on the bypassed stack, training mode and decoder prompts take transformers' loop"
+
+
+def test_static_cache_keeps_the_selected_histories():
+    heads, head_dim = 2, 3
+    encoder_hidden_states = torch.zeros(2, 5, heads * head_dim)
+    cache = StaticBeamCache(4, 6, encoder_hidden_states, cross_attention_mask=None)  # 4 rows, 6 steps at most
+    history = []  # what each of the 2 rows has written, step by step
+    for _ in range(3):
+        keys = torch.randn(2, heads, 1, head_dim)
+        stored, _ = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
+        cache.advance()
+        history.append(keys)
+        assert torch.equal(stored, torch.cat(history, dim=2))
+    rows = torch.tensor([1, 1, 0, 1])  # beams moving and the first step's one row per sentence becoming several
+    cache.self_attention_cache.select(rows)
+    keys = torch.randn(4, heads, 1, head_dim)
+    stored, values = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
+    expected = torch.cat([torch.cat(history, dim=2)[rows], keys], dim=2)
+    assert torch.equal(stored, expected) and torch.equal(values, expected + 1)

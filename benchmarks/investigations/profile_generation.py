@@ -32,7 +32,7 @@ from fixtures import (
     load_corpus,
     trained_checkpoint,
 )
-from generation import encode_batches, transformers_translate
+from generation import encode_batches, in_batches, transformers_translate
 from harness import operator_table, positive_int
 from torch.profiler import ProfilerActivity, profile
 
@@ -62,7 +62,8 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
     checkpoint = trained_checkpoint(corpus, ISSUE_SIZE, arguments.trained_steps, arguments.cache_dir)
-    batches = encode_batches(corpus.tokenizer, corpus.validation_sources[: arguments.sentences], arguments.sentences)
+    sources = corpus.validation_sources[: arguments.sentences]
+    batches = encode_batches(corpus.tokenizer, sources, in_batches(range(len(sources)), len(sources)))
     settings = DecodingSettings()
     models = {}
     if "ours" in arguments.models:

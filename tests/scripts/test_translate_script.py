@@ -5,6 +5,7 @@ import gzip
 import pytest
 from helpers import run_script
 
+from modeling.quantization import quantize_int8
 from modeling.translation import translate
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
@@ -37,3 +38,10 @@ def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, mo
     args = ["--model", model_dir, "--input-file", tmp_path / "input.en.gz", "--output-file", output_file]
     run_script("translate.py", *args, monkeypatch=monkeypatch)
     assert output_file.read_text().split("\n")[:-1] == from_arguments
+
+
+def test_translate_with_int8_gives_what_the_quantised_model_gives(tiny_checkpoint, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    sentences = ["a cat likes the ball.", "", "the dog."]
+    run_script("translate.py", "--model", model_dir, "--int8", *sentences, monkeypatch=monkeypatch)
+    assert capsys.readouterr().out.split("\n")[:-1] == translate(quantize_int8(model), tokenizer, sentences)

@@ -1,0 +1,34 @@
+"""CPU int8 inference: the model's linear layers with int8 weights, their inputs quantised on the fly.
+
+`quantize_int8(model)` is torch's dynamic quantisation (`torch.ao.quantization.quantize_dynamic`, the fbgemm / x86
+kernels) with one scale per output channel, as CTranslate2's int8 uses: every projection, both feed-forward layers
+and the output projection become `DynamicQuantizedLinear`; embeddings, LayerNorm and attention stay float32. It
+speeds up what the matrix products cost at small batch sizes, above all the (rows × d_model) × (d_model × V) output
+projection of every decoding step. torch marks `torch.ao.quantization` as deprecated in favour of torchao, whose CPU
+int8 path needs torch.compile to be fast; until torch removes it, this is the eager path that runs at int8 speed.
+
+The quantised model translates (`generate`, `modeling.translation.translate`) like the float one; it does not
+train, and it is not saved: quantise the float checkpoint after loading it.
+"""
+
+import copy
+import warnings
+
+from torch import nn
+from transformers import PreTrainedModel
+
+
+def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of `model`, in evaluation mode, whose `nn.Linear` layers hold per-channel int8 weights."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    quantized = copy.deepcopy(model).eval()
+    with warnings.catch_warnings():  # torch's deprecation notice for torch.ao, printed on every call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        quantize_dynamic(quantized, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+    return quantized
+
+
+__all__ = ["quantize_int8"]
