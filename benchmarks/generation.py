@@ -1,6 +1,6 @@
 """Benchmark 3: beam-search translation of real validation sentences.
 
-This model, its MarianMT twin and CTranslate2 (float32 and int8, converted from the twin) translate the same
+This model, its MarianMT twin and CTranslate2 (float32 and int8, exported by `modeling.export`) translate the same
 sentences in the same batches (file order, right-padded with attention masks as the tokenizer gives them) with
 the same beam search (`decoding.DecodingSettings`). This model and its twin must agree token for token at float32:
 the run stops if they do not. CTranslate2's agreement is reported, not asserted (its beam search ends and ranks

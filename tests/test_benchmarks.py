@@ -21,6 +21,9 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+# The benchmark scripts put benchmarks/ first on sys.path, so `modeling` would come from wherever it is installed
+# (another checkout, for an editable install): this checkout's goes first, as gpu_check.sh does for itself.
+CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 TABLE_HEADERS = {
     "train_step": "| contender | tokens/s (median) |",
     "train_data": "| pipeline | real tokens/s (median) |",
@@ -34,7 +37,7 @@ def run_quick(tmp_path: Path, *arguments: str) -> tuple[str, dict]:
     command = [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--cache-dir", str(tmp_path / "cache")]
     command += ["--threads", "1"]
     command += ["--output-json", str(output), *arguments]
-    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=CHECKOUT_ENV)
     assert completed.returncode == 0, completed.stderr[-4000:]
     return completed.stdout, json.loads(output.read_text())
 
@@ -46,7 +49,7 @@ def test_quick_run_prints_every_table_on_synthetic_data(tmp_path):
         assert header in stdout, name
         assert name in results["sections"]
     assert "synthetic" in results["sections"]["train_data"]["title"]
-    # The twins' outputs are asserted identical inside the run; CTranslate2 float32 converts the twin exactly.
+    # The twins' outputs are asserted identical inside the run; CTranslate2 float32 is this model, exported exactly.
     assert results["sections"]["generate"]["agreement"]["MarianMT (sdpa)"] == 1.0
     assert results["sections"]["generate"]["agreement"]["CTranslate2 float32"] == 1.0
 
@@ -161,6 +164,7 @@ def test_training_profile_quick_run_prints_its_tables():
         capture_output=True,
         text=True,
         timeout=300,
+        env=CHECKOUT_ENV,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     for row in ("| training step |", "| training step, dropout 0 |", "| its matrix products alone |"):
@@ -178,7 +182,10 @@ def test_counts_below_one_are_refused_with_the_argument_named(benchmarks_importa
     with pytest.raises(ValueError, match="time at least one repeat"):
         Stats.of([])
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--repeats", "0"], capture_output=True, text=True
+        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--repeats", "0"],
+        capture_output=True,
+        text=True,
+        env=CHECKOUT_ENV,
     )
     assert completed.returncode == 2 and "argument --repeats: 0 is not a positive integer" in completed.stderr
 
