@@ -87,19 +87,23 @@ def building_directory(output_dir: str | Path) -> Iterator[Path]:
     partial.mkdir()
     try:
         yield partial
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    _check_replaceable(output_dir)  # again: something may have appeared there meanwhile
-    if output_dir.exists():
+        _check_replaceable(output_dir)  # again: something may have appeared there meanwhile
+        if not output_dir.exists():
+            os.replace(partial, output_dir)
+            return
         # Two renames: the old export goes aside first, so that `output_dir` is at every moment the old or the new
-        # export, complete, or (between the two renames) absent.
-        old = Path(tempfile.mkdtemp(prefix=output_dir.name + ".old-", dir=output_dir.parent))
-        os.replace(output_dir, old / output_dir.name)
-        os.replace(partial, output_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(partial, output_dir)
+        # export, complete, or (between the two renames) absent; if the second fails, the old one comes back.
+        aside = Path(tempfile.mkdtemp(prefix=output_dir.name + ".old-", dir=output_dir.parent))
+        os.replace(output_dir, aside / output_dir.name)
+        try:
+            os.replace(partial, output_dir)
+        except BaseException:
+            os.replace(aside / output_dir.name, output_dir)
+            raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # gone already after success
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
