@@ -83,13 +83,11 @@ def test_ctranslate2_float32_beam_search_equals_the_model(trained, tokenizer, tm
     assert ct2_translations(tmp_path / "ct2", tokenizer) == ours
 
 
-def test_ctranslate2_scores_are_the_model_log_probabilities(trained, tokenizer, tmp_path):
+def assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, directory) -> None:
     """Teacher-forced log-probabilities of reference targets: the logits agree, not only the argmax."""
-    model = trained["interleaved", False]
-    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     pairs = synthetic_pairs(6, seed=5)
     targets = tokenizer(text_target=[de for _, de in pairs])["input_ids"]  # each ends in </s>
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=1)
     # CTranslate2 appends </s> itself.
     results = translator.score_batch(
         source_tokens(tokenizer, [en for en, _ in pairs]), [tokenizer.convert_ids_to_tokens(t[:-1]) for t in targets]
@@ -100,6 +98,35 @@ def test_ctranslate2_scores_are_the_model_log_probabilities(trained, tokenizer, 
             logits = model(**tokenizer([en], return_tensors="pt"), labels=labels).logits[0]
         expected = torch.log_softmax(logits, dim=-1).gather(-1, labels[0][:, None])[:, 0]
         assert torch.allclose(torch.tensor(result.log_probs), expected, atol=1e-4)
+
+
+def test_ctranslate2_scores_are_the_model_log_probabilities(trained, tokenizer, tmp_path):
+    model = trained["interleaved", False]
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"layer_norm_eps": 1e-2},
+        {"scale_embedding": False},
+        {"tie_word_embeddings": False},
+        {"decoder_attention_heads": 2, "decoder_ffn_dim": 48, "decoder_layers": 1},
+        {"activation_function": "gelu"},
+    ],
+    ids=lambda override: ",".join(override),
+)
+def test_ctranslate2_represents_other_configs_exactly(tokenizer, tmp_path, override):
+    model = tiny_model(len(tokenizer), **override)
+    if not model.config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() != model.model.encoder.embed_tokens.weight.data_ptr()
+    with torch.no_grad():  # LayerNorm parameters away from (1, 0), so that the epsilon and the norms matter
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
 
 
 def test_ctranslate2_takes_the_positional_table_from_the_model(tokenizer, tmp_path):
