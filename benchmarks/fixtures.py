@@ -9,6 +9,7 @@ benchmarks still run end to end; every report then says "synthetic".
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from modeling import TransformerConfig, TransformerForConditionalGeneration
 from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.convert import to_marian
 from modeling.data import load_parallel_dataset, tokenize_parallel_dataset
+from modeling.export import RECORD_FILE, to_ctranslate2
 from modeling.schedule import noam_learning_rate, noam_scheduler
 from modeling.tokenization import iter_corpus_text, train_shared_bpe
 
@@ -125,6 +127,15 @@ class Checkpoint:
 
     def load_marian(self, attention: str = "sdpa") -> MarianMTModel:
         return MarianMTModel.from_pretrained(self.marian, attn_implementation=attention).eval()
+
+    def export_ctranslate2(self) -> Path:
+        """`ct2/`: this model exported with `modeling.export.to_ctranslate2` (float32; int8 is chosen at load
+        time), once. A `ct2/` cached before that exporter existed (converted from the twin) is replaced."""
+        if not (self.ct2 / RECORD_FILE).is_file():
+            if self.ct2.exists():
+                shutil.rmtree(self.ct2)
+            to_ctranslate2(self.load_ours("eager"), PreTrainedTokenizerFast.from_pretrained(self.ours), self.ct2)
+        return self.ct2
 
 
 # --------------------------------------------------------------------------------------------------------------

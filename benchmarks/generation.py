@@ -10,7 +10,7 @@ Three workloads, each at every thread count asked for (1 and 2 by default):
 - **file order**: the same sentences in file order, in batches of the same size.
 
 Contenders, all on the same weights: this model (float32, and int8 through `modeling.quantization`), its exact
-MarianMT twin, and CTranslate2 float32 and int8 converted from it. All decode with the same beam search
+MarianMT twin, and CTranslate2 float32 and int8 exported by `modeling.export`. All decode with the same beam search
 (`decoding.DecodingSettings`: transformers' length penalty form, a fixed cap on new tokens), and this model and its
 twin must agree token for token at float32: the run stops if they do not. Agreement of the others with this model
 is reported, and so is the sacreBLEU of each on the real workloads.

@@ -204,18 +204,19 @@ def generation_inputs(plan: GpuPlan, vocab_size: int, device: torch.device) -> d
 
 
 def ctranslate2_contenders(
-    marian: PreTrainedModel, inputs: dict[str, torch.Tensor], plan: GpuPlan, device: torch.device, workdir: Path
+    ours: PreTrainedModel, inputs: dict[str, torch.Tensor], plan: GpuPlan, device: torch.device, workdir: Path
 ) -> dict[str, Callable[[], int]]:
-    """CTranslate2 on the same device, if it is installed (with CUDA, on a GPU)."""
+    """CTranslate2 on the same device, if it is installed (with CUDA, on a GPU), exported from this model (still
+    float32 on the CPU) with `modeling.export.to_ctranslate2`."""
     try:
         import ctranslate2
-        from ct2_export import MarianTwinConverter
+
+        from modeling.export import to_ctranslate2
     except ImportError:
         return {}
     if device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
         return {}
-    tokenizer = word_level_tokenizer(marian.config.vocab_size)
-    MarianTwinConverter(marian, tokenizer).convert(str(workdir / "ct2"), force=True)
+    to_ctranslate2(ours, word_level_tokenizer(ours.config.vocab_size), workdir / "ct2")
     sources = [
         [f"t{i}" if i > 2 else "</s>" for i in ids[mask.bool()].tolist()]
         for ids, mask in zip(inputs["input_ids"].cpu(), inputs["attention_mask"].cpu(), strict=True)
@@ -256,14 +257,16 @@ def run_generation(plan: GpuPlan, device: torch.device) -> Section:
 
         return call
 
-    contenders: dict[str, Callable[[], object]] = {
-        f"this model ({dtype_name})": hf_contender(
-            ours, {"length_penalty_type": "transformers", "max_length_offset": None}
-        ),
-        f"MarianMT ({dtype_name})": hf_contender(copy.deepcopy(marian), {}),
-    }
     with tempfile.TemporaryDirectory() as workdir:
-        contenders |= ctranslate2_contenders(marian, inputs, plan, device, Path(workdir))
+        # Exported before hf_contender moves this model to the device in bf16.
+        ctranslate2 = ctranslate2_contenders(ours, inputs, plan, device, Path(workdir))
+        contenders: dict[str, Callable[[], object]] = {
+            f"this model ({dtype_name})": hf_contender(
+                ours, {"length_penalty_type": "transformers", "max_length_offset": None}
+            ),
+            f"MarianMT ({dtype_name})": hf_contender(copy.deepcopy(marian), {}),
+        }
+        contenders |= ctranslate2
         memory = with_first_call_memory(contenders, device)
         timings = measure_alternating(contenders, plan.repeats, warmup=0)
 

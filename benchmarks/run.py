@@ -25,7 +25,6 @@ import ctranslate2
 import datasets
 import torch
 import transformers
-from ct2_export import export_ctranslate2
 from decoding import DecodingSettings
 from fixtures import (
     DEFAULT_CACHE_DIR,
@@ -158,7 +157,7 @@ def run_benchmarks(arguments: argparse.Namespace, plan: Plan) -> dict[str, Secti
 
     log(f"generation checkpoint ({plan.trained_steps} updates, cached)")
     checkpoint = trained_checkpoint(corpus, plan.size, plan.trained_steps, arguments.cache_dir)
-    export_ctranslate2(checkpoint.marian, checkpoint.ct2)
+    checkpoint.export_ctranslate2()
     if "generate" in only:
         log("generate")
         sections["generate"], sections["generate_best"] = run_generation(

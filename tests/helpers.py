@@ -76,6 +76,30 @@ def labelled_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
     return {name: tensor.to(device) for name, tensor in labelled.items()}
 
 
+def trained_tiny_translator(
+    tokenizer: PreTrainedTokenizerFast, steps: int = 120, seed: int = 0, **overrides
+) -> TransformerForConditionalGeneration:
+    """`tiny_model` trained for `steps` Adam updates (no dropout) on `synthetic_pairs`, in eval mode: unlike a
+    random model it ends its sentences, at different lengths, so beam search exercises end-of-sentence and the
+    length penalty. About 2 s for 120 steps on one thread."""
+    model = tiny_model(len(tokenizer), seed=seed, dropout=0.0, **overrides).train()
+    pairs = synthetic_pairs(192, seed=seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    for step in range(steps):
+        chunk = pairs[(step * 16) % len(pairs) :][:16]
+        encoded = tokenizer([en for en, _ in chunk], text_target=[de for _, de in chunk], padding=True)
+        labels = torch.tensor(encoded["labels"]).masked_fill(torch.tensor(encoded["labels"]) == PAD, -100)
+        loss = model(
+            input_ids=torch.tensor(encoded["input_ids"]),
+            attention_mask=torch.tensor(encoded["attention_mask"]),
+            labels=labels,
+        ).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
 def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
     """`tiny_model` with a short length limit: an untrained model rarely stops early, and tests decode it."""
     model = tiny_model(vocab_size, seed=seed)

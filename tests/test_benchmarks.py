@@ -47,7 +47,7 @@ def test_quick_run_prints_every_table_on_synthetic_data(tmp_path):
         assert header in stdout, name
         assert name in results["sections"]
     assert "synthetic" in results["sections"]["train_data"]["title"]
-    # The twins' outputs are asserted identical inside the run; CTranslate2 float32 converts the twin exactly.
+    # The twins' outputs are asserted identical inside the run; CTranslate2 float32 is this model, exported exactly.
     generation = results["sections"]["generate"]
     workloads = [name for name in generation if name.startswith(("fixed length", "sorted", "file order"))]
     assert len(workloads) == 3
@@ -185,7 +185,10 @@ def test_counts_below_one_are_refused_with_the_argument_named(benchmarks_importa
     with pytest.raises(ValueError, match="time at least one repeat"):
         Stats.of([])
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--repeats", "0"], capture_output=True, text=True
+        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--repeats", "0"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
     )
     assert completed.returncode == 2 and "argument --repeats: 0 is not a positive integer" in completed.stderr
 
@@ -203,3 +206,105 @@ def test_generation_checkpoint_is_trained_once_and_cached(tmp_path, benchmarks_i
     written = weights.stat().st_mtime_ns
     assert trained_checkpoint(corpus, QUICK_SIZE, steps=10, cache_dir=cache, max_tokens=256) == checkpoint
     assert weights.stat().st_mtime_ns == written  # found in the cache, not trained again
+
+
+# --- train_peers.py: the pieces that run without the peers ------------------------------------------------------
+
+
+def write_multi30k_like(directory: Path, pairs: int = 120) -> Path:
+    """Gzipped train / val files of toy sentences, named as Multi30k's."""
+    import gzip
+
+    from helpers import synthetic_pairs
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, count, seed in (("train", pairs, 0), ("val", 20, 1)):
+        rows = synthetic_pairs(count, seed=seed)
+        for index, lang in enumerate(("en", "de")):
+            with gzip.open(directory / f"{split}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(row[index] + "\n" for row in rows))
+    return directory
+
+
+def test_train_peers_gives_every_trainer_the_same_tokens_and_vocabulary(tmp_path, benchmarks_importable):
+    from train_peers import prepare
+    from transformers import PreTrainedTokenizerFast
+
+    prepared = prepare(write_multi30k_like(tmp_path / "data"), tmp_path / "work", limit=100, vocab_size=80)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(prepared.tokenizer)
+    ordinary = tokenizer.convert_ids_to_tokens(list(range(3, len(tokenizer))))
+    # fairseq's dict.txt and eole's vocabulary: the BPE's tokens after <pad>, <unk>, </s>, in id order.
+    assert [line.split(" ")[0] for line in prepared.fairseq_dict.read_text().splitlines()] == ordinary
+    assert [line.split("\t")[0] for line in prepared.eole_vocab.read_text().splitlines()] == ordinary
+    # The peers' token files are this project's encoding of the same sentences, which it reads as text.
+    sources = (prepared.text / "train.en").read_text().splitlines()
+    tokens = prepared.tokens("train", "en").read_text().splitlines()
+    assert len(sources) == len(tokens) == 100
+    for text, line in zip(sources, tokens, strict=True):
+        assert tokenizer.convert_tokens_to_ids(line.split(" ")) == tokenizer(text, add_special_tokens=False).input_ids
+    stats = json.loads(prepared.stats.read_text())
+    assert stats["pairs"] == 100 and stats["vocabulary"] == len(tokenizer)
+    assert stats["train_tokens_en"] == sum(len(tokenizer(text).input_ids) for text in sources)
+    (prepared.text / "train.en").unlink()  # a second call takes the cache, and builds nothing
+    assert prepare(tmp_path / "data", tmp_path / "work", limit=100, vocab_size=80) == prepared
+    assert not (prepared.text / "train.en").exists()
+
+
+def test_train_peers_measures_after_the_warm_up(benchmarks_importable):
+    from train_peers import measure
+
+    # (end time, real source, real target, padded source, padded target, sentences) per update.
+    records = [[10.0, 5, 5, 8, 8, 2], [11.0, 30, 30, 40, 40, 4], [13.0, 60, 40, 80, 80, 8]]
+    rate, per_update, efficiency, updates, seconds = measure(records, warmup=1)
+    assert (updates, seconds, per_update) == (2, 3.0, 80.0)
+    assert rate == pytest.approx(160 / 3) and efficiency == pytest.approx(160 / 240)
+    with pytest.raises(ValueError, match="recorded 3 updates, not more than the 3 of warm-up"):
+        measure(records, warmup=3)
+
+
+def test_train_peers_arguments(tmp_path, benchmarks_importable, capsys):
+    from train_peers import parse_arguments
+
+    arguments = parse_arguments(["--only", "ours", "--threads", "1,2"])
+    assert arguments.tools == ["ours"] and arguments.thread_counts == [1, 2]
+    for argv, message in [
+        (["--only", "ours,marian"], "unknown trainers ['marian']"),
+        (["--only", "fairseq"], "--fairseq-python is required to run fairseq"),
+        (["--only", "eole", "--eole-python", str(tmp_path / "none")], "does not exist"),
+        (["--only", "ours", "--threads", "0"], "--threads must be at least 1"),
+        (["--only", "ours", "--updates", "0"], "0 is not a positive integer"),
+    ]:
+        with pytest.raises(SystemExit):
+            parse_arguments(argv)
+        assert message in capsys.readouterr().err
+    assert parse_arguments(["--dry-run"]).tools == ["ours", "eole", "fairseq"]  # no peer needed to print
+
+
+def test_train_peers_times_this_project_and_prints_the_table(tmp_path):
+    """The whole run for this project's trainer (the peers need their environments): scripts/train.py in a
+    worker process, its updates counted and timed."""
+    data = write_multi30k_like(tmp_path / "data")
+    command = [sys.executable, str(BENCHMARKS / "train_peers.py"), "--only", "ours", "--threads", "1"]
+    command += ["--updates", "2", "--warmup-updates", "1", "--repeats", "1", "--limit", "100", "--vocab-size", "80"]
+    command += ["--max-tokens", "256", "--data-dir", str(data), "--work-dir", str(tmp_path / "work")]
+    command += ["--output-json", str(tmp_path / "peers.json")]
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=subprocess_env(), cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "| this project (scripts/train.py) | 1 |" in completed.stdout
+    (run,) = json.loads((tmp_path / "peers.json").read_text())["runs"]
+    assert run["tool"] == "ours" and run["timed_updates"] == 2 and run["tokens_per_second"] > 0
+    assert 0 < run["padding_efficiency"] <= 1 and run["real_tokens_per_update"] > 0
+
+    dry = subprocess.run(
+        [*command[:2], "--dry-run", "--limit", "100", "--vocab-size", "80", "--data-dir", str(data), "--work-dir",
+         str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=120, env=subprocess_env(),
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert [line.split(":")[0] for line in dry.stdout.splitlines() if not line.startswith(" ")] == [
+        "ours",
+        "eole",
+        "fairseq",
+    ]

@@ -1,0 +1,369 @@
+"""Exports to CTranslate2, MarianMT and ONNX: each runtime computes what this model computes.
+
+The CTranslate2 and Marian tests decode models trained for a few seconds, which end their sentences at different
+lengths, with the decoding both sides can express (beam 4, score / length ** 0.6, a fixed max_new_tokens).
+"""
+
+import copy
+import json
+
+import ctranslate2
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from helpers import EOS, PAD, synthetic_pairs, tiny_model, tiny_tokenizer, trained_tiny_translator
+from transformers import AutoTokenizer, MarianMTModel
+
+from modeling import export
+from modeling.convert import from_marian
+
+SETTINGS = {"num_beams": 4, "max_new_tokens": 24, "length_penalty": 0.6, "early_stopping": True, "do_sample": False}
+CT2_SETTINGS = {"beam_size": 4, "max_decoding_length": 24, "length_penalty": 0.6, "min_decoding_length": 0}
+SOURCES = [en for en, _ in synthetic_pairs(16, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def trained(tokenizer):
+    """{(layout, attention_bias): a trained tiny model}, built once for the module."""
+    models = {}
+    for layout in ("interleaved", "concatenated"):
+        for bias in (False, True):
+            models[layout, bias] = trained_tiny_translator(
+                tokenizer, positional_encoding_layout=layout, attention_bias=bias
+            )
+    return models
+
+
+def strip(row: list[int]) -> list[int]:
+    """Generated ids without the start token, </s> and the padding after it."""
+    generated = row[1:]
+    return generated[: generated.index(EOS)] if EOS in generated else generated
+
+
+def model_translations(model, tokenizer, sources=SOURCES, **overrides) -> list[list[int]]:
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    kwargs = {**SETTINGS, "length_penalty_type": "transformers", "max_length_offset": None, **overrides}
+    with torch.no_grad():
+        return [strip(row) for row in model.generate(**batch, **kwargs).tolist()]
+
+
+def source_tokens(tokenizer, sources=SOURCES) -> list[list[str]]:
+    return [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
+
+
+def ct2_translations(directory, tokenizer, sources=SOURCES, **options) -> list[list[int]]:
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=1)
+    results = translator.translate_batch(source_tokens(tokenizer, sources), **{**CT2_SETTINGS, **options})
+    return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+
+
+# --- CTranslate2 ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_ctranslate2_float32_beam_search_equals_the_model(trained, tokenizer, tmp_path, layout, bias):
+    model = copy.deepcopy(trained[layout, bias])
+    if bias:  # trained biases are small: make them matter
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+    ours = model_translations(model, tokenizer)
+    assert len({len(output) for output in ours}) > 3, "sentences should end at various lengths"
+    assert min(len(output) for output in ours) < SETTINGS["max_new_tokens"] - 1, "some should end before the cap"
+
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert ct2_translations(tmp_path / "ct2", tokenizer) == ours
+
+
+def assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, directory) -> None:
+    """Teacher-forced log-probabilities of reference targets: the logits agree, not only the argmax."""
+    pairs = synthetic_pairs(6, seed=5)
+    targets = tokenizer(text_target=[de for _, de in pairs])["input_ids"]  # each ends in </s>
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=1)
+    # CTranslate2 appends </s> itself.
+    results = translator.score_batch(
+        source_tokens(tokenizer, [en for en, _ in pairs]), [tokenizer.convert_ids_to_tokens(t[:-1]) for t in targets]
+    )
+    for (en, _), target, result in zip(pairs, targets, results, strict=True):
+        labels = torch.tensor([target])
+        with torch.no_grad():
+            logits = model(**tokenizer([en], return_tensors="pt"), labels=labels).logits[0]
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, labels[0][:, None])[:, 0]
+        assert torch.allclose(torch.tensor(result.log_probs), expected, atol=1e-4)
+
+
+def test_ctranslate2_scores_are_the_model_log_probabilities(trained, tokenizer, tmp_path):
+    model = trained["interleaved", False]
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"layer_norm_eps": 1e-2},
+        {"scale_embedding": False},
+        {"tie_word_embeddings": False},
+        {"decoder_attention_heads": 2, "decoder_ffn_dim": 48, "decoder_layers": 1},
+        {"activation_function": "gelu"},
+    ],
+    ids=lambda override: ",".join(override),
+)
+def test_ctranslate2_represents_other_configs_exactly(tokenizer, tmp_path, override):
+    model = tiny_model(len(tokenizer), **override)
+    if not model.config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() != model.model.encoder.embed_tokens.weight.data_ptr()
+    with torch.no_grad():  # LayerNorm parameters away from (1, 0), so that the epsilon and the norms matter
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
+def test_ctranslate2_takes_the_positional_table_from_the_model(tokenizer, tmp_path):
+    """A positional module with another table (here: positions shifted by 2, as fairseq's offset would) is
+    exported as the model computes it; Marian, which computes its own sinusoids, refuses it."""
+    model = trained_tiny_translator(tokenizer, steps=60)
+    for stack in (model.model.encoder, model.model.decoder):
+        module = stack.embed_positions
+        module.forward = lambda start, length, module=module: module.compute_table(length, start + 2)
+    reference = model_translations(model, tokenizer, max_new_tokens=12)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert ct2_translations(tmp_path / "ct2", tokenizer, max_decoding_length=12) == reference
+    with pytest.raises(ValueError, match="cannot export to MarianMT exactly: the positional encodings"):
+        export.to_marian(model, tokenizer, tmp_path / "marian")
+    assert not (tmp_path / "marian").exists()
+
+
+def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(tokenizer, tmp_path):
+    model = tiny_model(len(tokenizer))
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    directory = tmp_path / "ct2"
+    vocabulary = json.loads((directory / "shared_vocabulary.json").read_text())
+    assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["decoder_start_token"], config["eos_token"], config["unk_token"]) == ("</s>", "</s>", "<unk>")
+    assert AutoTokenizer.from_pretrained(directory)("a dog.")["input_ids"] == tokenizer("a dog.")["input_ids"]
+
+    # The paper's decoding: beam 4 and alpha 0.6 carry over; the GNMT form and source + 50 do not, and are listed.
+    options = json.loads((directory / "translate_options.json").read_text())
+    assert options == {
+        "beam_size": 4,
+        "length_penalty": 0.6,
+        "max_input_length": 64,
+        "max_decoding_length": 64,
+        "min_decoding_length": 0,
+    }
+    record = json.loads((directory / "export.json").read_text())
+    assert record["format"] == "ctranslate2" and record["quantization"] == "float32"
+    assert [line.split(":")[0] for line in record["not_expressed"]] == [
+        "length_penalty_type='gnmt'",
+        "max_length_offset=50",
+    ]
+    assert "translate_batch" in (directory / "README.md").read_text()
+
+    # transformers' length penalty and a fixed limit are expressed exactly: nothing is listed.
+    model.generation_config.length_penalty_type = "transformers"
+    model.generation_config.max_length_offset = None
+    model.generation_config.max_new_tokens = 30
+    export.to_ctranslate2(model, tokenizer, directory)  # replaces the previous export
+    assert json.loads((directory / "translate_options.json").read_text())["max_decoding_length"] == 30
+    assert json.loads((directory / "export.json").read_text())["not_expressed"] == []
+
+
+def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):
+    model = trained["interleaved", False]
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    export.to_ctranslate2(model, tokenizer, tmp_path / "float32")
+    export.to_ctranslate2(model, tokenizer, tmp_path / "int8", quantization="int8")
+    # CTranslate2 quantises the arrays it is given in place: the exporter hands it copies.
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < (tmp_path / "float32" / "model.bin").stat().st_size
+    assert json.loads((tmp_path / "int8" / "export.json").read_text())["quantization"] == "int8"
+    outputs = ct2_translations(tmp_path / "int8", tokenizer)
+    assert len(outputs) == len(SOURCES) and all(outputs)
+
+
+def test_ctranslate2_pads_a_resized_vocabulary_with_placeholders(tokenizer, tmp_path):
+    model = tiny_model(len(tokenizer) + 3)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    vocabulary = json.loads((tmp_path / "ct2" / "shared_vocabulary.json").read_text())
+    assert len(vocabulary) == len(tokenizer) + 3 and vocabulary[-1] == f"<unused_{len(tokenizer) + 2}>"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"activation_function": "relu6"}, "activation_function='relu6'"),
+        ({"eos_token_id": [2, 3]}, "eos_token_id=[2, 3]"),
+    ],
+)
+def test_ctranslate2_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
+    model = tiny_model(len(tokenizer), **override)
+    with pytest.raises(ValueError, match=f"^cannot export to CTranslate2 exactly: {message.replace('[', '.')}"):
+        export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists() and not (tmp_path / "ct2.partial").exists()
+
+
+def test_ctranslate2_refuses_a_tokenizer_larger_than_the_vocabulary(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="vocab_size=40"):
+        export.to_ctranslate2(tiny_model(40), tokenizer, tmp_path / "ct2")
+
+
+# --- writing the directory ------------------------------------------------------------------------------------
+
+
+def test_a_failed_export_leaves_the_previous_one_untouched(tokenizer, tmp_path, monkeypatch):
+    model = tiny_model(len(tokenizer))
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    before = {path.name: path.read_bytes() for path in (tmp_path / "ct2").iterdir()}
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", fail)  # after model.bin is written
+    with pytest.raises(OSError, match="disk full"):
+        export.to_ctranslate2(tiny_model(len(tokenizer), seed=1), tokenizer, tmp_path / "ct2")
+    assert {path.name: path.read_bytes() for path in (tmp_path / "ct2").iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ct2"]
+
+
+def test_a_directory_that_is_not_an_export_is_never_replaced(tokenizer, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not an export"):
+        export.to_marian(tiny_model(len(tokenizer)), tokenizer, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mine"]
+
+
+def test_building_directory_appears_whole_under_its_name(tmp_path):
+    with export.building_directory(tmp_path / "out") as directory:
+        assert directory == tmp_path / "out.partial"
+        (directory / "a").write_text("1")
+        assert not (tmp_path / "out").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+
+
+# --- MarianMT ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_marian_export_round_trips_exactly(trained, tokenizer, tmp_path, layout):
+    model = trained[layout, False]
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    marian = MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    marian_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "marian")
+    assert marian_tokenizer(SOURCES)["input_ids"] == tokenizer(SOURCES)["input_ids"]
+
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    decoder_input_ids = torch.full((len(SOURCES), 1), EOS)
+    with torch.no_grad():
+        ours = model(**batch, decoder_input_ids=decoder_input_ids).logits
+        theirs = marian(**batch, decoder_input_ids=decoder_input_ids).logits
+        marian_outputs = [strip(row) for row in marian.generate(**batch, **SETTINGS).tolist()]
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert marian_outputs == model_translations(model, tokenizer)
+
+    back = from_marian(marian, positional_encoding_layout=layout).state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back[name], tensor), name
+    assert all(not back[name].any() for name in back if name.endswith("_proj.bias"))  # the paper has none
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert record["format"] == "marian" and len(record["not_expressed"]) == 2  # GNMT form, source + 50
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06"),
+        ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
+    ],
+)
+def test_marian_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
+    with pytest.raises(ValueError, match=f"^cannot export to MarianMT exactly: {message}"):
+        export.to_marian(tiny_model(len(tokenizer), **override), tokenizer, tmp_path / "marian")
+    assert not (tmp_path / "marian").exists()
+
+
+# --- ONNX -------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_export(tokenizer, tmp_path_factory):
+    """One export (about 15 s): (model, directory)."""
+    model = tiny_model(len(tokenizer), attention_bias=True, seed=2)
+    directory = tmp_path_factory.mktemp("onnx") / "onnx"
+    export.to_onnx(model, directory, tokenizer=tokenizer)
+    return model, directory
+
+
+def onnx_sessions(directory):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return tuple(
+        onnxruntime.InferenceSession(str(directory / name), options, providers=["CPUExecutionProvider"])
+        for name in ("encoder.onnx", "decoder.onnx")
+    )
+
+
+def test_onnx_logits_match_the_model_on_a_padded_batch(onnx_export, tokenizer):
+    model, directory = onnx_export
+    encoder, decoder = onnx_sessions(directory)
+    pairs = synthetic_pairs(5, seed=11)  # another batch size and other lengths than the export traced
+    batch = tokenizer([en for en, _ in pairs], padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()
+    targets = tokenizer(text_target=[de for _, de in pairs], padding=True, return_tensors="pt")["input_ids"]
+    decoder_input_ids = torch.cat((torch.full((len(pairs), 1), EOS), targets[:, :-1]), dim=1)
+    with torch.no_grad():
+        expected = model(**batch, decoder_input_ids=decoder_input_ids)
+    (hidden,) = encoder.run(None, {name: batch[name].numpy() for name in ("input_ids", "attention_mask")})
+    (logits,) = decoder.run(
+        None,
+        {
+            "decoder_input_ids": decoder_input_ids.numpy(),
+            "encoder_hidden_states": hidden,
+            "encoder_attention_mask": batch["attention_mask"].numpy(),
+        },
+    )
+    source_mask = batch["attention_mask"].bool().numpy()
+    assert np.abs(hidden - expected.encoder_last_hidden_state.numpy())[source_mask].max() < 1e-4
+    target_mask = decoder_input_ids.ne(PAD).numpy()
+    assert np.abs(logits - expected.logits.numpy())[target_mask].max() < 1e-4
+
+
+def test_onnx_decoder_runs_a_first_step_of_one_sentence(onnx_export, tokenizer):
+    model, directory = onnx_export
+    encoder, decoder = onnx_sessions(directory)
+    batch = tokenizer(["the dog."], return_tensors="pt")
+    (hidden,) = encoder.run(None, {name: batch[name].numpy() for name in ("input_ids", "attention_mask")})
+    start = np.array([[EOS]], dtype=np.int64)
+    inputs = {"decoder_input_ids": start, "encoder_hidden_states": hidden}
+    (logits,) = decoder.run(None, inputs | {"encoder_attention_mask": batch["attention_mask"].numpy()})
+    with torch.no_grad():
+        expected = model(**batch, decoder_input_ids=torch.from_numpy(start)).logits
+    assert logits.shape == (1, 1, len(tokenizer)) and np.abs(logits - expected.numpy()).max() < 1e-4
+
+
+def test_onnx_directory_holds_config_tokenizer_and_record(onnx_export):
+    _, directory = onnx_export
+    names = {path.name for path in directory.iterdir()}
+    assert {"encoder.onnx", "decoder.onnx", "config.json", "generation_config.json", "tokenizer.json"} <= names
+    assert not any(name.endswith(".py") for name in names)
+    record = json.loads((directory / "export.json").read_text())
+    assert record["format"] == "onnx" and record["max_positions"] == 64
+
+
+def test_export_dispatches_by_name_and_refuses_unknown_formats(tokenizer, tmp_path):
+    assert export.export(tiny_model(len(tokenizer)), tokenizer, tmp_path / "m", to="marian") == tmp_path / "m"
+    with pytest.raises(ValueError, match="unknown export format 'tflite'"):
+        export.export(tiny_model(len(tokenizer)), tokenizer, tmp_path / "x", to="tflite")
