@@ -148,8 +148,12 @@ def check_twins_agree(outputs: dict[str, list[list[int]]], workload: Workload) -
                 raise AssertionError(f"this model and {name} disagree on {source!r} ({workload.name}): {a} != {b}")
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
-    return sum(a == b for a, b in zip(outputs, reference, strict=True)) / len(reference)
+def agreement(outputs: list[list[int]], reference: list[list[int]], prefix: bool = False) -> float:
+    """Share of sentences translated identically; with `prefix`, identical up to the shorter of the two (at a fixed
+    length, CTranslate2 counts the forced end-of-sentence among its max_decoding_length tokens, transformers not)."""
+    pairs = zip(outputs, reference, strict=True)
+    same = (a[: len(b)] == b[: len(a)] if prefix else a == b for a, b in pairs)
+    return sum(same) / len(reference)
 
 
 def sacrebleu_of(
@@ -205,6 +209,7 @@ def run_generation(
             check_twins_agree(outputs, workload)
             timings = measure_alternating(contenders, repeats, warmup=0)
             rates = {name: timing.rate(len(workload.sources)) for name, timing in timings.items()}
+            fixed = workload.settings.min_new_tokens > 0
             rates_by_threads[threads] = {name: rate.median for name, rate in rates.items()}
             for name, rate in rates.items():
                 bleu = sacrebleu_of(tokenizer, outputs[name], workload, target_lang)
@@ -217,14 +222,14 @@ def run_generation(
                         format_spread(rate),
                         ratio(rate.median, rates[CT2_BASELINE].median),
                         "–" if bleu is None else f"{bleu:.2f}",
-                        f"{100 * agreement(outputs[name], outputs[OURS]):.1f}%",
+                        f"{100 * agreement(outputs[name], outputs[OURS], fixed):.1f}%",
                     ]
                 )
                 record = main.data.setdefault(workload.name, {}).setdefault(str(threads), {})
                 record[name] = {
                     "sentences_per_second": rate.to_dict(),
                     "sacrebleu": bleu,
-                    "agreement": agreement(outputs[name], outputs[OURS]),
+                    "agreement": agreement(outputs[name], outputs[OURS], fixed),
                 }
         names = list(next(iter(rates_by_threads.values())))
         best_rate = {name: max(rates_by_threads[t][name] for t in thread_counts) for name in names}
