@@ -186,8 +186,9 @@ def save_trainer_checkpoint(directory: Path, seed: int, d_model: int = 32) -> di
     model = TransformerForConditionalGeneration(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"):
-        (directory / name).write_bytes(b"training state")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
+        torch.save({"state": name}, directory / name)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": seed, "log_history": []}))
     return load_file(directory / "model.safetensors")
 
 
@@ -286,9 +287,16 @@ def script_error(name: str, *args: str, monkeypatch) -> str:
     return str(exit_info.value.code)
 
 
+def script_env(**extra: str) -> dict[str, str]:
+    """Environment of a fresh Python process that imports this checkout's `modeling` (not another editable
+    install's) and runs one OpenMP thread (tiny models gain nothing from more on a shared machine)."""
+    path = os.pathsep.join(part for part in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if part)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
+
+
 def hub_env(endpoint: str, hf_home: Path, token: str | None) -> dict[str, str]:
     """Environment of a fresh process talking to the local Hub only, with its own empty cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env = {k: v for k, v in script_env().items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
     env.update(
         HF_ENDPOINT=endpoint,
         HF_HOME=str(hf_home),

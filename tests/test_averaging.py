@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling.averaging import average_checkpoints, last_checkpoints, list_checkpoints
+from modeling.checkpoints import write_completeness_marker
 
 
 def test_average_of_two_checkpoints_is_their_mean_and_loads(tmp_path):
@@ -35,6 +36,7 @@ def test_average_of_two_checkpoints_is_their_mean_and_loads(tmp_path):
 def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
     for name in ("checkpoint-900", "checkpoint-1000", "checkpoint-80", "runs", "checkpoint-best"):
         (tmp_path / name).mkdir()
+        write_completeness_marker(tmp_path / name)  # complete, if empty
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-80", "checkpoint-900", "checkpoint-1000"]
     assert [path.name for path in last_checkpoints(tmp_path, 2)] == ["checkpoint-900", "checkpoint-1000"]
     with pytest.raises(ValueError, match="last 5 checkpoints"):
