@@ -48,6 +48,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             "even if max_steps is not reached: a wall-clock budget."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an output_dir that holds an earlier run: its checkpoints, averaged/, records and "
+            "model are deleted first. Without it, such a directory is refused unless resuming."
+        },
+    )
     average_last_checkpoints: int = field(
         default=0,
         metadata={"help": "After training, average the last N checkpoints into OUTPUT_DIR/averaged (Sec. 6.1)."},

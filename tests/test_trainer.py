@@ -3,7 +3,6 @@ several processes, label smoothing in the fused loss, resuming. Everything is sy
 
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -11,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import copy_dataset, equal_length_halves, losses, make_trainer, tiny_model, training_args, word_tokenizer
+from helpers import (
+    copy_dataset,
+    equal_length_halves,
+    losses,
+    make_trainer,
+    script_env,
+    tiny_model,
+    training_args,
+    word_tokenizer,
+)
 from transformers import TrainerCallback
 
 from modeling.schedule import noam_learning_rate
@@ -102,7 +110,7 @@ if trainer.is_world_process_zero():
 def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER.format(tests_dir=str(Path(__file__).parent), out=str(tmp_path)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = script_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
