@@ -18,8 +18,8 @@ import errno
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,9 +98,14 @@ def fsync_tree(directory: str | os.PathLike) -> None:
 
 
 def _temporary_name(path: Path) -> Path:
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(handle)
-    return Path(name)
+    """A new empty file beside `path`, with the permissions the umask gives (mkstemp's would be 0600)."""
+    while True:
+        candidate = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return candidate
 
 
 @contextmanager
