@@ -266,6 +266,15 @@ def _local_split(
         if isinstance(err.__cause__, ValueError):  # our own, clear message: don't bury it under datasets'
             raise err.__cause__ from None
         raise
+    except ValueError as err:
+        if "corresponds to no data" not in str(err):
+            raise
+        # Empty files: `datasets` cannot build an empty split from a generator. An empty split, which those who
+        # use it refuse naming its files (`require_rows`), rather than datasets' 'Instruction "val" ...'.
+        empty = {"translation": []}
+        return datasets.Dataset.from_dict(
+            empty, features=_translation_features(source_lang, target_lang), split=datasets.NamedSplit(split)
+        )
 
 
 def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], stamps: tuple) -> Iterator[dict]:
