@@ -33,13 +33,18 @@ def _rank_zero_decides(flag: bool, device: torch.device) -> bool:
     return bool(decision.item())
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if `flag` is true on any: one all_reduce (MAX) of one integer."""
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest of every rank's `value`, on every rank: one all_reduce (MAX) of one integer."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    value = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return value
+    reduced = torch.tensor([value], device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    return int(reduced.item())
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any."""
+    return bool(max_over_ranks(int(flag), device))
 
 
 class SaveEveryMinutesCallback(TrainerCallback):
@@ -183,9 +188,11 @@ class PreemptionCallback(TrainerCallback):
             if installed_here:
                 self.restore()
 
-    def agreed(self, device: torch.device) -> bool:
-        """Whether any process got a signal (a collective: call it on every process at the same point)."""
-        return any_rank(self.requested is not None, device)
+    def agreed(self, device: torch.device) -> signal.Signals | None:
+        """The signal any process got (the highest-numbered one if several), or None: a collective, to call on
+        every process at the same point."""
+        number = max_over_ranks(int(self.requested) if self.requested is not None else 0, device)
+        return signal.Signals(number) if number else None
 
     # --- callback events ---
 
@@ -195,11 +202,13 @@ class PreemptionCallback(TrainerCallback):
             self._installed_by_callback = self.install()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.preempted is None and self.agreed(args.device):
-            self.preempted = {"signal": self.requested.name if self.requested else None, "step": state.global_step}
+        agreed = self.agreed(args.device) if self.preempted is None else None
+        if agreed is not None:
+            self.preempted = {"signal": agreed.name, "step": state.global_step}
             logger.warning(
-                "Preempted (%s) at update %d: saving a checkpoint and stopping",
-                self.preempted["signal"] or "a signal to another process",
+                "Preempted (%s%s) at update %d: saving a checkpoint and stopping",
+                agreed.name,
+                "" if self.requested is not None else ", sent to another process",
                 state.global_step,
             )
             control.should_training_stop = True

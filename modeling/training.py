@@ -552,9 +552,10 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         if trainer.is_world_process_zero():
             hub_model_id = hub.repo_id if hub else None
             _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
-        if preemption.agreed(training_args.device):  # a signal while the data was being prepared
+        agreed = preemption.agreed(training_args.device)
+        if agreed is not None:  # a signal while the data was being prepared: stop before the first update
             step = checkpoint_step(checkpoint) if checkpoint else 0
-            raise _stop_preempted(training_args, preemption.requested and preemption.requested.name, step, checkpoint)
+            raise _stop_preempted(training_args, agreed.name, step, checkpoint)
         result = trainer.train(resume_from_checkpoint=checkpoint)
         if trainer.preempted is not None:
             last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
