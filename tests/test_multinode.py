@@ -124,3 +124,11 @@ def test_two_nodes_checkpoint_once_stop_together_on_sigterm_and_resume(tmp_path)
     state = json.loads((run / "trainer_state.json").read_text())
     assert state["global_step"] == 30 and not (run / "preempted.json").exists()
     assert [path.name for path in list_checkpoints(run)] == ["checkpoint-28", "checkpoint-30"], "save_total_limit 2"
+
+
+def test_the_two_machine_accelerate_config_loads_with_its_placeholders():
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(REPO_ROOT / "configs" / "accelerate" / "2node_8gpu_bf16.yaml"))
+    assert (config.num_machines, config.num_processes, config.machine_rank) == (2, 16, 0)
+    assert config.main_process_ip and config.main_process_port and config.mixed_precision == "bf16"
