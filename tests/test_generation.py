@@ -175,3 +175,12 @@ def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
     model.generation_config.num_beams = num_beams  # a saved config is checked the same way
     with pytest.raises(ValueError, match="num_beams must be a positive integer"):
         model.generate(**inputs)
+
+
+def test_generation_refuses_a_source_without_tokens_naming_the_row():
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match=r"empty input: input_ids of shape \(2, 0\)"):
+        model.generate(input_ids=inputs["input_ids"][:, :0], attention_mask=inputs["attention_mask"][:, :0])
+    inputs["attention_mask"][1] = 0  # the second source is all padding
+    with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
+        model.generate(**inputs)

@@ -1,9 +1,11 @@
 """scripts/translate.py end to end on a tiny checkpoint, in this process."""
 
+import errno
 import gzip
+import os
 
 import pytest
-from helpers import run_script
+from helpers import run_script, script_error
 
 from modeling.translation import translate
 
@@ -37,3 +39,18 @@ def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, mo
     args = ["--model", model_dir, "--input-file", tmp_path / "input.en.gz", "--output-file", output_file]
     run_script("translate.py", *args, monkeypatch=monkeypatch)
     assert output_file.read_text().split("\n")[:-1] == from_arguments
+
+
+def test_a_full_disk_leaves_the_old_output_file_and_says_so_in_one_line(tiny_checkpoint, tmp_path, monkeypatch):
+    output_file = tmp_path / "output.de"
+    output_file.write_text("the earlier translations\n")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    args = ["--model", tiny_checkpoint[0], "--output-file", output_file, "a cat."]
+    message = script_error("translate.py", *args, monkeypatch=monkeypatch)
+    assert message.startswith(f"error: No space left on device while writing {output_file}") and "\n" not in message
+    assert output_file.read_text() == "the earlier translations\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["output.de"], "no temporary file left"
