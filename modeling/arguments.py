@@ -71,6 +71,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+        if self.overwrite_output_dir and self.resume_from_checkpoint not in (None, "", "false", "False"):
+            raise ValueError(
+                "Give --overwrite_output_dir (start over) or --resume_from_checkpoint (continue), not both."
+            )
 
 
 @dataclass

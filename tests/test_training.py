@@ -136,6 +136,8 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     with pytest.raises(ValueError, match=contradiction):
         train(model_args, other_data, tiny_run_args(run, resume_from_checkpoint="last"))
 
+    with pytest.raises(ValueError, match="not both"):
+        tiny_run_args(run, overwrite_output_dir=True, resume_from_checkpoint="last")
     with caplog.at_level(logging.WARNING, logger="modeling.training"):
         smaller = ModelArguments(preset="tiny", **{**TINY, "d_model": 16})
         train(smaller, data, tiny_run_args(run, overwrite_output_dir=True))
