@@ -176,7 +176,7 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     config.write_text(PREEMPTIBLE_RUN.format(data_dir=data_dir, output_dir=run))
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), str(config)]
     command += ["--resume_from_checkpoint", "last"]  # the same command for the first launch and every requeue
-    env = script_env(PYTHONUNBUFFERED="1")
+    env = script_env(PYTHONUNBUFFERED="1", HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
     with open(tmp_path / "stderr.txt", "w+") as log:  # a file: a full stderr pipe would block the run
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
