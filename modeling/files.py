@@ -218,6 +218,32 @@ def replace_files(
     return moved
 
 
+def write_files_into(
+    directory: str | os.PathLike,
+    write: Callable[[Path], Any],
+    *,
+    last: Iterable[str] = ("config.json",),
+    name: str = "files",
+) -> list[Path]:
+    """`write(staging)` fills a hidden staging directory inside `directory` (`save_pretrained`, say); its files
+    are then moved into `directory` one atomic rename each (`replace_files`, the names in `last` at the end).
+    A failure, a full disk included, leaves `directory` as it was."""
+    directory = Path(directory)
+    staging = directory / f".{name}.partial"
+    remove_tree(staging)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        fsync_tree(staging)
+        return replace_files(staging, directory, last=last)
+    except BaseException as error:
+        full = disk_full_error(error, directory) if isinstance(error, Exception) else None
+        remove_tree(staging)
+        if full is not None:
+            raise full from error
+        raise
+
+
 def guard_disk_full(path: str | os.PathLike, action: Callable[[], Any]) -> Any:
     """Run `action` (which writes below `path`); a full disk becomes `DiskFullError` naming `path`."""
     try:

@@ -69,7 +69,7 @@ from .data import (
     split_source,
     tokenize_parallel_dataset,
 )
-from .files import write_json
+from .files import write_files_into, write_json
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, train_shared_bpe
@@ -296,7 +296,8 @@ def _tokenizer(
             return tokenizer
         languages = [data_args.source_lang, data_args.target_lang]
         tokenizer = train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
-        tokenizer.save_pretrained(output_dir)
+        # tokenizer.json last: its presence is what tells a later run that the BPE is there, whole.
+        write_files_into(output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
         return tokenizer
 
 

@@ -12,6 +12,7 @@ from modeling.files import (
     atomic_directory,
     atomic_path,
     replace_files,
+    write_files_into,
     write_json,
     write_text,
 )
@@ -101,3 +102,24 @@ def test_files_move_into_a_shared_directory_config_last(tmp_path, monkeypatch):
     replace_files(staging, target)
     assert order[-1] == "config.json" and sorted(order) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (target / "checkpoint-5").is_dir() and not staging.exists()
+
+
+def test_files_written_by_a_saver_replace_the_old_ones_only_when_all_are_written(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("old")
+
+    def saver_killed_halfway(staging):
+        (staging / "tokenizer_config.json").write_text("new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match=f"while writing {tmp_path}"):
+        write_files_into(tmp_path, saver_killed_halfway, last=("tokenizer.json",), name="tokenizer")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json"]
+    assert (tmp_path / "tokenizer.json").read_text() == "old"
+
+    def saver(staging):
+        (staging / "tokenizer.json").write_text("new")
+        (staging / "tokenizer_config.json").write_text("new")
+
+    moved = write_files_into(tmp_path, saver, last=("tokenizer.json",), name="tokenizer")
+    assert [path.name for path in moved] == ["tokenizer_config.json", "tokenizer.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
