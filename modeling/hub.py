@@ -115,7 +115,8 @@ def _client_with_timeouts() -> httpx2.Client:
 
 
 def use_hub_timeouts() -> None:
-    """Make every `huggingface_hub` request of this process use `hub_timeout()` (read now)."""
+    """Make every `huggingface_hub` request of this process use `hub_timeout()` (read now): from the first push
+    on, downloads too get a timeout rather than huggingface_hub's default of none."""
     set_client_factory(_client_with_timeouts)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from helpers import HUB_TOKEN, save_tiny_checkpoint, synthetic_pairs
-from huggingface_hub import constants, metadata_load
+from huggingface_hub import constants, metadata_load, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 
 import modeling.hub as hub_module
 from modeling.arguments import TranslationTrainingArguments
@@ -153,7 +154,8 @@ def quick_hub(monkeypatch):
     def use(endpoint: str) -> None:
         monkeypatch.setattr(constants, "ENDPOINT", endpoint)
 
-    return use
+    yield use
+    set_client_factory(default_client_factory)  # no 0.3 s client left behind for later tests
 
 
 def test_a_stalled_hub_fails_within_the_timeout_in_one_line(tiny_checkpoint, quick_hub):
