@@ -46,6 +46,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "
 # Config fields that change without the model changing: library version, where it was loaded from, dtype.
 VOLATILE_CONFIG_FIELDS = frozenset(
     {"transformers_version", "_name_or_path", "_commit_hash", "architectures", "auto_map", "dtype", "torch_dtype"}
+    | {"output_attentions", "output_hidden_states", "return_dict", "use_cache", "_attn_implementation"}
 )
 
 
@@ -319,13 +320,20 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"{path} does not parse: {error}") from error
 
 
-def identity_differences(first: Mapping[str, Any], second: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ between two run identities (`config.d_model`, `data.files`)."""
+def identity_differences(
+    first: Mapping[str, Any], second: Mapping[str, Any], prefix: str = "", *, shared_only: bool = False
+) -> list[str]:
+    """Dotted names of the fields that differ between two run identities (`config.d_model`, `data.files`).
+
+    In `config`, only the fields both have are compared: a field that a newer transformers adds to every config
+    (with its default) does not make a checkpoint another run's."""
     differences = []
-    for key in sorted(set(first) | set(second), key=str):
+    keys = set(first) & set(second) if shared_only else set(first) | set(second)
+    for key in sorted(keys, key=str):
         a, b = first.get(key), second.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):
-            differences += identity_differences(a, b, f"{prefix}{key}.")
+            lenient = shared_only or (not prefix and key == "config")
+            differences += identity_differences(a, b, f"{prefix}{key}.", shared_only=lenient)
         elif a != b:
             differences.append(f"{prefix}{key}")
     return differences
@@ -353,7 +361,7 @@ def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> li
             configs.append(config_identity(json.loads((directory / "config.json").read_text(encoding="utf-8"))))
         except (OSError, ValueError):
             configs.append({})
-    differences += [f"config.{name}" for name in identity_differences(*configs)]
+    differences += [f"config.{name}" for name in identity_differences(*configs, shared_only=True)]
     if tokenizer_fingerprint(first) != tokenizer_fingerprint(second):
         differences.append("tokenizer")
     identities = read_run_identity(first), read_run_identity(second)

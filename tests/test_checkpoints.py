@@ -94,3 +94,11 @@ def test_a_saved_tokenizer_has_the_fingerprint_of_the_loaded_one(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     assert tokenizer_fingerprint(tmp_path) == vocabulary_fingerprint(tokenizer.get_vocab())
     assert tokenizer_fingerprint(tmp_path / "nowhere") is None
+
+
+def test_a_config_field_only_one_side_has_is_no_difference():
+    """A newer transformers may add a field to every config: that alone does not make another run."""
+    recorded = {"config": {"d_model": 32}, "seed": 0}
+    assert identity_differences(recorded, {"config": {"d_model": 32, "new_field": 1}, "seed": 0}) == []
+    assert identity_differences(recorded, {"config": {"d_model": 64}, "seed": 0}) == ["config.d_model"]
+    assert identity_differences(recorded, {"config": {"d_model": 32}}) == ["seed"], "outside config, all fields count"
