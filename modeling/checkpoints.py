@@ -34,7 +34,8 @@ from .files import write_json
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-STAGING_RE = re.compile(r"^\.checkpoint-(\d+)\.partial$")  # never matches CHECKPOINT_RE
+# What an interrupted save (.partial), replacement (.old) or rotation (.deleting) leaves: never matches CHECKPOINT_RE.
+STAGING_RE = re.compile(r"^\.checkpoint-(\d+)\.(partial|old|deleting)$")
 COMPLETE_MARKER = "checkpoint_complete.json"
 RUN_IDENTITY_FILE = "run_identity.json"
 PREEMPTED_FILE = "preempted.json"
@@ -79,7 +80,8 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def staging_directories(directory: str | os.PathLike) -> list[Path]:
-    """Hidden `.checkpoint-<step>.partial` directories: saves that were interrupted (or are under way)."""
+    """Hidden `.checkpoint-<step>.partial` (`.old`, `.deleting`) directories: what saves, replacements and
+    rotations that were interrupted left (or those under way)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []

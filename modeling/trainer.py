@@ -327,6 +327,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if checkpoint.resolve() in protected:
                 continue
             doomed = checkpoint.with_name(f".{checkpoint.name}.deleting")  # never half-deleted under its name
+            remove_tree(doomed)
             os.replace(checkpoint, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
             logger.info("Deleted %s (save_total_limit=%d)", checkpoint, limit)

@@ -319,12 +319,13 @@ def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp
     (output_dir / ".checkpoint-2.partial" / "checkpoint-2").mkdir(parents=True)  # a killed save of step 2
     (output_dir / ".checkpoint-2.partial" / "checkpoint-2" / "model.safetensors").write_bytes(b"half")
     (output_dir / ".checkpoint-77.partial").mkdir()  # of some other step
+    (output_dir / ".checkpoint-1.deleting" / "optimizer.pt").mkdir(parents=True)  # a rotation killed midway
     trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=1, save_total_limit=2)
     with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
         trainer.train()
     names = sorted(path.name for path in output_dir.iterdir() if "checkpoint" in path.name)
     assert names == ["checkpoint-100", "checkpoint-3", "checkpoint-4"]
-    assert ".checkpoint-77.partial" in caplog.text, "what an interrupted save left is removed, with a warning"
+    assert ".checkpoint-77.partial" in caplog.text and ".checkpoint-1.deleting" in caplog.text, "removed, warned"
     assert all(is_complete(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
 
 
