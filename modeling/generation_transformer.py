@@ -148,7 +148,8 @@ class TransformerGenerationMixin(GenerationMixin):
         Both may also be passed as keyword arguments, like any generation parameter.
 
         An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
-        no source to translate, and attention over nothing would give NaNs.
+        no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
+        decodes a translation of nothing).
         """
         self._check_sources(inputs, kwargs)
         base_config = generation_config if generation_config is not None else self.generation_config
