@@ -48,6 +48,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             "even if max_steps is not reached: a wall-clock budget."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an output_dir that holds an earlier run: its checkpoints, averaged/, records and "
+            "model are deleted first. Without it, such a directory is refused unless resuming."
+        },
+    )
     average_last_checkpoints: int = field(
         default=0,
         metadata={"help": "After training, average the last N checkpoints into OUTPUT_DIR/averaged (Sec. 6.1)."},
@@ -64,6 +71,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+        if self.overwrite_output_dir and self.resume_from_checkpoint not in (None, "", "false", "False"):
+            raise ValueError(
+                "Give --overwrite_output_dir (start over) or --resume_from_checkpoint (continue), not both."
+            )
 
 
 @dataclass

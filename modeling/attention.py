@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .files import atomic_path
+
 ATTENTION_KINDS = {
     "encoder": "encoder self-attention",
     "decoder": "decoder self-attention",
@@ -120,5 +122,6 @@ def plot_attention_maps(
             axes.set_title(f"{ATTENTION_KINDS[kind]}, layer {layer_index}, {head_name}", fontsize=9)
             figure.colorbar(image, ax=axes, shrink=0.8)
     output_png = Path(output_png)
-    figure.savefig(output_png, dpi=120)
+    with atomic_path(output_png) as temporary:
+        figure.savefig(temporary, dpi=120, format=output_png.suffix.lstrip(".") or "png")
     return output_png

@@ -7,11 +7,15 @@ points of one training run smooths out the noise of the last updates, for free a
 Works on the checkpoint directories the Trainer writes (`checkpoint-<step>/model.safetensors`, or sharded with
 `model.safetensors.index.json`), one checkpoint at a time, so memory holds one model plus the float64 sums. Weights
 tied to others are stored once by `save_pretrained` and therefore averaged once; `from_pretrained` ties them again.
+
+Only complete checkpoints are averaged (`modeling.checkpoints`: incomplete ones are skipped with a warning naming
+them), only checkpoints of one run (same config, tokenizer and run identity: mixed ones are refused, naming the two
+checkpoints and what differs), and the result is built in `OUTPUT.partial` and swapped into place whole.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import re
 import shutil
@@ -22,59 +26,55 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .checkpoints import (
+    CHECKPOINT_RE,
+    COMPLETE_MARKER,
+    RunMismatchError,
+    checkpoint_problems,
+    checkpoint_step,
+    complete_checkpoints,
+    describe_problems,
+    list_checkpoints,
+    model_differences,
+    weight_files,
+)
+from .files import atomic_directory, write_json
+
+logger = logging.getLogger(__name__)
+
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 AVERAGING_RECORD_NAME = "checkpoint_averaging.json"
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Trainer state that belongs to one point of training, not to the averaged model.
 _TRAINING_STATE_RE = re.compile(
     r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|trainer_state\.json|training_args\.bin|rng_state(_\d+)?\.pth)$"
 )
-
-
-def checkpoint_step(path: str | os.PathLike) -> int:
-    """The update number of a Trainer checkpoint directory `.../checkpoint-<step>`."""
-    match = _CHECKPOINT_RE.match(Path(path).name)
-    if match is None:
-        raise ValueError(f"{path} is not a Trainer checkpoint directory (checkpoint-<step>).")
-    return int(match[1])
-
-
-def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[Path]:
-    """Every `checkpoint-<step>` directory in `checkpoint_dir`, by step number (checkpoint-900 before -1000)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    if not checkpoint_dir.is_dir():
-        raise FileNotFoundError(f"Checkpoint directory {checkpoint_dir} does not exist.")
-    found = [path for path in checkpoint_dir.iterdir() if path.is_dir() and _CHECKPOINT_RE.match(path.name)]
-    return sorted(found, key=checkpoint_step)
+_NOT_COPIED = {WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int) -> list[Path]:
-    """The `n` newest checkpoints of `checkpoint_dir`, oldest first; an error if there are fewer."""
+    """The `n` newest complete checkpoints of `checkpoint_dir`, oldest first; an error if there are fewer.
+
+    Incomplete checkpoints (an interrupted save, a truncated file) are skipped with a warning naming them."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}.")
-    checkpoints = list_checkpoints(checkpoint_dir)
+    checkpoints = complete_checkpoints(checkpoint_dir)
     if len(checkpoints) < n:
         names = [path.name for path in checkpoints]
-        raise ValueError(f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)}: {names}.")
+        raise ValueError(
+            f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}."
+        )
     return checkpoints[-n:]
-
-
-def _weight_files(checkpoint: Path) -> list[Path]:
-    index = checkpoint / WEIGHTS_INDEX_NAME
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [checkpoint / shard for shard in shards]
-    if (checkpoint / WEIGHTS_NAME).is_file():
-        return [checkpoint / WEIGHTS_NAME]
-    raise FileNotFoundError(f"{checkpoint} holds neither {WEIGHTS_NAME} nor {WEIGHTS_INDEX_NAME}.")
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     weights = {}
-    for path in _weight_files(checkpoint):
-        with safe_open(path, framework="pt") as shard:
-            weights.update({name: shard.get_tensor(name) for name in shard.keys()})
+    for path in weight_files(checkpoint):
+        try:
+            with safe_open(path, framework="pt") as shard:
+                weights.update({name: shard.get_tensor(name) for name in shard.keys()})
+        except Exception as error:  # safetensors' own errors are not OSErrors
+            raise ValueError(f"Cannot read the weights {path}: {error}") from error
     return weights
 
 
@@ -92,9 +92,29 @@ def _check_compatible(reference: dict[str, torch.Tensor], weights: dict[str, tor
 
 def _newest(checkpoints: Sequence[Path]) -> Path:
     """The checkpoint with the highest step; the last one given when names carry no step."""
-    if all(_CHECKPOINT_RE.match(path.name) for path in checkpoints):
+    if all(CHECKPOINT_RE.match(path.name) for path in checkpoints):
         return max(checkpoints, key=checkpoint_step)
     return checkpoints[-1]
+
+
+def usable_checkpoints(checkpoint_paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The complete checkpoints among `checkpoint_paths` (others skipped with a warning naming them), checked to
+    belong to one run: two that differ in config, tokenizer or run identity are refused, both named."""
+    usable = []
+    for path in map(Path, checkpoint_paths):
+        problems = checkpoint_problems(path, training_state=False)
+        if problems:
+            logger.warning("Not averaging the incomplete checkpoint %s: %s", path, describe_problems(problems))
+        else:
+            usable.append(path)
+    for first, second in zip(usable, usable[1:], strict=False):
+        differences = model_differences(first, second)
+        if differences:
+            raise RunMismatchError(
+                f"{first} and {second} are not checkpoints of one run, they differ in {', '.join(differences[:8])}:"
+                " average checkpoints of one run only."
+            )
+    return usable
 
 
 def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_dir: str | os.PathLike) -> Path:
@@ -102,15 +122,19 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
 
     Floating-point tensors are summed in float64 and cast back to their dtype; other tensors (integer buffers) must
     be equal and are kept. Everything else of the newest checkpoint is copied (config, generation config, tokenizer
-    files, remote code), but not its optimizer, scheduler or Trainer state. `checkpoint_averaging.json` records the
-    checkpoints averaged. Returns `output_dir`.
+    files, remote code, run identity), but not its optimizer, scheduler or Trainer state.
+    `checkpoint_averaging.json` records the checkpoints averaged. Incomplete checkpoints are skipped with a
+    warning; checkpoints of different runs are refused (`usable_checkpoints`). `output_dir` is built aside and
+    swapped into place whole: a failure leaves the old one intact. Returns `output_dir`.
     """
-    checkpoints = [Path(path) for path in checkpoint_paths]
-    if not checkpoints:
+    if not checkpoint_paths:
         raise ValueError("No checkpoints to average.")
     output_dir = Path(output_dir)
-    if any(output_dir.resolve() == checkpoint.resolve() for checkpoint in checkpoints):
+    if any(output_dir.resolve() == Path(checkpoint).resolve() for checkpoint in checkpoint_paths):
         raise ValueError(f"The output directory {output_dir} is one of the checkpoints to average.")
+    checkpoints = usable_checkpoints(checkpoint_paths)
+    if not checkpoints:
+        raise ValueError(f"None of the checkpoints to average is complete: {[str(p) for p in checkpoint_paths]}.")
 
     reference: dict[str, torch.Tensor] = {}
     sums: dict[str, torch.Tensor] = {}
@@ -131,17 +155,17 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
         for name, tensor in reference.items()
     }
 
-    output_dir.mkdir(parents=True, exist_ok=True)
     newest = _newest(checkpoints)
-    for path in newest.iterdir():
-        if path.is_file() and path.suffix != ".safetensors" and path.name != WEIGHTS_INDEX_NAME:
-            if not _TRAINING_STATE_RE.match(path.name):
-                shutil.copy2(path, output_dir / path.name)
-    contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
-    save_file(contiguous, output_dir / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
-    record = {"checkpoints": [str(path) for path in checkpoints], "configuration_from": str(newest)}
-    (output_dir / AVERAGING_RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    with atomic_directory(output_dir) as staging:
+        for path in newest.iterdir():
+            if path.is_file() and path.suffix != ".safetensors" and path.name not in _NOT_COPIED:
+                if not _TRAINING_STATE_RE.match(path.name):
+                    shutil.copy2(path, staging / path.name)
+        contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
+        save_file(contiguous, staging / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
+        record = {"checkpoints": [str(path) for path in checkpoints], "configuration_from": str(newest)}
+        write_json(staging / AVERAGING_RECORD_NAME, record)
     return output_dir
 
 
-__all__ = ["average_checkpoints", "last_checkpoints", "list_checkpoints", "checkpoint_step"]
+__all__ = ["average_checkpoints", "last_checkpoints", "list_checkpoints", "checkpoint_step", "usable_checkpoints"]

@@ -1,14 +1,19 @@
-"""Trainer callbacks for long runs: time-based checkpoints, a wall-clock budget, the sampler's epoch.
+"""Trainer callbacks for long runs: time-based checkpoints, a wall-clock budget, stopping cleanly when the job is
+preempted, the sampler's epoch.
 
 Decisions that lead to collectives (saving, stopping) must be the same on every process: rank 0's clock decides and
-broadcasts its decision after every update (one integer, negligible next to an update).
+broadcasts its decision after every update (one integer, negligible next to an update); a signal, which may reach
+one process only, is agreed on by all of them (the maximum of their flags).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -26,6 +31,20 @@ def _rank_zero_decides(flag: bool, device: torch.device) -> bool:
     decision = torch.tensor([int(flag)], device=device)
     dist.broadcast(decision, src=0)
     return bool(decision.item())
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest of every rank's `value`, on every rank: one all_reduce (MAX) of one integer."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    reduced = torch.tensor([value], device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    return int(reduced.item())
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any."""
+    return bool(max_over_ranks(int(flag), device))
 
 
 class SaveEveryMinutesCallback(TrainerCallback):
@@ -91,3 +110,117 @@ class SamplerEpochCallback(TrainerCallback):
             return
         updates_per_epoch = max(math.ceil(len(train_dataloader) / args.gradient_accumulation_steps), 1)
         self.sampler.set_epoch(state.global_step // updates_per_epoch)
+
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# A launcher (torchrun, srun) forwards the signal it got to workers that may have got it too: the same signal
+# twice within this many seconds counts once.
+DUPLICATE_SIGNAL_SECONDS = 1.0
+
+
+class PreemptionCallback(TrainerCallback):
+    """Stop cleanly when the job is asked to stop: the first SIGTERM, SIGINT or SIGUSR1 (what schedulers send
+    before killing a job) only sets a flag; at the end of the update under way every process agrees (any rank's
+    flag counts, one all_reduce per update), the trainer saves a complete checkpoint and stops, and
+    `self.preempted` holds the signal and the update. Nothing is lost beyond the update in flight: it finishes.
+
+    A second SIGINT or SIGTERM (more than a second after the first, so a launcher forwarding the same signal does
+    not count) restores the previous handler and re-raises it: an impatient user still gets out at once.
+
+    `handling()` installs the handlers and restores the previous ones when it ends; the callback installs them at
+    `on_train_begin` and restores them at `on_train_end` if no one did before. Handlers can only be installed from
+    the main thread; elsewhere the callback does nothing.
+    """
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS):
+        self.signals = signals
+        self.requested: signal.Signals | None = None  # the first signal received, on this process
+        self.preempted: dict | None = None  # {"signal", "step"} once all processes agreed to stop
+        self._requested_at = 0.0
+        self._previous: dict[signal.Signals, object] = {}
+        self._installed_by_callback = False
+
+    # --- signal handlers ---
+
+    def _handle(self, signum: int, frame) -> None:
+        received = signal.Signals(signum)
+        now = time.monotonic()
+        if self.requested is None:
+            self.requested, self._requested_at = received, now
+            logger.warning(
+                "Got %s: finishing the update under way, then saving a checkpoint and stopping (a second SIGINT or "
+                "SIGTERM stops at once, without a checkpoint)",
+                received.name,
+            )
+            return
+        duplicate = received == self.requested and now - self._requested_at < DUPLICATE_SIGNAL_SECONDS
+        if duplicate or received not in (signal.SIGINT, signal.SIGTERM):
+            return
+        logger.warning("Got %s again: stopping now, without a checkpoint", received.name)
+        self.restore()
+        signal.raise_signal(received)
+
+    def install(self) -> bool:
+        """Install the handlers (main thread only); False where they cannot be installed."""
+        if self._previous:
+            return True
+        try:
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+        except ValueError:  # not the main thread
+            self._previous = {}
+            return False
+        return True
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    @contextmanager
+    def handling(self) -> Iterator[PreemptionCallback]:
+        """Handle the signals for the duration of the block, then restore the previous handlers (those that were
+        there when the outermost block began: blocks nest)."""
+        installed_here = not self._previous and self.install()
+        try:
+            yield self
+        finally:
+            if installed_here:
+                self.restore()
+
+    def agreed(self, device: torch.device) -> signal.Signals | None:
+        """The signal any process got (the highest-numbered one if several), or None: a collective, to call on
+        every process at the same point."""
+        number = max_over_ranks(int(self.requested) if self.requested is not None else 0, device)
+        return signal.Signals(number) if number else None
+
+    # --- callback events ---
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.preempted = None
+        if not self._previous:
+            self._installed_by_callback = self.install()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        agreed = self.agreed(args.device) if self.preempted is None else None
+        if agreed is not None:
+            self.preempted = {"signal": agreed.name, "step": state.global_step}
+            logger.warning(
+                "Preempted (%s%s) at update %d: saving a checkpoint and stopping",
+                agreed.name,
+                "" if self.requested is not None else ", sent to another process",
+                state.global_step,
+            )
+            control.should_training_stop = True
+            control.should_save = True
+            control.should_evaluate = False  # the checkpoint first: the grace period before a kill is short
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.preempted is not None:  # already saved at this update
+            control.should_save = False
+            control.should_evaluate = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._installed_by_callback:
+            self._installed_by_callback = False
+            self.restore()

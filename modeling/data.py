@@ -266,6 +266,15 @@ def _local_split(
         if isinstance(err.__cause__, ValueError):  # our own, clear message: don't bury it under datasets'
             raise err.__cause__ from None
         raise
+    except ValueError as err:
+        if "corresponds to no data" not in str(err):
+            raise
+        # Empty files: `datasets` cannot build an empty split from a generator. An empty split, which those who
+        # use it refuse naming its files (`require_rows`), rather than datasets' 'Instruction "val" ...'.
+        empty = {"translation": []}
+        return datasets.Dataset.from_dict(
+            empty, features=_translation_features(source_lang, target_lang), split=datasets.NamedSplit(split)
+        )
 
 
 def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], stamps: tuple) -> Iterator[dict]:
@@ -316,6 +325,32 @@ def _read_jsonl(path: str, languages: tuple[str, str]) -> Iterator[tuple[str, st
                 f'{path}:{line_number}: expected {{"translation": {{"{languages[0]}": ..., '
                 f'"{languages[1]}": ...}}}}, got {line[:200]!r} ({type(err).__name__}: {err})'
             ) from err
+
+
+def split_source(
+    split: str,
+    *,
+    source_lang: str,
+    target_lang: str,
+    dataset: str | None = None,
+    language_pair: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+) -> str:
+    """Where split `split` comes from, in words: its local files, or the Hub dataset, configuration and split."""
+    if data_dir is not None:
+        try:
+            files = discover_parallel_files(data_dir, source_lang, target_lang, [split])
+            return " + ".join(path for spec in files.values() for path in spec.paths)
+        except (OSError, ValueError, KeyError):
+            return f"{data_dir} (split {split!r})"
+    return f"{dataset}" + (f" ({language_pair})" if language_pair else "") + f", split {split!r}"
+
+
+def require_rows(part: datasets.Dataset, split: str, source: str) -> datasets.Dataset:
+    """`part`, unless it is empty: then a ValueError naming the split and where it comes from."""
+    if len(part) == 0:
+        raise ValueError(f"split {split!r} is empty: {source} hold(s) no sentence pairs")
+    return part
 
 
 # --- cleaning ------------------------------------------------------------------------------------------
@@ -381,6 +416,13 @@ def clean_parallel_dataset(
             by_rule[_RATIO],
             max_ratio,
         )
+        if len(codes) and not by_rule[_KEEP]:
+            raise ValueError(
+                f"cleaning removed every one of the {len(codes)} pairs of split {split!r}: "
+                f"{by_rule[_EMPTY]} with an empty side, {by_rule[_TOO_LONG]} longer than {max_length} words, "
+                f"{by_rule[_RATIO]} with a length ratio above {max_ratio}; check the data (are the two files the "
+                "same language pair, line for line?) or turn cleaning off (DataArguments.clean, --no_clean)"
+            )
         out[split] = ds[split].select(np.flatnonzero(codes == _KEEP))
     return datasets.DatasetDict(out), counts
 

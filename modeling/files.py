@@ -1,13 +1,255 @@
-"""Writing files."""
+"""Writing files so that a crash, a kill or a full disk never leaves a half-written one in place of the old one.
 
+Every file the project writes goes through `atomic_path` / `atomic_write`: the new content is written to a
+temporary file in the same directory (a name that matches no pattern the project reads: `.NAME.tmp-…`), flushed
+to disk (`fsync`), then renamed over the old file with `os.replace`, which POSIX makes atomic: a reader sees the
+old file or the new one, never a mix. Directories are built under `NAME.partial` and swapped into place
+(`atomic_directory`), or their files moved one by one into a directory that also holds other things
+(`replace_files`, the final model beside the checkpoints).
+
+A write that fails because the disk is full raises `DiskFullError`, one line naming the path: errno ENOSPC, or
+any error (torch and safetensors report a full disk as a bare "write failed") while the file system has almost no
+free space left.
+"""
+
+from __future__ import annotations
+
+import errno
 import json
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+PARTIAL_SUFFIX = ".partial"
+# Below this much free space, a failed write is blamed on a full disk.
+NEARLY_FULL_BYTES = 16 * 2**20
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
-    """Write `data` as indented UTF-8 JSON, creating parent directories."""
+class DiskFullError(OSError):
+    """A write failed for lack of space; the message is one line naming the path."""
+
+    def __init__(self, path: str | os.PathLike, free: int | None = None):
+        where = f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
+        super().__init__(errno.ENOSPC, f"No space left on device while writing {os.fspath(path)}{where}")
+        self.path = os.fspath(path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _free_bytes(path: str | os.PathLike) -> int | None:
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full_error(error: BaseException, path: str | os.PathLike) -> DiskFullError | None:
+    """`DiskFullError` for `path` if `error` (or its cause) is a full disk, else None.
+
+    Call it before removing what the failed write left: that is what fills the disk."""
+    if isinstance(error, DiskFullError):
+        return error
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return DiskFullError(path, _free_bytes(path))
+        seen = seen.__cause__ or seen.__context__
+    free = _free_bytes(path)
+    if free is not None and free < NEARLY_FULL_BYTES:
+        return DiskFullError(path, free)
+    return None
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file, or a directory's entries, to disk."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # e.g. directories on Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # file systems without fsync
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: str | os.PathLike) -> None:
+    """Flush every file below `directory`, then the directories themselves."""
+    directory = Path(directory)
+    for root, _, files in os.walk(directory):
+        for name in files:
+            fsync_path(Path(root) / name)
+        fsync_path(root)
+
+
+def _temporary_name(path: Path) -> Path:
+    """A new empty file beside `path`, with the permissions the umask gives (mkstemp's would be 0600)."""
+    while True:
+        candidate = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return candidate
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write to; on success it replaces `path` atomically.
+
+    For writers that take a file name (`safetensors.torch.save_file`, `torch.save`, `Figure.savefig` with an
+    explicit `format`). On failure the temporary file is removed and `path` is left as it was; a full disk
+    raises `DiskFullError`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
+    temporary = _temporary_name(path)
+    try:
+        yield temporary
+        fsync_path(temporary)
+        os.replace(temporary, path)
+    except BaseException as error:
+        full = disk_full_error(error, path) if isinstance(error, Exception) else None
+        temporary.unlink(missing_ok=True)
+        if full is not None:
+            raise full from error
+        raise
+    fsync_path(path.parent)
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """`open(path, mode)` whose content replaces `path` only once it is completely written (see `atomic_path`)."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes whole files: mode 'w' or 'wb', not {mode!r}.")
+    with atomic_path(path) as temporary:
+        with open(temporary, mode, encoding=None if "b" in mode else encoding) as handle:
+            yield handle
+            handle.flush()
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` as UTF-8, atomically."""
+    with atomic_write(path) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, data: dict[str, Any], **dumps: Any) -> Path:
+    """Write `data` as indented UTF-8 JSON, atomically, creating parent directories."""
+    settings = {"indent": 2, "ensure_ascii": False, **dumps}
+    return write_text(path, json.dumps(data, **settings) + "\n")
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove a directory and everything below it (nothing if it does not exist)."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh `PATH.partial` directory to fill; on success it takes `path`'s place.
+
+    A leftover `PATH.partial` of a killed attempt is removed first. The swap renames the old directory aside
+    (`.PATH.old`), the new one into place, then removes the old one: a crash in between leaves the complete old
+    or new directory under one of those names, never a mix. On failure the partial directory is removed.
+    """
+    path = Path(path)
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
+    remove_tree(partial)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        fsync_tree(partial)
+        swap_directory(partial, path)
+    except BaseException as error:
+        full = disk_full_error(error, path) if isinstance(error, Exception) else None
+        remove_tree(partial)
+        if full is not None:
+            raise full from error
+        raise
+
+
+def swap_directory(new: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Put the complete directory `new` at `path`, replacing (then deleting) what was there."""
+    new, path = Path(new), Path(path)
+    old = path.with_name(f".{path.name}.old")  # hidden: matches no pattern the project lists
+    remove_tree(old)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(new, path)
+    fsync_path(path.parent)
+    remove_tree(old)
+
+
+def replace_files(
+    staging: str | os.PathLike, target: str | os.PathLike, *, last: Iterable[str] = ("config.json",)
+) -> list[Path]:
+    """Move every file of the (flat) directory `staging` into `target`, each with an atomic `os.replace`, the
+    names in `last` at the end; then remove `staging`. For a directory that holds other things too (OUT holds
+    the final model beside checkpoints and records). Returns the moved paths."""
+    staging, target = Path(staging), Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    names = sorted(path.name for path in staging.iterdir() if path.is_file())
+    ordered = [name for name in names if name not in last] + [name for name in last if name in names]
+    moved = []
+    for name in ordered:
+        fsync_path(staging / name)
+        os.replace(staging / name, target / name)
+        moved.append(target / name)
+    fsync_path(target)
+    remove_tree(staging)
+    return moved
+
+
+def write_files_into(
+    directory: str | os.PathLike,
+    write: Callable[[Path], Any],
+    *,
+    last: Iterable[str] = ("config.json",),
+    name: str = "files",
+) -> list[Path]:
+    """`write(staging)` fills a hidden staging directory inside `directory` (`save_pretrained`, say); its files
+    are then moved into `directory` one atomic rename each (`replace_files`, the names in `last` at the end).
+    A failure, a full disk included, leaves `directory` as it was."""
+    directory = Path(directory)
+    staging = directory / f".{name}.partial"
+    remove_tree(staging)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        fsync_tree(staging)
+        return replace_files(staging, directory, last=last)
+    except BaseException as error:
+        full = disk_full_error(error, directory) if isinstance(error, Exception) else None
+        remove_tree(staging)
+        if full is not None:
+            raise full from error
+        raise
+
+
+def guard_disk_full(path: str | os.PathLike, action: Callable[[], Any]) -> Any:
+    """Run `action` (which writes below `path`); a full disk becomes `DiskFullError` naming `path`."""
+    try:
+        return action()
+    except Exception as error:
+        full = disk_full_error(error, path)
+        if full is not None:
+            raise full from error
+        raise

@@ -241,7 +241,12 @@ class TransformerGenerationMixin(GenerationMixin):
         - `length_penalty_type`: `"gnmt"` (default) ranks finished beams by log P(Y) / ((5 + |Y|) / 6) ** alpha;
           `"transformers"` keeps the library's log P(Y) / |Y| ** alpha.
         Both may also be passed as keyword arguments, like any generation parameter.
+
+        An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
+        no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
+        decodes a translation of nothing).
         """
+        self._check_sources(inputs, kwargs)
         base_config = generation_config if generation_config is not None else self.generation_config
         unknown_to_config = {
             name: kwargs.pop(name)
@@ -277,6 +282,24 @@ class TransformerGenerationMixin(GenerationMixin):
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
+
+    @staticmethod
+    def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
+        """ValueError for a source without tokens: 0 columns, or a row of the attention mask without a 1."""
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if kwargs.get("encoder_outputs") is not None or input_ids is None or input_ids.dim() != 2:
+            return
+        if input_ids.shape[1] == 0:
+            raise ValueError(f"generate() got an empty input: input_ids of shape {tuple(input_ids.shape)}, no tokens.")
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and attention_mask.dim() == 2:
+            empty = attention_mask.eq(0).all(dim=-1)
+            if empty.any():  # one synchronisation per call
+                rows = empty.nonzero().flatten().tolist()
+                raise ValueError(
+                    f"generate(): row {rows[0]} of attention_mask is all zeros (rows without any source token: "
+                    f"{rows[:10]}); remove empty sources before generating."
+                )
 
     @staticmethod
     def _length_cap_given(generation_config: GenerationConfig, kwargs: dict) -> bool:

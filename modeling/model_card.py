@@ -24,6 +24,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
+from .files import atomic_path, write_text
+
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -161,7 +163,8 @@ def plot_training_curves(log_history: Sequence[dict[str, Any]], output_png: str 
         axes.grid(alpha=0.3)
         axes.legend()
     output_png = Path(output_png)
-    figure.savefig(output_png, dpi=120)
+    with atomic_path(output_png) as temporary:  # a killed render never leaves half a PNG
+        figure.savefig(temporary, dpi=120, format="png")
     return output_png
 
 
@@ -323,5 +326,4 @@ def write_model_card(
         num_parameters=count_parameters(model_dir),
         curve_png=curve_png,
     )
-    card.save(model_dir / "README.md")
-    return model_dir / "README.md"
+    return write_text(model_dir / "README.md", str(card))

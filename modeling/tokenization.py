@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -109,17 +110,24 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain or gzipped) without their line terminators.
 
     Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
-    parallel files). Undecodable or truncated files raise a ValueError naming the file and line.
+    parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
+    a ValueError naming the file and its exact line (`file:line`); a truncated or corrupt gzip file raises one
+    naming the file and the number of lines read.
     """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
     line_number = 0
     try:
-        with opener(path, "rt", encoding="utf-8", newline="\n") as handle:
-            for line in handle:
+        with opener(path, "rb") as handle:
+            for raw in handle:
                 line_number += 1
-                yield line.rstrip("\r\n")
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
+                yield raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
+            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from err
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise ValueError(f"cannot read {path} after {line_number} lines: {err}") from err
 
 

@@ -12,6 +12,12 @@ What `TokenBudgetSeq2SeqTrainer` adds to the Trainer, and why:
   `LabelSmoother`, which needs the (B, T, V) logits and makes several passes over them: the training forward fuses
   the output projection with the loss and never builds them; the same value and gradients.
 - **Time-based checkpoints and a wall-clock budget** (`modeling.callbacks`).
+- **Stopping cleanly when preempted**: the first SIGTERM / SIGINT / SIGUSR1 ends training after the update under
+  way with a complete checkpoint (`modeling.callbacks.PreemptionCallback`); `trainer.preempted` then says so.
+- **Atomic checkpoints**: the Trainer's own `_save_checkpoint` writes into a hidden staging directory
+  (`OUT/.checkpoint-N.partial/checkpoint-N`); the main process then flushes it, lists every file with its size in
+  `checkpoint_complete.json` and renames it to `OUT/checkpoint-N`. A save killed at any point leaves no
+  `checkpoint-N` behind, and `save_total_limit` rotates over complete checkpoints only (`modeling.checkpoints`).
 
 How batches are sharded over processes: the sampler is built for one process (`num_replicas=1`) and
 `accelerator.prepare` wraps it in a `BatchSamplerShard`, which gives rank r the batches r, r + R, ... and, with
@@ -24,11 +30,16 @@ evaluated twice.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -47,7 +58,21 @@ from .batching import (
     sequence_lengths,
     split_batches_to_multiple,
 )
-from .callbacks import SamplerEpochCallback, SaveEveryMinutesCallback, StopAfterMinutesCallback
+from .callbacks import (
+    PreemptionCallback,
+    SamplerEpochCallback,
+    SaveEveryMinutesCallback,
+    StopAfterMinutesCallback,
+    any_rank,
+)
+from .checkpoints import (
+    RUN_IDENTITY_FILE,
+    TRAINER_STATE_NAME,
+    complete_checkpoints,
+    staging_directories,
+    write_completeness_marker,
+)
+from .files import disk_full_error, fsync_tree, remove_tree, replace_files, swap_directory, write_json, write_text
 from .schedule import noam_learning_rate, noam_scheduler
 from .scoring import corpus_scores
 
@@ -74,6 +99,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     `attention_mask`), as `modeling.data.tokenize_parallel_dataset` makes them. `bleu_dataset`, a fixed sample of
     the validation split, is translated by beam search at each evaluation and scored with `compute_metrics`, while
     the loss is computed on the whole `eval_dataset` (without generation, which would cost far more).
+    `preemption` is the `PreemptionCallback` to use (one that handles signals from before training, say);
+    by default the trainer makes its own.
 
     Besides the Trainer's logs, each training log holds `tokens_per_second` (real source + target tokens over all
     processes), `source_tokens_per_update`, `target_tokens_per_update`, `padding_efficiency` (real / padded tokens)
@@ -89,6 +116,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         eval_dataset: datasets.Dataset | dict[str, datasets.Dataset] | None = None,
         *,
         bleu_dataset: datasets.Dataset | None = None,
+        preemption: PreemptionCallback | None = None,
         **kwargs: Any,
     ):
         if not isinstance(args, TranslationTrainingArguments):
@@ -107,6 +135,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self._loss_only = False
         self._sampler_epoch = SamplerEpochCallback()
         self.add_callback(self._sampler_epoch)
+        self.preemption = preemption if preemption is not None else PreemptionCallback()
+        self.add_callback(self.preemption)
+        self._staging_root: Path | None = None
+        self.last_checkpoint: Path | None = None  # the newest checkpoint this trainer saved (complete)
         if self.args.save_every_minutes is not None:
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
         if self.args.max_train_minutes is not None:
@@ -196,6 +228,155 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         sampler = TokenBudgetBatchSampler(*sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=False)
         batches = split_batches_to_multiple(list(sampler), self.accelerator.num_processes)
         return self._dataloader(dataset, FixedBatchSampler(batches), training=False)
+
+    # --- training, stopping, saving ---
+
+    def train(self, *args: Any, **kwargs: Any):
+        """`Trainer.train`, handling SIGTERM / SIGINT / SIGUSR1 as a request to stop with a checkpoint (see
+        `PreemptionCallback`); the previous signal handlers are back when it returns or raises. After a stop on
+        a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved."""
+        with self.preemption.handling():
+            return super().train(*args, **kwargs)
+
+    @property
+    def preempted(self) -> dict | None:
+        return self.preemption.preempted
+
+    def _get_output_dir(self, trial: Any) -> str:
+        # While `_save_checkpoint` runs, the Trainer's own saving goes to the staging directory.
+        return str(self._staging_root) if self._staging_root is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """The Trainer's checkpoint, written into `OUT/.checkpoint-N.partial/checkpoint-N`, then made complete
+        and renamed to `OUT/checkpoint-N` by the main process (see the module docstring); then the rotation.
+
+        Every process takes part (each writes its RNG state); a failure on any of them, a full disk for
+        instance, is raised on all of them, the staging directory removed and the older checkpoints left intact.
+        """
+        run_dir = Path(super()._get_output_dir(trial))
+        final = run_dir / f"checkpoint-{self.state.global_step}"
+        staging_root = run_dir / f".{final.name}.partial"
+        if self.args.should_save:
+            remove_tree(staging_root)  # what a killed attempt at this very save left
+        self.accelerator.wait_for_everyone()
+        failure: Exception | None = None
+        self._staging_root = staging_root
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:
+            failure = error
+        finally:
+            self._staging_root = None
+        # Once every process has written its part (or failed), the main process completes the checkpoint.
+        if not any_rank(failure is not None, self.args.device) and self.args.should_save:
+            try:
+                self._finish_checkpoint(staging_root / final.name, final)
+            except Exception as error:
+                failure = error
+        if any_rank(failure is not None, self.args.device):
+            self._abandon_checkpoint(staging_root, final, failure)
+        self.last_checkpoint = final
+        if self.args.should_save:
+            self._rotate_complete_checkpoints(run_dir, final)
+
+    def _abandon_checkpoint(self, staging_root: Path, final: Path, failure: Exception | None) -> None:
+        full = disk_full_error(failure, final) if failure is not None else None
+        if self.args.should_save:
+            shutil.rmtree(staging_root, ignore_errors=True)
+        if full is not None:
+            raise full from failure
+        if failure is not None:
+            raise failure
+        raise RuntimeError(f"Saving {final} failed on another process; the earlier checkpoints are intact.")
+
+    def _finish_checkpoint(self, staged: Path, final: Path) -> None:
+        """Main process: flush the staged checkpoint, write its completeness marker, rename it into place."""
+        staging_root = staged.parent
+        best = self.state.best_model_checkpoint
+        if best is not None and Path(best).parent == staging_root:  # the Trainer found "the best" in staging
+            self.state.best_model_checkpoint = str(final.parent / Path(best).name)
+            write_text(staged / TRAINER_STATE_NAME, self._state_json())
+        identity = final.parent / RUN_IDENTITY_FILE
+        if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():
+            shutil.copy2(identity, staged / RUN_IDENTITY_FILE)
+        fsync_tree(staged)
+        write_completeness_marker(staged, step=self.state.global_step)
+        swap_directory(staged, final)
+        os.rmdir(staging_root)
+        for leftover in staging_directories(final.parent):
+            logger.warning("Removing %s, what an interrupted save left", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+        logger.info("Saved the complete checkpoint %s", final)
+
+    def _rotate_complete_checkpoints(self, run_dir: Path, newest: Path) -> None:
+        """`save_total_limit` over complete checkpoints only: the newest one and the best one are always kept;
+        incomplete `checkpoint-N` directories are neither counted nor deleted (their listing warns about them)."""
+        limit = self.args.save_total_limit
+        if limit is None or limit <= 0:
+            return
+        complete = complete_checkpoints(run_dir, warn=False)
+        protected = {newest.resolve()}
+        if complete:
+            protected.add(complete[-1].resolve())
+        if self.state.best_model_checkpoint is not None:
+            protected.add(Path(self.state.best_model_checkpoint).resolve())
+        excess = len(complete) - max(limit, len(protected & {path.resolve() for path in complete}))
+        for checkpoint in complete:
+            if excess <= 0:
+                break
+            if checkpoint.resolve() in protected:
+                continue
+            doomed = checkpoint.with_name(f".{checkpoint.name}.deleting")  # never half-deleted under its name
+            remove_tree(doomed)
+            os.replace(checkpoint, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            logger.info("Deleted %s (save_total_limit=%d)", checkpoint, limit)
+            excess -= 1
+
+    def _state_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self.state), indent=2, sort_keys=True) + "\n"
+
+    def save_state(self) -> None:
+        """`trainer_state.json` in output_dir, written atomically (main process only)."""
+        if self.is_world_process_zero():
+            write_text(Path(self.args.output_dir) / TRAINER_STATE_NAME, self._state_json())
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """`{split}_results.json` (and `all_results.json`), written atomically (main process only)."""
+        if not self.is_world_process_zero():
+            return
+        output_dir = Path(self.args.output_dir)
+        write_json(output_dir / f"{split}_results.json", metrics, indent=4, sort_keys=True)
+        if combined:
+            path = output_dir / "all_results.json"
+            combined_metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            write_json(path, {**combined_metrics, **metrics}, indent=4, sort_keys=True)
+
+    def save_final_model(self, output_dir: str | os.PathLike | None = None) -> Path:
+        """`save_model` into a staging directory, then each file moved into `output_dir` with an atomic rename,
+        config.json last: output_dir also holds the checkpoints and the run's records, so it is not swapped whole.
+        """
+        output_dir = Path(output_dir if output_dir is not None else self.args.output_dir)
+        staging = output_dir / ".final-model.partial"
+        if self.args.should_save:
+            remove_tree(staging)
+        self.accelerator.wait_for_everyone()
+        failure: Exception | None = None
+        try:
+            self.save_model(str(staging))
+            if self.args.should_save:
+                fsync_tree(staging)
+                replace_files(staging, output_dir)
+        except Exception as error:
+            failure = error
+        if any_rank(failure is not None, self.args.device):
+            full = disk_full_error(failure, output_dir) if failure is not None else None
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            if full is not None:
+                raise full from failure
+            raise failure or RuntimeError(f"Saving the model to {output_dir} failed on another process.")
+        return output_dir
 
     # --- optimisation ---
 

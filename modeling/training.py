@@ -4,37 +4,216 @@ Steps: load and clean the parallel text (`modeling.data`), train the shared BPE 
 (`modeling.tokenization`), build the preset's model (`modeling.presets`) or load one to fine-tune, train with
 `TokenBudgetSeq2SeqTrainer` (`modeling.trainer`), save the final model, average the last checkpoints
 (`modeling.averaging`, Sec. 6.1), and with `push_to_hub` push the result with this project's card (`modeling.hub`).
+
+What makes it safe for long runs that get preempted and requeued:
+
+- one command serves the first launch and every requeue: `--resume_from_checkpoint last` resumes from the newest
+  complete checkpoint, or starts fresh (logged) where there is none;
+- a signal (SIGTERM, SIGINT, SIGUSR1) stops training after the update under way with a complete checkpoint, writes
+  `OUTPUT_DIR/preempted.json` and raises `TrainingPreempted` (which `scripts/train.py` turns into exit code 75);
+- `run_identity.json` (architecture, tokenizer, data, seed, preset) is written into the output directory and every
+  checkpoint: a new run into a directory that holds another's checkpoints is refused (resume it, or start over
+  with `--overwrite_output_dir`), and so is resuming checkpoints of a different run, naming what differs.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
+import shutil
+import time
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
 from transformers import (
+    AutoConfig,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     set_seed,
 )
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from .averaging import average_checkpoints, list_checkpoints
-from .data import clean_parallel_dataset, load_parallel_dataset, resolve_split, tokenize_parallel_dataset
-from .files import write_json
+from .averaging import average_checkpoints
+from .callbacks import PreemptionCallback
+from .checkpoints import (
+    PREEMPTED_FILE,
+    RUN_IDENTITY_FILE,
+    RunMismatchError,
+    checkpoint_step,
+    complete_checkpoints,
+    config_identity,
+    describe_differences,
+    describe_files,
+    identity_differences,
+    latest_complete_checkpoint,
+    list_checkpoints,
+    read_run_identity,
+    require_complete_checkpoint,
+    staging_directories,
+    vocabulary_fingerprint,
+)
+from .configuration_transformer import TransformerConfig
+from .data import (
+    clean_parallel_dataset,
+    discover_parallel_files,
+    load_parallel_dataset,
+    require_rows,
+    resolve_split,
+    split_source,
+    tokenize_parallel_dataset,
+)
+from .files import write_files_into, write_json
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
-from .tokenization import iter_corpus_text, train_shared_bpe
+from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, train_shared_bpe
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 logger = logging.getLogger(__name__)
 
 BLEU_SAMPLE_SEED = 0  # the validation sample scored by BLEU is the same for every run, whatever the training seed
+MARIAN_MODEL_TYPE = "marian"
+# What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
+RUN_RECORD_FILES = (
+    RUN_IDENTITY_FILE,
+    PREEMPTED_FILE,
+    "training_args.json",
+    "data_stats.json",
+    "trainer_state.json",
+    "train_results.json",
+    "all_results.json",
+)
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "training_args.bin",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "configuration_transformer.py",
+    "modeling_transformer.py",
+    "generation_transformer.py",
+    "model.safetensors.index.json",
+)
+
+
+class TrainingPreempted(Exception):
+    """Training stopped on a signal, after saving a complete checkpoint (None if it stopped before any update).
+
+    `scripts/train.py` exits with code 75 (EX_TEMPFAIL: "try again later") on it; `OUTPUT_DIR/preempted.json`
+    holds the same information for a requeue script when a launcher hides the workers' exit codes."""
+
+    def __init__(self, signal_name: str | None, step: int, checkpoint: str | None):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        where = f"the checkpoint {checkpoint}" if checkpoint else "no checkpoint (no update was made)"
+        super().__init__(
+            f"Training was preempted ({signal_name or 'a signal to another process'}) at update {step}, with "
+            f"{where}; run the same command with --resume_from_checkpoint last to continue."
+        )
+
+
+class OutputDirectoryInUseError(ValueError):
+    """A new run was pointed at an output directory that holds another run's checkpoints."""
+
+
+def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:
+    if training_args.world_size > 1 and training_args.distributed_state is not None:
+        training_args.distributed_state.wait_for_everyone()
+
+
+# --- the output directory: a new run, a resumed one, or a fresh start ---------------------------------------
+
+
+def _earlier_run_contents(output_dir: Path) -> list[str]:
+    """What shows that an earlier run wrote into output_dir: its checkpoints (complete or not), its identity."""
+    if not output_dir.is_dir():
+        return []
+    found = [path.name for path in list_checkpoints(output_dir)]
+    found += [path.name for path in staging_directories(output_dir)]
+    if (output_dir / RUN_IDENTITY_FILE).is_file():
+        found.append(RUN_IDENTITY_FILE)
+    return found
+
+
+def _remove_earlier_run(output_dir: Path) -> None:
+    """--overwrite_output_dir: remove what an earlier run wrote (checkpoints, averaged/, records, model)."""
+    removed = []
+    for path in [*list_checkpoints(output_dir), *staging_directories(output_dir), output_dir / "averaged"]:
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed.append(path.name + "/")
+    names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
+    for path in [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]:
+        if path.is_file():
+            path.unlink()
+            removed.append(path.name)
+    if removed:
+        logger.warning("--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(removed), output_dir)
+
+
+def prepare_output_dir(training_args: TranslationTrainingArguments) -> str | None:
+    """Check output_dir before anything is written into it; return the checkpoint to resume from, or None.
+
+    - No `resume_from_checkpoint`: a directory holding an earlier run's checkpoints is refused, saying how to
+      resume or start over; with `overwrite_output_dir` they are removed (logged), and so are averaged/, the run
+      records and the saved model.
+    - "last" (or "true"): the newest complete checkpoint, skipping incomplete ones with a warning; none at all
+      starts a fresh run (logged), so that the first launch and every requeue are the same command.
+    - A path: it must be a complete checkpoint; an incomplete one is an error naming what is missing.
+    Every process checks (they read the same directory); the main process removes files and preempted.json.
+    """
+    output_dir = Path(training_args.output_dir)
+    value = training_args.resume_from_checkpoint
+    resume = None if value is None or value.lower() in ("", "false", "none") else value
+    if resume is None:
+        earlier = _earlier_run_contents(output_dir)
+        if earlier and not training_args.overwrite_output_dir:
+            raise OutputDirectoryInUseError(
+                f"{output_dir} holds an earlier run ({', '.join(earlier[:6])}{', ...' if len(earlier) > 6 else ''}):"
+                " resume it with --resume_from_checkpoint last, or start over with --overwrite_output_dir "
+                "(which deletes its checkpoints)."
+            )
+        if earlier and training_args.should_save:
+            _remove_earlier_run(output_dir)
+        checkpoint = None
+    elif resume.lower() in ("last", "true"):
+        checkpoint = latest_complete_checkpoint(output_dir)
+        if checkpoint is None:
+            logger.info("No complete checkpoint in %s: starting a fresh run", output_dir)
+    else:
+        checkpoint = require_complete_checkpoint(resume)
+    if training_args.should_save:
+        (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+    _wait_for_everyone(training_args)
+    if checkpoint is not None:
+        logger.info("Resuming from %s", checkpoint)
+    return str(checkpoint) if checkpoint is not None else None
+
+
+def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str | None) -> None:
+    """Resuming (or restarting fresh with "last") must continue the same run: same architecture, tokenizer,
+    data, seed and preset as recorded in the checkpoint, or in output_dir for a checkpoint that predates them."""
+    for source in ([Path(checkpoint)] if checkpoint else []) + [output_dir]:
+        recorded = read_run_identity(source)
+        if recorded is None:
+            continue
+        differences = identity_differences(recorded, identity)
+        if differences:
+            raise RunMismatchError(
+                f"{source / RUN_IDENTITY_FILE} was written by a different run: "
+                f"{describe_differences(recorded, identity, differences)} (recorded vs now). Resume with the "
+                "settings of that run, or start over with --overwrite_output_dir."
+            )
+        return
+
+
+# --- data, tokenizer, model -----------------------------------------------------------------------------------
 
 
 def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.DatasetDict, dict[str, int]]:
@@ -47,12 +226,20 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
         language_pair=data_args.language_pair,
         data_dir=data_args.data_dir,
     )
-    splits = {"train": raw[resolve_split(raw, "train")]}
+    names = {"train": resolve_split(raw, "train")}
     if evaluate:
         try:
-            splits["validation"] = raw[resolve_split(raw, "validation")]
+            names["validation"] = resolve_split(raw, "validation")
         except KeyError as err:
             raise ValueError(f"Evaluation needs a validation split ({err}); or pass --eval_strategy no.") from None
+    where = {
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
+        "dataset": data_args.dataset,
+        "language_pair": data_args.language_pair,
+        "data_dir": data_args.data_dir,
+    }
+    splits = {key: require_rows(raw[name], name, split_source(name, **where)) for key, name in names.items()}
     text, cleaning = datasets.DatasetDict(splits), {}
     if data_args.clean:
         text, counts = clean_parallel_dataset(
@@ -62,6 +249,26 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
     if data_args.max_train_samples is not None:
         text["train"] = text["train"].select(range(min(data_args.max_train_samples, len(text["train"]))))
     return text, cleaning
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:
+    """The BPE of an earlier run in output_dir must be the one this run asks for."""
+    recorded = (read_run_identity(path.parent) or {}).get("vocab_size")
+    if recorded is not None and recorded != vocab_size:
+        raise ValueError(
+            f"{path} is the BPE of --vocab_size {recorded} ({len(tokenizer)} tokens), but this run asks for "
+            f"--vocab_size {vocab_size}: pass --vocab_size {recorded} to continue, or start over with "
+            "--overwrite_output_dir."
+        )
+    if len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
+        raise ValueError(
+            f"{path} has {len(tokenizer)} tokens, more than --vocab_size {vocab_size} allows: pass the vocab_size "
+            "it was trained with, or start over with --overwrite_output_dir."
+        )
 
 
 def _tokenizer(
@@ -74,7 +281,8 @@ def _tokenizer(
     """The given tokenizer, the fine-tuned model's, the one of an earlier run in output_dir, or a new shared BPE.
 
     A new BPE (Sec. 5.1: "a shared source-target vocabulary") is trained by the main process and saved to
-    output_dir at once, so that other processes, and a resumed run, load the very same vocabulary.
+    output_dir at once, so that other processes, and a resumed run, load the very same vocabulary. One found
+    there must match `vocab_size` (an error names both sizes and the file otherwise).
     """
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name is not None:
@@ -83,22 +291,52 @@ def _tokenizer(
     with training_args.main_process_first(local=False, desc="shared BPE"):
         if (output_dir / "tokenizer.json").is_file():
             logger.info("Using the tokenizer of the earlier run in %s", output_dir)
-            return AutoTokenizer.from_pretrained(output_dir)
+            tokenizer = AutoTokenizer.from_pretrained(output_dir)
+            _check_vocab_size(tokenizer, output_dir / "tokenizer.json", vocab_size)
+            return tokenizer
         languages = [data_args.source_lang, data_args.target_lang]
         tokenizer = train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
-        tokenizer.save_pretrained(output_dir)
+        # tokenizer.json last: its presence is what tells a later run that the BPE is there, whole.
+        write_files_into(output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
         return tokenizer
 
 
-def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) -> TransformerForConditionalGeneration:
-    """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune."""
+def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
+    """The model_type of `model_name_or_path`, refused in one line unless it is this project's or MarianMT's."""
+    name = model_args.model_name_or_path
+    if name is None:
+        return None
+    try:
+        model_type = AutoConfig.from_pretrained(name).model_type
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Cannot fine-tune {name}: its config does not load ({str(error).splitlines()[0]})") from None
+    if model_type not in (TransformerConfig.model_type, MARIAN_MODEL_TYPE):
+        raise ValueError(
+            f"Cannot fine-tune {name}: it is a {model_type!r} model; only this project's "
+            f"({TransformerConfig.model_type!r}) and MarianMT ('marian', converted exactly) can be fine-tuned."
+        )
+    return model_type
+
+
+def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) -> PreTrainedModel:
+    """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune (a MarianMT
+    checkpoint is converted exactly, keeping Marian's concatenated sinusoid layout)."""
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
         return TransformerForConditionalGeneration(preset.model_config(vocab_size, **overrides))
     architecture = sorted(set(overrides) - {"dropout"})
     if architecture:
         raise ValueError(f"{architecture} cannot change when fine-tuning {model_args.model_name_or_path}.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides)
+    if check_fine_tuning_source(model_args) == MARIAN_MODEL_TYPE:
+        from transformers import MarianMTModel
+
+        from .convert import from_marian
+
+        marian = MarianMTModel.from_pretrained(model_args.model_name_or_path, **overrides)
+        model = from_marian(marian, positional_encoding_layout="concatenated")
+        logger.info("Converted the MarianMT model %s exactly (concatenated sinusoids)", model_args.model_name_or_path)
+    else:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides)
     if model.config.vocab_size < vocab_size:
         raise ValueError(f"The tokenizer has {vocab_size} tokens, the model's vocabulary {model.config.vocab_size}.")
     return model
@@ -112,12 +350,48 @@ def bleu_sample(dataset: datasets.Dataset, size: int) -> datasets.Dataset:
     return dataset.select(np.sort(indices))
 
 
-def _resume_checkpoint(training_args: TranslationTrainingArguments) -> str | bool | None:
-    """`resume_from_checkpoint` as `Trainer.train` takes it: "last" (or "true") means the newest in output_dir."""
-    value = training_args.resume_from_checkpoint
-    if value is not None and value.lower() in ("last", "true"):
-        return True
-    return value
+# --- records --------------------------------------------------------------------------------------------------
+
+
+def _data_description(data_args: DataArguments) -> dict[str, Any]:
+    """What identifies the training data: the Hub dataset, or the local training files' names, sizes and sha256
+    (not their directory or mtimes: a corpus copied to another machine is the same corpus)."""
+    description: dict[str, Any] = {
+        "dataset": data_args.dataset,
+        "language_pair": data_args.language_pair,
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
+        "max_train_samples": data_args.max_train_samples,
+        "max_length": data_args.max_length,
+        "clean": data_args.clean,
+    }
+    if data_args.data_dir is not None:
+        files = discover_parallel_files(data_args.data_dir, data_args.source_lang, data_args.target_lang, ["train"])
+        description["files"] = describe_files(path for spec in files.values() for path in spec.paths)
+    return description
+
+
+def run_identity(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: TranslationTrainingArguments,
+    vocab_size: int | None,
+) -> dict[str, Any]:
+    """What makes checkpoints part of one run (see `modeling.checkpoints`)."""
+    trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
+    identity = {
+        "config": config_identity(model.config.to_dict()),
+        "tokenizer": vocabulary_fingerprint(tokenizer.get_vocab()),
+        "vocab_size": vocab_size if trained_bpe else None,
+        "data": _data_description(data_args),
+        "seed": training_args.seed,
+        "data_seed": training_args.data_seed,
+        "preset": model_args.preset,
+        "model_name_or_path": model_args.model_name_or_path,
+    }
+    return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
 
 def _write_run_records(
@@ -161,9 +435,21 @@ def _write_run_records(
     write_json(Path(args.output_dir) / "data_stats.json", stats)
 
 
-def _average_last_checkpoints(output_dir: str, n: int) -> Path | None:
-    """Average the last `n` checkpoints into output_dir/averaged; return that directory, or None without any."""
-    checkpoints = list_checkpoints(output_dir)[-n:]
+def _average_last_checkpoints(output_dir: str, n: int, identity: dict[str, Any] | None = None) -> Path | None:
+    """Average the last `n` complete checkpoints of this run into output_dir/averaged; return that directory, or
+    None without any. Incomplete checkpoints are skipped with a warning naming them, and so are checkpoints of
+    another run (a different run_identity.json)."""
+    checkpoints = complete_checkpoints(output_dir)
+    if identity is not None:
+        ours = []
+        for checkpoint in checkpoints:
+            recorded = read_run_identity(checkpoint)
+            if recorded is not None and identity_differences(recorded, identity):
+                logger.warning("Not averaging %s: it belongs to another run", checkpoint)
+            else:
+                ours.append(checkpoint)
+        checkpoints = ours
+    checkpoints = checkpoints[-n:]
     if len(checkpoints) < n:
         logger.warning("Averaging the %d checkpoints in %s rather than %d", len(checkpoints), output_dir, n)
     if not checkpoints:
@@ -184,69 +470,113 @@ def _without_hub_push(training_args: TranslationTrainingArguments) -> Translatio
     return args
 
 
+def _stop_preempted(
+    training_args: TranslationTrainingArguments, signal_name: str | None, step: int, checkpoint: str | None
+) -> TrainingPreempted:
+    """Record the preemption in output_dir/preempted.json (main process), wait for every process, and return
+    the exception they all raise."""
+    if training_args.should_save:
+        record = {
+            "signal": signal_name,
+            "step": step,
+            "checkpoint": checkpoint,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resume": "--resume_from_checkpoint last",
+        }
+        write_json(Path(training_args.output_dir) / PREEMPTED_FILE, record)
+    _wait_for_everyone(training_args)
+    preempted = TrainingPreempted(signal_name, step, checkpoint)
+    logger.warning("%s", preempted)
+    return preempted
+
 
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> str:
     """Train (or fine-tune) a Transformer and save it, with tokenizer and generation config, to `output_dir`.
 
-    Steps: load and clean the parallel text (`modeling.data`), train the shared BPE unless one is given, build the
-    preset's model (or load `model_name_or_path`), train with `TokenBudgetSeq2SeqTrainer` (resuming when
-    `resume_from_checkpoint` is set), save the final model, and average the last `average_last_checkpoints`
+    Steps: check output_dir (see `prepare_output_dir`), load and clean the parallel text (`modeling.data`), train
+    the shared BPE unless one is given, build the preset's model (or load `model_name_or_path`; MarianMT is
+    converted exactly), record the run's identity, train with `TokenBudgetSeq2SeqTrainer` (resuming when
+    `resume_from_checkpoint` says so), save the final model, and average the last `average_last_checkpoints`
     checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`.
+
+    From the start to the end of training, SIGTERM, SIGINT and SIGUSR1 stop the run after the update under way
+    with a complete checkpoint: then `TrainingPreempted` is raised (and `preempted.json` written), and nothing
+    else (final model, averaging, push) is done; the previous signal handlers are restored either way.
 
     With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
     this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
     `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
     """
+    check_fine_tuning_source(model_args)
     hub = None
     if training_args.push_to_hub:
         from .hub import prepare_push  # the Hub extras (jinja2, matplotlib) are needed only for a push
 
         hub = prepare_push(training_args)
-    preset = get_preset(model_args.preset)
-    set_seed(training_args.seed)  # the same initial weights on every process and every run
-    evaluate = training_args.eval_strategy != "no"
-    text, cleaning = _load_text(data_args, evaluate=evaluate)
-    vocab_size = data_args.vocab_size or preset.vocab_size
-    tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-    model = _model(model_args, preset, len(tokenizer))
-    with training_args.main_process_first(local=False, desc="tokenisation"):
-        tokenized = tokenize_parallel_dataset(
-            text,
-            tokenizer,
-            data_args.source_lang,
-            data_args.target_lang,
-            max_length=data_args.max_length,
-            num_proc=data_args.preprocessing_num_workers,
+    preemption = PreemptionCallback()
+    with preemption.handling():
+        checkpoint = prepare_output_dir(training_args)
+        output_dir = Path(training_args.output_dir)
+        preset = get_preset(model_args.preset)
+        set_seed(training_args.seed)  # the same initial weights on every process and every run
+        evaluate = training_args.eval_strategy != "no"
+        text, cleaning = _load_text(data_args, evaluate=evaluate)
+        vocab_size = data_args.vocab_size or preset.vocab_size
+        tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
+        model = _model(model_args, preset, len(tokenizer))
+        identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
+        _check_same_run(identity, output_dir, checkpoint)
+        if training_args.should_save:
+            write_json(output_dir / RUN_IDENTITY_FILE, identity)
+        with training_args.main_process_first(local=False, desc="tokenisation"):
+            tokenized = tokenize_parallel_dataset(
+                text,
+                tokenizer,
+                data_args.source_lang,
+                data_args.target_lang,
+                max_length=data_args.max_length,
+                num_proc=data_args.preprocessing_num_workers,
+            )
+        bleu_size = data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
+        trainer = TokenBudgetSeq2SeqTrainer(
+            model=model,
+            args=_without_hub_push(training_args),
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+            train_dataset=tokenized["train"],
+            eval_dataset=tokenized["validation"] if evaluate else None,
+            bleu_dataset=bleu_sample(tokenized["validation"], bleu_size) if evaluate and bleu_size > 0 else None,
+            processing_class=tokenizer,
+            compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
+            preemption=preemption,
         )
-    bleu_size = data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
-    trainer = TokenBudgetSeq2SeqTrainer(
-        model=model,
-        args=_without_hub_push(training_args),
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-        train_dataset=tokenized["train"],
-        eval_dataset=tokenized["validation"] if evaluate else None,
-        bleu_dataset=bleu_sample(tokenized["validation"], bleu_size) if evaluate and bleu_size > 0 else None,
-        processing_class=tokenizer,
-        compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
-    )
-    if trainer.is_world_process_zero():
-        _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub.repo_id if hub else None)
-    result = trainer.train(resume_from_checkpoint=_resume_checkpoint(training_args))
-    trainer.save_model()
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
-    averaged = None
-    if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
-        averaged = _average_last_checkpoints(training_args.output_dir, training_args.average_last_checkpoints)
+        if trainer.is_world_process_zero():
+            hub_model_id = hub.repo_id if hub else None
+            _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
+        agreed = preemption.agreed(training_args.device)
+        if agreed is not None:  # a signal while the data was being prepared: stop before the first update
+            step = checkpoint_step(checkpoint) if checkpoint else 0
+            raise _stop_preempted(training_args, agreed.name, step, checkpoint)
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        if trainer.preempted is not None:
+            last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
+            raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
+        trainer.save_final_model()
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+        averaged = None
+        if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
+            n = training_args.average_last_checkpoints
+            averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
+        if training_args.should_save:
+            (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
     if hub is not None:
         from .hub import push_trained_model
 
-        output_dir = Path(training_args.output_dir)
         pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
         push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
     return training_args.output_dir
 
 
-__all__ = ["train", "bleu_sample"]
+__all__ = ["train", "bleu_sample", "prepare_output_dir", "run_identity", "TrainingPreempted"]

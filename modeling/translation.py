@@ -5,6 +5,7 @@
 transformers and tqdm are needed: deploying needs none of the training or evaluation extras.
 """
 
+import glob
 import os
 from typing import Any
 
@@ -13,6 +14,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
+from .checkpoints import weights_problems
 
 MODEL_TYPE = "vaswani_transformer"
 
@@ -29,8 +31,10 @@ def translate(
 ) -> list[str]:
     """Translate `sentences` with `model.generate`, returning one line per input line, in the input order.
 
-    Sentences are sorted by length and grouped into batches of at most `max_tokens` padded source tokens,
-    which wastes far less compute on padding than fixed-size batches. Empty (or blank) lines are never sent
+    Sentences are sorted by length and grouped into batches of at most `max_tokens` padded tokens *counting every
+    beam*: at most `max_tokens / num_beams` padded source tokens per batch, since beam search decodes `num_beams`
+    hypotheses of each sentence at once (beam 1000 takes one sentence at a time rather than running out of
+    memory). Sorting wastes far less compute on padding than fixed-size batches. Empty (or blank) lines are never sent
     to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
     to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
     `generate_kwargs` override them.
@@ -43,6 +47,8 @@ def translate(
         return outputs
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
+    beams = generate_kwargs.get("num_beams") or getattr(model.generation_config, "num_beams", None) or 1
+    source_budget = max(1, max_tokens // max(int(beams), 1))
 
     input_ids = tokenizer([sentences[i].strip() for i in todo])["input_ids"]
     lengths = [len(ids) for ids in input_ids]
@@ -52,7 +58,7 @@ def translate(
     model.eval()
     try:
         with torch.inference_mode(), tqdm(total=len(todo), disable=not progress, unit="sent") as bar:
-            for batch in token_budget_batches(lengths, order, max_tokens):
+            for batch in token_budget_batches(lengths, order, source_budget):
                 features = tokenizer.pad({"input_ids": [input_ids[k] for k in batch]}, return_tensors="pt")
                 generated = model.generate(**features.to(model.device), **generate_kwargs)
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
@@ -97,6 +103,13 @@ def load_model_and_tokenizer(
             f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {MODEL_TYPE!r} one; "
             "these tools only handle this project's models (convert others first, e.g. modeling.convert)."
         )
+    if os.path.isdir(name_or_path) and (glob.glob(os.path.join(glob.escape(name_or_path), "*.safetensors"))):
+        problems = weights_problems(name_or_path)
+        if problems:
+            raise ValueError(
+                f"{name_or_path!r} holds incomplete weights: {'; '.join(problems)}. The file was cut short "
+                "(an interrupted save or copy): save or copy the model again."
+            )
     model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -28,7 +28,7 @@ def main() -> None:
     try:
         checkpoints = last_checkpoints(args.checkpoint_dir, args.last)
         output_dir = average_checkpoints(checkpoints, args.output_dir)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(f"Averaged {', '.join(path.name for path in checkpoints)} into {output_dir}")
 

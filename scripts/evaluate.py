@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from modeling.data import load_parallel_dataset
+from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
-from modeling.files import write_json
+from modeling.files import write_json, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import load_model_and_tokenizer
 
@@ -70,6 +70,18 @@ def main() -> None:
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     [(split_name, split)] = splits.items()
+    try:
+        where = split_source(
+            split_name,
+            source_lang=args.source_lang,
+            target_lang=args.target_lang,
+            dataset=args.dataset,
+            language_pair=args.language_pair,
+            data_dir=args.data_dir,
+        )
+        split = require_rows(split, split_name, where)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     if args.limit is not None:
         split = split.select(range(min(args.limit, len(split))))
 
@@ -100,12 +112,14 @@ def main() -> None:
     hypotheses_path = args.hypotheses_file or (
         args.output_dir and args.output_dir / f"hypotheses_{split_name}.{args.target_lang}"
     )
-    if metrics_path:
-        print(f"Wrote {write_json(metrics_path, metrics)}")
-    if hypotheses_path:
-        hypotheses_path.parent.mkdir(parents=True, exist_ok=True)
-        hypotheses_path.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
-        print(f"Wrote {hypotheses_path}")
+    try:  # each file atomically: a failure (a full disk) leaves an earlier one as it was
+        if metrics_path:
+            print(f"Wrote {write_json(metrics_path, metrics)}")
+        if hypotheses_path:
+            write_text(hypotheses_path, "".join(line + "\n" for line in hypotheses))
+            print(f"Wrote {hypotheses_path}")
+    except OSError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def main() -> None:
                 args.model, repo_id=args.repo_id, card_from=args.card_from, template_path=args.template
             )
             print(f"Wrote the model card {card}")
-        url = push_model_dir(args.model, args.repo_id, token=token, private=args.private)
+        # check_model_dir read every weight and JSON file above, even with the README kept as it is
+        url = push_model_dir(args.model, args.repo_id, token=token, private=args.private, verify=False)
     except (MissingHubTokenError, OSError, ValueError) as error:  # OSError includes Hub HTTP errors
         sys.exit(f"error: {error}")
     print(f"Pushed {args.model} to {url}")

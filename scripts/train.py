@@ -4,16 +4,23 @@
         --output-dir runs/tiny
     python scripts/train.py configs/train/base_en_de.yaml
     accelerate launch --config_file configs/accelerate/8gpu_bf16.yaml scripts/train.py configs/train/base_en_de.yaml
-    python scripts/train.py configs/train/base_en_de.yaml  # again, with resume_from_checkpoint: last in the file
+    python scripts/train.py configs/train/base_en_de.yaml --resume_from_checkpoint last   # first launch and requeues
 
 Every `Seq2SeqTrainingArguments` flag works (`--max_steps`, `--save_steps`, `--bf16`, ...), with dashes or
-underscores. The preset supplies the defaults of the paper's recipe; flags, or keys of the JSON / YAML file given as
-the only argument, override them.
+underscores. The preset supplies the defaults of the paper's recipe; the keys of a JSON / YAML file given as the
+first argument override them, and flags after it override the file.
+
+Exit codes: 0 when training finished; 75 (EX_TEMPFAIL, "try again later") when a signal (SIGTERM, SIGINT,
+SIGUSR1) stopped it with a complete checkpoint, so that the same command resumes it (OUTPUT_DIR/preempted.json says
+the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1 with an `error:` line otherwise.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,30 +29,63 @@ from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.presets import get_preset
-from modeling.training import train
+from modeling.training import TrainingPreempted, train
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
+ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
+
+
+def read_config_file(path: str) -> dict:
+    """The keys of a JSON or YAML config file, each a field of one of the three argument groups."""
+    text = Path(path).read_text(encoding="utf-8")
+    values = (json.loads(text) if path.endswith(".json") else yaml.safe_load(text)) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of argument names to values.")
+    known = {field.name for group in ARGUMENT_GROUPS for field in dataclasses.fields(group)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown arguments {unknown}.")
+    return values
 
 
 def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
-    parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
-    if len(argv) == 1 and argv[0].endswith(CONFIG_SUFFIXES):
-        text = Path(argv[0]).read_text(encoding="utf-8")
-        values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
-        preset = get_preset(values.get("preset", ModelArguments.preset))
-        return parser.parse_dict({**preset.training_defaults(), **values})
+    """Preset defaults, then the config file's values (when the first argument is one), then the flags."""
+    parser = HfArgumentParser(ARGUMENT_GROUPS)
+    values = {}
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+        values, argv = read_config_file(argv[0]), argv[1:]
     preset_parser = argparse.ArgumentParser(add_help=False)
-    preset_parser.add_argument("--preset", default=ModelArguments.preset)
-    parser.set_defaults(**get_preset(preset_parser.parse_known_args(argv)[0].preset).training_defaults())
+    preset_parser.add_argument("--preset", default=values.get("preset", ModelArguments.preset))
+    preset = get_preset(preset_parser.parse_known_args(argv)[0].preset)
+    parser.set_defaults(**{**preset.training_defaults(), **values})
     return parser.parse_args_into_dataclasses(argv)
 
 
+def exit_now_on_signal(code: int) -> None:
+    """After the checkpoint is saved, a further signal (a launcher stopping the other workers) exits at once with
+    `code`, rather than killing the process with another code."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, lambda *_: os._exit(code))
+
+
 def main() -> None:
-    model_args, data_args, training_args = parse(sys.argv[1:])
+    try:
+        model_args, data_args, training_args = parse(sys.argv[1:])
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
     level = logging.INFO if training_args.should_log else logging.WARNING  # the main process tells the story
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
-    output_dir = train(model_args, data_args, training_args)
-    logging.getLogger("train").info("Model, tokenizer and generation config saved to %s", output_dir)
+    log = logging.getLogger("train")
+    try:
+        output_dir = train(model_args, data_args, training_args)
+    except TrainingPreempted as preempted:
+        exit_now_on_signal(EXIT_PREEMPTED)
+        log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
+        sys.exit(EXIT_PREEMPTED)
+    except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
+        sys.exit(f"error: {error}")
+    log.info("Model, tokenizer and generation config saved to %s", output_dir)
 
 
 if __name__ == "__main__":

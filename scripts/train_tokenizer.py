@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from modeling.data import load_parallel_dataset
+from modeling.files import write_files_into
 from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
 
 
@@ -63,7 +64,10 @@ def main() -> None:
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     seconds = time.perf_counter() - start
-    tokenizer.save_pretrained(args.output_dir)
+    try:  # file by file, atomically: a failure (a full disk) leaves an earlier tokenizer there as it was
+        write_files_into(args.output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
+    except OSError as error:
+        sys.exit(f"error: {error}")
     print(f"vocab size: {len(tokenizer)}")
     print(f"training time: {seconds:.1f} s")
     print(f"saved to: {args.output_dir}")

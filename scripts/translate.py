@@ -10,6 +10,7 @@ Decoding defaults to the model's generation config (the paper's beam 4, GNMT len
 import argparse
 import sys
 
+from modeling.files import write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
 from modeling.translation import load_model_and_tokenizer, translate
@@ -58,9 +59,11 @@ def main() -> None:
         progress=len(sentences) > 100,
     )
     output = "".join(line.replace("\n", " ") + "\n" for line in translations)
-    if args.output_file:
-        with open(args.output_file, "w", encoding="utf-8") as handle:
-            handle.write(output)
+    if args.output_file:  # atomically: a failure (a full disk) leaves the old file as it was
+        try:
+            write_text(args.output_file, output)
+        except OSError as error:
+            sys.exit(f"error: {error}")
     else:
         sys.stdout.write(output)
 

@@ -210,8 +210,9 @@ def save_trainer_checkpoint(directory: Path, seed: int, d_model: int = 32) -> di
     model = TransformerForConditionalGeneration(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"):
-        (directory / name).write_bytes(b"training state")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
+        torch.save({"state": name}, directory / name)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": seed, "log_history": []}))
     return load_file(directory / "model.safetensors")
 
 
@@ -315,7 +316,7 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     package was installed from (a script's own folder, not the checkout, comes first on its sys.path), on one thread
     (tiny models: extra threads only contend with the other test processes)."""
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **overrides}
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **overrides}
 
 
 def hub_env(endpoint: str, hf_home: Path, token: str | None) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Tests of modeling/callbacks.py: checkpoints every N minutes, a wall-clock budget, the sampler's epoch when
-resuming."""
+resuming, stopping on a signal."""
 
 
+import signal
 import time
 from types import SimpleNamespace
 
@@ -10,7 +11,12 @@ import torch
 from transformers import TrainerControl
 
 from modeling.batching import TokenBudgetBatchSampler
-from modeling.callbacks import SamplerEpochCallback, SaveEveryMinutesCallback, StopAfterMinutesCallback
+from modeling.callbacks import (
+    PreemptionCallback,
+    SamplerEpochCallback,
+    SaveEveryMinutesCallback,
+    StopAfterMinutesCallback,
+)
 
 
 def test_sampler_epoch_follows_completed_updates_when_resuming():
@@ -60,3 +66,36 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     clock[0] += 60
     callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=8), control)
     assert control.should_training_stop and control.should_save
+
+
+def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock):
+    """SIGINT and SIGTERM alike; SIGINT here, whose default handler raises KeyboardInterrupt in the test."""
+    callback = PreemptionCallback()
+    previous = signal.getsignal(signal.SIGINT)
+    with callback.handling():
+        assert signal.getsignal(signal.SIGINT) == callback._handle
+        signal.raise_signal(signal.SIGINT)
+        assert callback.requested == signal.SIGINT
+        control, state = TrainerControl(), SimpleNamespace(global_step=12)
+        callback.on_step_end(CPU_ARGS, state, control)
+        assert control.should_training_stop and control.should_save and not control.should_evaluate
+        assert callback.preempted == {"signal": "SIGINT", "step": 12}
+        clock[0] += 0.5
+        signal.raise_signal(signal.SIGINT)  # a launcher forwarding the same signal: the same request
+        clock[0] += 2.0
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # an impatient user
+        assert signal.getsignal(signal.SIGINT) is previous, "the second one restored the previous handler"
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    previous = signal.getsignal(signal.SIGUSR1)
+    with callback.handling():
+        with callback.handling():
+            pass
+        assert signal.getsignal(signal.SIGUSR1) == callback._handle, "the inner block leaves them installed"
+        signal.raise_signal(signal.SIGUSR1)
+        assert callback.requested == signal.SIGUSR1 and callback.agreed(torch.device("cpu"))
+    assert signal.getsignal(signal.SIGUSR1) is previous

@@ -216,3 +216,12 @@ def test_static_cache_keeps_the_selected_histories():
     stored, values = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
     expected = torch.cat([torch.cat(history, dim=2)[rows], keys], dim=2)
     assert torch.equal(stored, expected) and torch.equal(values, expected + 1)
+
+
+def test_generation_refuses_a_source_without_tokens_naming_the_row():
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match=r"empty input: input_ids of shape \(2, 0\)"):
+        model.generate(input_ids=inputs["input_ids"][:, :0], attention_mask=inputs["attention_mask"][:, :0])
+    inputs["attention_mask"][1] = 0  # the second source is all padding
+    with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
+        model.generate(**inputs)

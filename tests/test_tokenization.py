@@ -111,8 +111,21 @@ def test_iter_lines_names_unreadable_file(tmp_path):
         list(iter_lines(broken))
     latin1 = tmp_path / "latin1.de"
     latin1.write_bytes("grün\n".encode("latin-1"))
-    with pytest.raises(ValueError, match="cannot read .*latin1.de"):
+    with pytest.raises(ValueError, match=r"latin1\.de:1: not valid UTF-8"):
         list(iter_lines(latin1))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_an_invalid_utf8_byte_is_located_on_its_exact_line(tmp_path, suffix):
+    """Text-mode reading decodes ahead in blocks: line by line from bytes names the very line, gzip too."""
+    lines = [f"line {i} ist grün".encode() for i in range(1, 5000)]
+    lines[4321] = "line 4322 ist grün".encode("latin-1")
+    path = tmp_path / f"train.de{suffix}"
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(gzip.compress(data) if suffix else data)
+    with pytest.raises(ValueError, match=rf"train\.de{suffix}:4322: not valid UTF-8") as error:
+        list(iter_lines(path))
+    assert "iconv" in str(error.value)
 
 
 def test_iter_corpus_text_streams_both_sides():

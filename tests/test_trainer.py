@@ -2,8 +2,12 @@
 several processes, label smoothing in the fused loss, resuming. Everything is synthetic and tiny."""
 
 import json
+import logging
 import math
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +26,19 @@ from helpers import (
 )
 from transformers import TrainerCallback
 
+from modeling.averaging import average_checkpoints, last_checkpoints
+from modeling.checkpoints import (
+    COMPLETE_MARKER,
+    checkpoint_problems,
+    complete_checkpoints,
+    is_complete,
+    latest_complete_checkpoint,
+    list_checkpoints,
+    staging_directories,
+)
+from modeling.files import DiskFullError
 from modeling.schedule import noam_learning_rate
+from modeling.trainer import TokenBudgetSeq2SeqTrainer
 
 
 def one_sgd_update(output_dir: Path, max_tokens: int, **overrides) -> dict[str, torch.Tensor]:
@@ -175,3 +191,160 @@ def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
         assert actual[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+# --- long runs: preemption, atomic checkpoints, rotation, a full disk -----------------------------------------
+
+
+def resumable_run(output_dir: Path, trainer_class=None, **overrides):
+    """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything."""
+    tokenizer = word_tokenizer()
+    lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
+    settings = {"max_steps": 6, "warmup_steps": 2, "max_tokens_per_device": 24, "gradient_accumulation_steps": 2}
+    args = training_args(output_dir, **{**settings, **overrides})
+    dataset = copy_dataset(lengths, len(tokenizer), seed=3)
+    model = tiny_model(len(tokenizer), dropout=0.1)
+    return make_trainer(args, dataset, tokenizer, model, **({"trainer_class": trainer_class} if trainer_class else {}))
+
+
+class SignalOnMicroBatch(TokenBudgetSeq2SeqTrainer):
+    """Sends itself SIGTERM during micro-batch `signal_at` (1-based), i.e. in the middle of an update."""
+
+    signal_at = 5
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.micro_batches = getattr(self, "micro_batches", 0) + 1
+        if self.micro_batches == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def test_sigterm_mid_update_finishes_it_saves_a_complete_checkpoint_and_resuming_loses_nothing(tmp_path):
+    uninterrupted = resumable_run(tmp_path / "a")
+    uninterrupted.train()
+    handler = signal.getsignal(signal.SIGTERM)
+    interrupted = resumable_run(tmp_path / "b", SignalOnMicroBatch, save_strategy="steps", save_steps=100)
+    interrupted.train()  # micro-batch 5 is the first half of update 3
+
+    assert interrupted.preempted == {"signal": "SIGTERM", "step": 3}, "the update in flight finished, then it stopped"
+    assert interrupted.last_checkpoint == tmp_path / "b" / "checkpoint-3"
+    assert checkpoint_problems(interrupted.last_checkpoint) == [] and is_complete(interrupted.last_checkpoint)
+    assert signal.getsignal(signal.SIGTERM) is handler, "the previous handler is back"
+    expected, before = losses(uninterrupted.state.log_history), losses(interrupted.state.log_history)
+    assert sorted(before) == [1, 2, 3] and all(before[s] == pytest.approx(expected[s], rel=1e-6) for s in before)
+
+    resumed = resumable_run(tmp_path / "b", SignalOnMicroBatch)
+    resumed.signal_at = None  # counts micro-batches only
+    resumed.train(resume_from_checkpoint=str(interrupted.last_checkpoint))
+    after = losses(resumed.state.log_history)
+    assert resumed.micro_batches == 6 and sorted(after) == [1, 2, 3, 4, 5, 6], "updates 4-6 run, none repeated"
+    for step in (4, 5, 6):
+        assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+# Where a checkpoint write is killed: after half of a file is written (weights, optimizer, trainer state, the
+# marker itself), or just before the staging directory is renamed into place.
+KILL_POINTS = ["model.safetensors", "optimizer.pt", "trainer_state.json", COMPLETE_MARKER, "rename"]
+
+
+def kill_during_second_checkpoint(output_dir: Path, point: str) -> int:
+    """Fork a child that trains 4 updates, saving at 2 and 4, and SIGKILLs itself at `point` of the save at 4."""
+    pid = os.fork()
+    if pid:
+        return os.waitpid(pid, 0)[1]
+    try:  # the child: nothing of pytest must run here; it leaves by SIGKILL or os._exit
+        import transformers.modeling_utils as modeling_utils
+        from transformers.trainer_callback import TrainerState
+
+        import modeling.trainer as trainer_module
+
+        def tear(path) -> None:
+            path = Path(path)
+            if path.name == point and ".checkpoint-4.partial" in str(path):
+                path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # half written...
+                os.kill(os.getpid(), signal.SIGKILL)  # ...and killed
+
+        def wrap(function, path_of):
+            def wrapper(*args, **kwargs):
+                result = function(*args, **kwargs)
+                tear(path_of(args, kwargs, result))
+                return result
+
+            return wrapper
+
+        save_file, torch_save = modeling_utils.safe_save_file, torch.save
+        modeling_utils.safe_save_file = wrap(save_file, lambda args, kwargs, result: args[1])
+        torch.save = wrap(torch_save, lambda args, kwargs, result: args[1])
+        TrainerState.save_to_json = wrap(TrainerState.save_to_json, lambda args, kwargs, result: args[1])
+        trainer_module.write_completeness_marker = wrap(
+            trainer_module.write_completeness_marker, lambda args, kwargs, result: result
+        )
+        swap = trainer_module.swap_directory
+
+        def swap_or_die(new, path):
+            if point == "rename" and Path(path).name == "checkpoint-4":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return swap(new, path)
+
+        trainer_module.swap_directory = swap_or_die
+        resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2).train()
+    finally:
+        os._exit(3)  # not killed: the kill point was never reached
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_as_the_last(tmp_path, point):
+    output_dir = tmp_path / "run"
+    status = kill_during_second_checkpoint(output_dir, point)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"the child was not killed: {status}"
+
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"], "no checkpoint-4, not even half"
+    assert [path.name for path in staging_directories(output_dir)] == [".checkpoint-4.partial"]
+    assert latest_complete_checkpoint(output_dir) == output_dir / "checkpoint-2"
+    assert last_checkpoints(output_dir, 1) == [output_dir / "checkpoint-2"]
+    average_checkpoints(complete_checkpoints(output_dir), tmp_path / "averaged")
+
+    resumed = resumable_run(output_dir, SignalOnMicroBatch, max_steps=4, save_strategy="steps", save_steps=2)
+    resumed.signal_at = None  # counts micro-batches only
+    resumed.train(resume_from_checkpoint=str(latest_complete_checkpoint(output_dir)))
+    assert resumed.micro_batches == 4, "updates 3 and 4 again: nothing before checkpoint-2 is lost"
+    assert is_complete(output_dir / "checkpoint-4") and staging_directories(output_dir) == [], "the leftover is gone"
+
+
+def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp_path, caplog):
+    output_dir = tmp_path / "run"
+    (output_dir / "checkpoint-100").mkdir(parents=True)  # incomplete: neither counted nor deleted
+    (output_dir / ".checkpoint-2.partial" / "checkpoint-2").mkdir(parents=True)  # a killed save of step 2
+    (output_dir / ".checkpoint-2.partial" / "checkpoint-2" / "model.safetensors").write_bytes(b"half")
+    (output_dir / ".checkpoint-77.partial").mkdir()  # of some other step
+    (output_dir / ".checkpoint-1.deleting" / "optimizer.pt").mkdir(parents=True)  # a rotation killed midway
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=1, save_total_limit=2)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        trainer.train()
+    names = sorted(path.name for path in output_dir.iterdir() if "checkpoint" in path.name)
+    assert names == ["checkpoint-100", "checkpoint-3", "checkpoint-4"]
+    assert ".checkpoint-77.partial" in caplog.text and ".checkpoint-1.deleting" in caplog.text, "removed, warned"
+    assert all(is_complete(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    output_dir = tmp_path / "run"
+    torch_save = torch.save
+
+    def save_until_the_disk_is_full(obj, path, *args, **kwargs):
+        if ".checkpoint-4.partial" in str(path) and str(path).endswith("optimizer.pt"):
+            monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file")
+        return torch_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_is_full)
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(DiskFullError) as error:
+        trainer.train()
+    assert str(error.value).startswith(f"No space left on device while writing {output_dir / 'checkpoint-4'}")
+    assert "\n" not in str(error.value)
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"] and is_complete(
+        output_dir / "checkpoint-2"
+    )
+    assert staging_directories(output_dir) == [], "the partial save is removed, freeing its space"

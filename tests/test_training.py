@@ -2,10 +2,12 @@
 
 import io
 import json
+import logging
 import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from helpers import (
     HUB_TOKEN,
@@ -22,8 +24,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling import TransformerForConditionalGeneration
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.presets import get_preset
-from modeling.training import _without_hub_push, _write_run_records, train
+from modeling.training import OutputDirectoryInUseError, _model, _without_hub_push, _write_run_records, train
 
 
 def test_tiny_preset_loss_falls_over_50_steps(tmp_path):
@@ -100,3 +103,120 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     assert HUB_TOKEN not in text
     records = json.loads(text)
     assert (records["hub_token"], records["push_to_hub"], records["hub_model_id"]) == ("<HUB_TOKEN>", True, REPO_ID)
+
+
+# --- long runs: one output directory, one run -----------------------------------------------------------------
+
+
+def tiny_run_args(output_dir: Path, **overrides) -> TranslationTrainingArguments:
+    settings = {"max_steps": 2, "warmup_steps": 1, "max_tokens_per_device": 128, "save_strategy": "steps"}
+    return training_args(output_dir, **{"save_steps": 2, **settings, **overrides})
+
+
+TINY = {"d_model": 32, "num_layers": 1, "num_heads": 2, "ffn_dim": 64}
+
+
+def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    model_args = ModelArguments(preset="tiny", **TINY)
+    run = tmp_path / "run"
+    train(model_args, data, tiny_run_args(run))
+    identity = json.loads((run / "run_identity.json").read_text())
+    assert identity["config"]["d_model"] == 32 and identity["data"]["files"][0]["name"] == "train.de"
+    assert json.loads((run / "checkpoint-2" / "run_identity.json").read_text()) == identity, "in every checkpoint"
+    assert not (run / "preempted.json").exists()
+
+    with pytest.raises(OutputDirectoryInUseError, match="--resume_from_checkpoint last.*--overwrite_output_dir"):
+        train(model_args, data, tiny_run_args(run))  # a new run: refused before anything is read or written
+    with pytest.raises(RunMismatchError, match=r"different run: seed: 0 vs 1"):
+        train(model_args, data, tiny_run_args(run, seed=1, resume_from_checkpoint="last"))
+    other_data = DataArguments(**{**vars(data), "vocab_size": 128})
+    contradiction = rf"{run / 'tokenizer.json'} is the BPE of --vocab_size 64 .*--vocab_size 128"
+    with pytest.raises(ValueError, match=contradiction):
+        train(model_args, other_data, tiny_run_args(run, resume_from_checkpoint="last"))
+
+    with pytest.raises(ValueError, match="not both"):
+        tiny_run_args(run, overwrite_output_dir=True, resume_from_checkpoint="last")
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        smaller = ModelArguments(preset="tiny", **{**TINY, "d_model": 16})
+        train(smaller, data, tiny_run_args(run, overwrite_output_dir=True))
+    assert "removed the earlier run's checkpoint-2/" in caplog.text
+    assert json.loads((run / "run_identity.json").read_text())["config"]["d_model"] == 16
+    assert json.loads((run / "checkpoint-2" / "config.json").read_text())["d_model"] == 16, "started over"
+
+
+def test_resume_last_without_a_complete_checkpoint_starts_fresh(tmp_path, datasets_cache, caplog):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    (run / "checkpoint-1").mkdir(parents=True)  # a save killed before this project wrote markers
+    with caplog.at_level(logging.INFO):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, resume_from_checkpoint="last"))
+    assert "Skipping the incomplete checkpoint" in caplog.text and "starting a fresh run" in caplog.text
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and sorted(losses(state["log_history"])) == [1, 2]
+    explicit = tiny_run_args(run, resume_from_checkpoint=str(run / "checkpoint-1"))
+    with pytest.raises(IncompleteCheckpointError, match=r"checkpoint-1 is incomplete: no checkpoint_complete\.json"):
+        train(ModelArguments(preset="tiny", **TINY), data, explicit)
+
+
+def tiny_marian_dir(directory: Path, vocab_size: int) -> Path:
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+    )
+    MarianMTModel(config).save_pretrained(directory)
+    return directory
+
+
+def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(tmp_path, datasets_cache):
+    from transformers import MarianMTModel
+
+    tokenizer = word_tokenizer()
+    marian_dir = tiny_marian_dir(tmp_path / "marian", len(tokenizer))
+    tokenizer.save_pretrained(marian_dir)  # its tokenizer is kept
+    converted = _model(ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0), get_preset("tiny"), 64)
+    marian = MarianMTModel.from_pretrained(marian_dir).eval()
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "decoder_input_ids": torch.tensor([[0, 8, 9]])}
+    assert converted.config.positional_encoding_layout == "concatenated"
+    torch.testing.assert_close(converted.eval()(**batch).logits, marian(**batch).logits, atol=1e-5, rtol=0)
+
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    output_dir = train(ModelArguments(model_name_or_path=str(marian_dir)), data, tiny_run_args(tmp_path / "ft"))
+    assert AutoModelForSeq2SeqLM.from_pretrained(output_dir).config.model_type == "vaswani_transformer"
+
+    bart = tmp_path / "bart"
+    bart.mkdir()
+    (bart / "config.json").write_text(json.dumps({"model_type": "bart", "vocab_size": 64}))
+    nowhere = DataArguments(data_dir=str(tmp_path / "no-data"), source_lang="en", target_lang="de")
+    with pytest.raises(ValueError, match=r"it is a 'bart' model; only this project's"):
+        train(ModelArguments(model_name_or_path=str(bart)), nowhere, tiny_run_args(tmp_path / "bart-run"))
+    assert not (tmp_path / "bart-run").exists(), "refused before anything else"
+
+
+def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tmp_path, datasets_cache):
+    data_dir = write_corpus(tmp_path / "data", 10, word_for_word)
+    (data_dir / "val.en").write_text("")
+    (data_dir / "val.de").write_text("")
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    with pytest.raises(ValueError, match=r"split 'val' is empty: .*val\.en \+ .*val\.de hold"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "a", eval_strategy="steps"))
+    (data_dir / "train.de").write_text("".join("ein zwei drei vier fünf sechs\n" for _ in range(10)))
+    (data_dir / "train.en").write_text("".join("one\n" for _ in range(10)))  # every pair fails the ratio rule
+    with pytest.raises(ValueError, match=r"cleaning removed every one of the 10 pairs of split 'train'.*10 with a"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "b"))

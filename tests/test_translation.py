@@ -2,9 +2,9 @@
 
 
 import pytest
-from helpers import EchoModel, synthetic_pairs, tiny_tokenizer, tiny_translator
+from helpers import EchoModel, save_tiny_checkpoint, synthetic_pairs, tiny_tokenizer, tiny_translator
 
-from modeling.translation import translate
+from modeling.translation import load_model_and_tokenizer, translate
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_translate_keeps_order_and_empty_lines(tokenizer):
     assert len(seen) == len(sentences) - 3, "empty lines never reach the model"
     for call in model.calls:
         batch_size, width = call["input_ids"].shape
-        assert batch_size == 1 or batch_size * width <= 40, "batches respect the token budget"
+        assert batch_size == 1 or batch_size * width * 2 <= 40, "batches respect the token budget, beams counted"
         assert call["kwargs"] == {"num_beams": 2, "max_new_tokens": 7}
         assert call["attention_mask"].sum(1).max() == width, "no batch is padded beyond its longest sentence"
     assert len(model.calls) > 1
@@ -55,3 +55,22 @@ def test_real_model_translations_do_not_depend_on_batching(tokenizer):
     together = translate(model, tokenizer, sentences, max_tokens=10_000, **settings)
     alone = translate(model, tokenizer, sentences, max_tokens=1, **settings)
     assert together == alone
+
+
+def test_the_token_budget_counts_every_beam(tokenizer):
+    """beam 1000 with a budget of 4096 tokens: one sentence at a time, not 4096 tokens × 1000 beams."""
+    sentences = [en for en, _ in synthetic_pairs(12, seed=3)]
+    model = EchoModel()
+    translate(model, tokenizer, sentences, max_tokens=4096, num_beams=1000)
+    assert [call["input_ids"].shape[0] for call in model.calls] == [1] * 12
+    model = EchoModel()  # its generation config's beam 4: 60 source tokens per batch of a 240 budget
+    translate(model, tokenizer, sentences, max_tokens=240)
+    assert all(call["input_ids"].numel() <= 60 for call in model.calls) and len(model.calls) > 1
+
+
+def test_truncated_weights_are_named_before_loading(tmp_path):
+    save_tiny_checkpoint(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match=r"holds incomplete weights: model\.safetensors is truncated \(\d+ bytes"):
+        load_model_and_tokenizer(str(tmp_path))

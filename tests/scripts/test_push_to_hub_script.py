@@ -4,13 +4,14 @@ what a user without this project gets from the Hub."""
 
 import json
 import runpy
+import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_checkpoint
+from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_checkpoint, script_error
 from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
@@ -137,3 +138,33 @@ def test_push_without_a_token_fails_clearly_before_any_request(tmp_path, monkeyp
     assert message.startswith("error: No Hugging Face token found")
     assert "HF_TOKEN" in message and "hf auth login" in message
     assert not (model_dir / "README.md").exists(), "nothing is written before the token is known"
+
+
+def test_a_truncated_weights_file_is_refused_even_when_a_card_exists(tmp_path, monkeypatch):
+    """With a README.md already there the card is not rendered again; the check of every file still runs."""
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    (model_dir / "README.md").write_text("---\nlicense: apache-2.0\n---\nA card.\n")
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 64])
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("a broken model must not be pushed"))
+    message = script_error("push_to_hub.py", "--model", model_dir, "--repo-id", REPO_ID, monkeypatch=monkeypatch)
+    assert message.startswith("error: ") and "model.safetensors is truncated" in message and "\n" not in message
+
+
+def test_train_script_reports_an_unreachable_hub_in_one_line(tmp_path, monkeypatch):
+    """The push at the end of training is checked first (token, repo): a refused connection is one line."""
+    from huggingface_hub import constants
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed when the block ends: refused
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setenv(hub_module.HUB_ATTEMPTS_ENV, "1")
+    flags = ["--preset", "tiny", "--use_cpu", "--report_to", "none", "--push_to_hub", "--hub_model_id", REPO_ID]
+    flags += ["--data-dir", tmp_path / "none", "--output-dir", tmp_path]
+    message = script_error("train.py", *flags, monkeypatch=monkeypatch)
+    assert message.startswith(f"error: POST {endpoint}/api/repos/create: cannot connect (")
+    assert "\n" not in message and not list(tmp_path.iterdir()), "nothing trained, nothing written"

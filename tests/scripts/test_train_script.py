@@ -5,13 +5,18 @@ the token checked before training and kept out of every record)."""
 import importlib.util
 import json
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, subprocess_env, word_for_word, write_corpus
+import pytest
+from helpers import HUB_TOKEN, REPO_ROOT, hub_env, losses, requests_made, subprocess_env, word_for_word, write_corpus
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from modeling.checkpoints import is_complete
+from modeling.training import train
 
 
 def load_train_script():
@@ -35,6 +40,16 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
     model_args, data_args, args = script.parse([str(config)])
     assert (model_args.preset, args.save_steps, args.max_steps, args.tokens_per_update) == ("base", 7, 100_000, 25000)
 
+    # The requeue command: the file's values over the preset's, flags over the file's.
+    model_args, data_args, args = script.parse([str(config), "--resume_from_checkpoint", "last", "--save_steps", "9"])
+    assert (args.resume_from_checkpoint, args.save_steps, data_args.data_dir) == ("last", 9, "d")
+    assert args.max_steps == 100_000 and args.output_dir == str(tmp_path)
+    model_args, _, args = script.parse([str(config), "--preset", "tiny"])
+    assert (model_args.preset, args.save_steps, args.warmup_steps) == ("tiny", 7, 400), "the flag's preset's defaults"
+    config.write_text("preset: base\nsave_step: 7\n")
+    with pytest.raises(ValueError, match=r"unknown arguments \['save_step'\]"):
+        script.parse([str(config)])
+
 
 def test_train_script_writes_a_loadable_model(tmp_path):
     data_dir = write_corpus(tmp_path / "data", 120, word_for_word)
@@ -47,7 +62,8 @@ def test_train_script_writes_a_loadable_model(tmp_path):
     ).split()
     script = str(REPO_ROOT / "scripts" / "train.py")
     command = [sys.executable, script, *flags, "--data-dir", str(data_dir), "--output-dir", str(output_dir)]
-    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    env = subprocess_env()
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
     state = json.loads((output_dir / "trainer_state.json").read_text())
@@ -122,9 +138,77 @@ def test_push_without_a_token_fails_before_training(hub, tmp_path):
     env = {**hub_env(endpoint, tmp_path / "empty_home", token=None), "MKL_NUM_THREADS": "1"}
     result = run_train_script(tmp_path, env, "--push_to_hub", "--hub_model_id", "user/no-token")
     assert result.returncode != 0
-    assert "MissingHubTokenError: No Hugging Face token found" in result.stderr
+    assert "error: No Hugging Face token found" in result.stderr and "Traceback" not in result.stderr
     assert "HF_TOKEN" in result.stderr and "hf auth login" in result.stderr
     run = tmp_path / "run"
     assert not list(run.glob("checkpoint-*")) and not (run / "model.safetensors").exists(), "no training"
     assert not (run / "tokenizer.json").exists(), "not even the BPE was trained"
     assert len(requests_made(root)) == requests_before, "nothing reached the Hub"
+
+
+PREEMPTIBLE_RUN = """preset: tiny
+source_lang: en
+target_lang: de
+data_dir: {data_dir}
+output_dir: {output_dir}
+max_steps: 60
+d_model: 32
+num_layers: 1
+num_heads: 2
+ffn_dim: 64
+vocab_size: 64
+max_tokens_per_device: 64
+eval_strategy: "no"
+save_steps: 1000
+logging_steps: 1
+report_to: none
+use_cpu: true
+disable_tqdm: true
+"""
+
+
+def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_path, datasets_cache):
+    """The requeue loop: SIGTERM mid-run → exit 75, preempted.json, a complete checkpoint holding every update
+    made; the same command with --resume_from_checkpoint last then finishes with the uninterrupted run's losses."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    run = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    config.write_text(PREEMPTIBLE_RUN.format(data_dir=data_dir, output_dir=run))
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), str(config)]
+    command += ["--resume_from_checkpoint", "last"]  # the same command for the first launch and every requeue
+    env = subprocess_env(PYTHONUNBUFFERED="1", HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    with open(tmp_path / "stderr.txt", "w+") as log:  # a file: a full stderr pipe would block the run
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            seen = 0
+            for line in process.stdout:  # SIGTERM once 3 updates are logged
+                seen += "'loss'" in line
+                if seen == 3:
+                    process.send_signal(signal.SIGTERM)
+                    break
+            stdout = process.communicate(timeout=120)[0]
+        finally:
+            process.kill()
+        stderr = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 75, stderr[-3000:]
+    record = json.loads((run / "preempted.json").read_text())
+    step = record["step"]
+    assert record["signal"] == "SIGTERM" and record["checkpoint"] == str(run / f"checkpoint-{step}")
+    assert is_complete(run / f"checkpoint-{step}") and 3 <= step < 60
+    assert seen + stdout.count("'loss'") == step, "every update made is in the checkpoint, none made after it"
+    assert "Exiting with code 75 (preempted)" in stderr and "Traceback" not in stderr
+    assert not (run / "model.safetensors").exists(), "no final model from a preempted run"
+
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming from {run / f'checkpoint-{step}'}" in resumed.stderr
+    assert not (run / "preempted.json").exists() and (run / "model.safetensors").is_file()
+
+    script = load_train_script()
+    train(*script.parse([str(config), "--output_dir", str(tmp_path / "uninterrupted")]))
+    expected = json.loads((tmp_path / "uninterrupted" / "trainer_state.json").read_text())["log_history"]
+    actual = json.loads((run / "trainer_state.json").read_text())["log_history"]
+    expected_losses, actual_losses = losses(expected), losses(actual)
+    assert sorted(actual_losses) == list(range(1, 61))
+    for update in range(step + 1, 61):
+        assert actual_losses[update] == pytest.approx(expected_losses[update], rel=1e-5, abs=1e-6), update

@@ -1,9 +1,11 @@
 """scripts/translate.py end to end on a tiny checkpoint, in this process."""
 
+import errno
 import gzip
+import os
 
 import pytest
-from helpers import run_script
+from helpers import run_script, script_error
 
 from modeling.quantization import quantize_int8
 from modeling.translation import translate
@@ -45,3 +47,18 @@ def test_translate_with_int8_gives_what_the_quantised_model_gives(tiny_checkpoin
     sentences = ["a cat likes the ball.", "", "the dog."]
     run_script("translate.py", "--model", model_dir, "--int8", *sentences, monkeypatch=monkeypatch)
     assert capsys.readouterr().out.split("\n")[:-1] == translate(quantize_int8(model), tokenizer, sentences)
+
+
+def test_a_full_disk_leaves_the_old_output_file_and_says_so_in_one_line(tiny_checkpoint, tmp_path, monkeypatch):
+    output_file = tmp_path / "output.de"
+    output_file.write_text("the earlier translations\n")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    args = ["--model", tiny_checkpoint[0], "--output-file", output_file, "a cat."]
+    message = script_error("translate.py", *args, monkeypatch=monkeypatch)
+    assert message.startswith(f"error: No space left on device while writing {output_file}") and "\n" not in message
+    assert output_file.read_text() == "the earlier translations\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["output.de"], "no temporary file left"

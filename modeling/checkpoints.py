@@ -1,0 +1,397 @@
+"""Which checkpoints of a run exist, which are complete, and which run they belong to.
+
+One definition serves resuming, averaging and rotating checkpoints:
+
+- **complete**: `checkpoint_complete.json` exists and lists files that all exist with the sizes it gives. The
+  trainer (`modeling.trainer`) writes every checkpoint in a hidden staging directory, flushes it, writes this
+  marker, then renames the directory into place, so a killed save never leaves a `checkpoint-N` behind.
+  A checkpoint without the marker (written before this project had it) counts as complete only if its files are
+  intact: `config.json` and `trainer_state.json` parse, every safetensors file's header parses and its size
+  matches the header, and the pickled states (`optimizer.pt`, `scheduler.pt`, `rng_state*.pth`, ...) are
+  readable zip archives.
+- **provenance**: `run_identity.json`, written by `modeling.training.train` into the output directory and into
+  every checkpoint, describes what makes two checkpoints part of the same run: architecture, tokenizer, data,
+  seed, preset. `identity_differences` names the fields that differ.
+
+Only the standard library is needed here: deployment tools (`modeling.translation`) use the weight checks too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .files import write_json
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# What an interrupted save (.partial), replacement (.old) or rotation (.deleting) leaves: never matches CHECKPOINT_RE.
+STAGING_RE = re.compile(r"^\.checkpoint-(\d+)\.(partial|old|deleting)$")
+COMPLETE_MARKER = "checkpoint_complete.json"
+RUN_IDENTITY_FILE = "run_identity.json"
+PREEMPTED_FILE = "preempted.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
+# Config fields that change without the model changing: library version, where it was loaded from, dtype.
+VOLATILE_CONFIG_FIELDS = frozenset(
+    {"transformers_version", "_name_or_path", "_commit_hash", "architectures", "auto_map", "dtype", "torch_dtype"}
+    | {"output_attentions", "output_hidden_states", "return_dict", "use_cache", "_attn_implementation"}
+)
+
+
+class IncompleteCheckpointError(ValueError):
+    """An explicitly named checkpoint is incomplete; the message says what is missing."""
+
+
+class RunMismatchError(ValueError):
+    """Checkpoints, or a checkpoint and the run about to use it, belong to different runs."""
+
+
+# --- listing -------------------------------------------------------------------------------------------------
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The update number of a Trainer checkpoint directory `.../checkpoint-<step>`."""
+    match = CHECKPOINT_RE.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a Trainer checkpoint directory (checkpoint-<step>).")
+    return int(match[1])
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Every `checkpoint-<step>` directory in `directory`, complete or not, by step (checkpoint-900 before -1000)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"Checkpoint directory {directory} does not exist.")
+    found = [path for path in directory.iterdir() if path.is_dir() and CHECKPOINT_RE.match(path.name)]
+    return sorted(found, key=checkpoint_step)
+
+
+def staging_directories(directory: str | os.PathLike) -> list[Path]:
+    """Hidden `.checkpoint-<step>.partial` (`.old`, `.deleting`) directories: what saves, replacements and
+    rotations that were interrupted left (or those under way)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if path.is_dir() and STAGING_RE.match(path.name))
+
+
+def complete_checkpoints(directory: str | os.PathLike, *, warn: bool = True) -> list[Path]:
+    """The complete checkpoints of `directory`, by step; incomplete ones are skipped with a warning naming them."""
+    complete = []
+    for checkpoint in list_checkpoints(directory):
+        problems = checkpoint_problems(checkpoint)
+        if problems:
+            if warn:
+                logger.warning("Skipping the incomplete checkpoint %s: %s", checkpoint, describe_problems(problems))
+        else:
+            complete.append(checkpoint)
+    return complete
+
+
+def latest_complete_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of `directory` (incomplete newer ones skipped with a warning), or None."""
+    if not Path(directory).is_dir():
+        return None
+    for checkpoint in reversed(list_checkpoints(directory)):
+        problems = checkpoint_problems(checkpoint)
+        if not problems:
+            return checkpoint
+        logger.warning("Skipping the incomplete checkpoint %s: %s", checkpoint, describe_problems(problems))
+    return None
+
+
+def require_complete_checkpoint(path: str | os.PathLike) -> Path:
+    """`path` if it is a complete checkpoint, else `IncompleteCheckpointError` saying what is missing."""
+    path = Path(path)
+    if not path.is_dir():
+        raise IncompleteCheckpointError(f"Checkpoint {path} does not exist.")
+    problems = checkpoint_problems(path)
+    if problems:
+        raise IncompleteCheckpointError(f"Checkpoint {path} is incomplete: {describe_problems(problems)}.")
+    return path
+
+
+# --- completeness --------------------------------------------------------------------------------------------
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why a safetensors file is unusable (missing, truncated, a header that does not parse), or None.
+
+    Reads only the header: its length, its JSON, and the data offsets, whose end must be the file's end."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return f"{path.name} is truncated ({size} bytes, not even a header)"
+            (header_size,) = struct.unpack("<Q", prefix)
+            if 8 + header_size > size:
+                return f"{path.name} is truncated ({size} bytes, its header alone needs {8 + header_size})"
+            header = json.loads(handle.read(header_size))
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError) as error:
+        return f"{path.name} cannot be read ({type(error).__name__}: {error})"
+    if not isinstance(header, dict):
+        return f"{path.name} has no valid safetensors header"
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    expected = 8 + header_size + max(ends, default=0)
+    if size != expected:
+        state = "truncated" if size < expected else "longer than its header says"
+        return f"{path.name} is {state} ({size} bytes, expected {expected})"
+    return None
+
+
+def weight_files(directory: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a model directory (shards of an index, or model.safetensors)."""
+    directory = Path(directory)
+    index = directory / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    if (directory / WEIGHTS_NAME).is_file():
+        return [directory / WEIGHTS_NAME]
+    return sorted(directory.glob("*.safetensors"))
+
+
+def weights_problems(directory: str | os.PathLike) -> list[str]:
+    """What is wrong with a model directory's weights: none found, or a truncated or unreadable file."""
+    directory = Path(directory)
+    try:
+        files = weight_files(directory)
+    except (OSError, ValueError, KeyError) as error:
+        return [f"{WEIGHTS_INDEX_NAME} cannot be read ({type(error).__name__}: {error})"]
+    if not files:
+        return [f"no weights ({WEIGHTS_NAME})"]
+    return [problem for path in files if (problem := safetensors_problem(path))]
+
+
+def _json_problem(path: Path) -> str | None:
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError) as error:
+        return f"{path.name} does not parse ({type(error).__name__}: {error})"
+    return None
+
+
+def _zip_problem(path: Path) -> str | None:
+    """torch.save writes zip archives, whose directory sits at the end: a truncated file has none."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.namelist()
+    except (OSError, zipfile.BadZipFile) as error:
+        return f"{path.name} is not a readable archive ({error})"
+    return None
+
+
+def _marker_problems(checkpoint: Path) -> list[str]:
+    try:
+        marker = json.loads((checkpoint / COMPLETE_MARKER).read_text(encoding="utf-8"))
+        files = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return [f"{COMPLETE_MARKER} cannot be read ({type(error).__name__}: {error})"]
+    problems = []
+    for name, size in sorted(files.items()):
+        path = checkpoint / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{name} has {path.stat().st_size} bytes, {COMPLETE_MARKER} says {size}")
+    return problems
+
+
+def checkpoint_problems(checkpoint: str | os.PathLike, *, training_state: bool = True) -> list[str]:
+    """What makes `checkpoint` incomplete, as short phrases; an empty list for a complete checkpoint.
+
+    With the marker, its list of files and sizes decides. Without it (older checkpoints), the required files
+    must be intact: config.json, the weights, trainer_state.json (unless `training_state=False`, for plain
+    model directories) and any pickled training state.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        return [f"{checkpoint} does not exist"]
+    if (checkpoint / COMPLETE_MARKER).is_file():
+        return _marker_problems(checkpoint)
+    problems = [problem for problem in [_json_problem(checkpoint / "config.json")] if problem]
+    problems += weights_problems(checkpoint)
+    if training_state:
+        problems += [problem for problem in [_json_problem(checkpoint / TRAINER_STATE_NAME)] if problem]
+    for path in sorted(checkpoint.iterdir()):
+        if PICKLED_STATE_RE.match(path.name) and (problem := _zip_problem(path)):
+            problems.append(problem)
+    return [f"no {COMPLETE_MARKER}, and", *problems] if problems else []
+
+
+def describe_problems(problems: list[str]) -> str:
+    """The phrases of `checkpoint_problems` as one clause."""
+    if problems and problems[0].endswith(", and"):
+        return f"{problems[0]} {'; '.join(problems[1:])}"
+    return "; ".join(problems)
+
+
+def is_complete(checkpoint: str | os.PathLike) -> bool:
+    return not checkpoint_problems(checkpoint)
+
+
+def write_completeness_marker(checkpoint: str | os.PathLike, **extra: Any) -> Path:
+    """List every file below `checkpoint` with its size in `checkpoint_complete.json` (written last)."""
+    checkpoint = Path(checkpoint)
+    files = {
+        path.relative_to(checkpoint).as_posix(): path.stat().st_size
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != COMPLETE_MARKER
+    }
+    return write_json(checkpoint / COMPLETE_MARKER, {**extra, "files": files})
+
+
+# --- provenance ----------------------------------------------------------------------------------------------
+
+
+def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A model config (`config.to_dict()` or config.json) without the fields that change with no model change,
+    as JSON gives it back (string keys), so that a recorded one and a fresh one compare equal."""
+    kept = {key: value for key, value in config.items() if key not in VOLATILE_CONFIG_FIELDS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def vocabulary_fingerprint(vocab: Mapping[str, int]) -> str:
+    """sha256 of a tokenizer's vocabulary (token → id): what must match for two models to read the same ids."""
+    canonical = json.dumps(sorted(vocab.items()), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def tokenizer_fingerprint(directory: str | os.PathLike) -> str | None:
+    """The tokenizer of a saved directory: `vocabulary_fingerprint` of tokenizer.json's vocabulary (the same as
+    of the loaded tokenizer's `get_vocab()`), else sha256 of the other tokenizer files; None without any."""
+    directory = Path(directory)
+    path = directory / "tokenizer.json"
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        vocab = dict(state.get("model", {}).get("vocab") or {})
+        if isinstance(vocab, dict):
+            vocab.update({token["content"]: token["id"] for token in state.get("added_tokens", [])})
+            return vocabulary_fingerprint(vocab)
+    digest, found = hashlib.sha256(), False
+    for name in TOKENIZER_FILES[1:]:
+        if (directory / name).is_file():
+            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
+            found = True
+    return digest.hexdigest() if found else None
+
+
+def file_sha256(path: str | os.PathLike, chunk_size: int = 2**22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_files(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Name, size and sha256 of each file: what identifies a corpus wherever it is copied."""
+    return [
+        {"name": Path(path).name, "size": os.path.getsize(path), "sha256": file_sha256(path)}
+        for path in sorted(map(str, paths))
+    ]
+
+
+def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The `run_identity.json` of an output directory or checkpoint, or None where there is none."""
+    path = Path(directory) / RUN_IDENTITY_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"{path} does not parse: {error}") from error
+
+
+def identity_differences(
+    first: Mapping[str, Any], second: Mapping[str, Any], prefix: str = "", *, shared_only: bool = False
+) -> list[str]:
+    """Dotted names of the fields that differ between two run identities (`config.d_model`, `data.files`).
+
+    In `config`, only the fields both have are compared: a field that a newer transformers adds to every config
+    (with its default) does not make a checkpoint another run's."""
+    differences = []
+    keys = set(first) & set(second) if shared_only else set(first) | set(second)
+    for key in sorted(keys, key=str):
+        a, b = first.get(key), second.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            lenient = shared_only or (not prefix and key == "config")
+            differences += identity_differences(a, b, f"{prefix}{key}.", shared_only=lenient)
+        elif a != b:
+            differences.append(f"{prefix}{key}")
+    return differences
+
+
+def describe_differences(first: Mapping[str, Any], second: Mapping[str, Any], fields: Sequence[str]) -> str:
+    """`field: A vs B` for each differing field, values shortened."""
+
+    def value(identity: Mapping[str, Any], dotted: str) -> Any:
+        for part in dotted.split("."):
+            identity = identity.get(part) if isinstance(identity, Mapping) else None
+        text = json.dumps(identity, ensure_ascii=False)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    return "; ".join(f"{field}: {value(first, field)} vs {value(second, field)}" for field in fields)
+
+
+def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> list[str]:
+    """What differs between two saved models of checkpoints: config fields, tokenizer, run identity fields."""
+    first, second = Path(first), Path(second)
+    differences = []
+    configs = []
+    for directory in (first, second):
+        try:
+            configs.append(config_identity(json.loads((directory / "config.json").read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            configs.append({})
+    differences += [f"config.{name}" for name in identity_differences(*configs, shared_only=True)]
+    if tokenizer_fingerprint(first) != tokenizer_fingerprint(second):
+        differences.append("tokenizer")
+    identities = read_run_identity(first), read_run_identity(second)
+    if None not in identities:
+        differences += [
+            f"run_identity.{name}"
+            for name in identity_differences(*identities)
+            if not name.startswith("config.")  # already compared above
+        ]
+    return differences
+
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "IncompleteCheckpointError",
+    "PREEMPTED_FILE",
+    "RUN_IDENTITY_FILE",
+    "RunMismatchError",
+    "checkpoint_problems",
+    "checkpoint_step",
+    "complete_checkpoints",
+    "identity_differences",
+    "is_complete",
+    "latest_complete_checkpoint",
+    "list_checkpoints",
+    "model_differences",
+    "read_run_identity",
+    "require_complete_checkpoint",
+    "safetensors_problem",
+    "write_completeness_marker",
+]

@@ -1,0 +1,125 @@
+"""Tests of modeling/files.py: atomic writes leave the old file intact on any failure, a full disk is one line."""
+
+import errno
+import os
+import shutil
+
+import pytest
+
+import modeling.files as files_module
+from modeling.files import (
+    DiskFullError,
+    atomic_directory,
+    atomic_path,
+    replace_files,
+    write_files_into,
+    write_json,
+    write_text,
+)
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(path.name for path in directory.iterdir() if path.name.startswith("."))
+
+
+def test_write_replaces_whole_files_with_the_umasks_permissions(tmp_path):
+    path = write_json(tmp_path / "sub" / "record.json", {"a": 1})
+    assert path.read_text() == '{\n  "a": 1\n}\n'
+    write_text(path, "new\n")
+    assert path.read_text() == "new\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask, "not mkstemp's 0600"
+    assert leftovers(path.parent) == []
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = write_text(tmp_path / "hypotheses.de", "old\n")
+    with pytest.raises(RuntimeError, match="writer crashed"):
+        with atomic_path(path) as temporary:
+            temporary.write_text("half of the new")
+            raise RuntimeError("writer crashed")
+    assert path.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_old_content_stays(tmp_path, monkeypatch):
+    path = write_text(tmp_path / "eval_results_test.json", "old\n")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(DiskFullError) as error:
+        write_json(path, {"sacrebleu": 30.0})
+    message = str(error.value)
+    assert message.startswith(f"No space left on device while writing {path}") and "\n" not in message
+    assert error.value.errno == errno.ENOSPC and isinstance(error.value, OSError)
+    monkeypatch.undo()
+    assert path.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_an_error_without_errno_on_a_nearly_full_disk_is_a_full_disk(tmp_path, monkeypatch):
+    """torch.save and safetensors report a full disk as a bare 'write failed': free space decides."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(100, 100, 0))
+    full = r"No space left on device while writing .*optimizer\.pt \(0\.0 MiB free\)"
+    with pytest.raises(DiskFullError, match=full):
+        with atomic_path(tmp_path / "optimizer.pt"):
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    with pytest.raises(RuntimeError, match="file write failed"):  # plenty of space: not blamed on the disk
+        with atomic_path(tmp_path / "optimizer.pt"):
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+
+def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_path):
+    target = tmp_path / "averaged"
+    with atomic_directory(target) as staging:
+        (staging / "model.safetensors").write_text("first")
+    assert (target / "model.safetensors").read_text() == "first"
+    with pytest.raises(OSError):
+        with atomic_directory(target) as staging:
+            (staging / "model.safetensors").write_text("half")
+            raise OSError("killed")
+    assert (target / "model.safetensors").read_text() == "first"
+    with atomic_directory(target) as staging:
+        (staging / "config.json").write_text("{}")
+    assert sorted(path.name for path in target.iterdir()) == ["config.json"], "swapped whole"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no .partial or .old left"
+
+
+def test_files_move_into_a_shared_directory_config_last(tmp_path, monkeypatch):
+    staging, target = tmp_path / ".final-model.partial", tmp_path / "run"
+    staging.mkdir()
+    target.mkdir()
+    (target / "checkpoint-5").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (staging / name).write_text(name)
+    order = []
+    replace = os.replace
+    monkeypatch.setattr(files_module.os, "replace", lambda a, b: order.append(os.path.basename(b)) or replace(a, b))
+    replace_files(staging, target)
+    assert order[-1] == "config.json" and sorted(order) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (target / "checkpoint-5").is_dir() and not staging.exists()
+
+
+def test_files_written_by_a_saver_replace_the_old_ones_only_when_all_are_written(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("old")
+
+    def saver_killed_halfway(staging):
+        (staging / "tokenizer_config.json").write_text("new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match=f"while writing {tmp_path}"):
+        write_files_into(tmp_path, saver_killed_halfway, last=("tokenizer.json",), name="tokenizer")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json"]
+    assert (tmp_path / "tokenizer.json").read_text() == "old"
+
+    def saver(staging):
+        (staging / "tokenizer.json").write_text("new")
+        (staging / "tokenizer_config.json").write_text("new")
+
+    moved = write_files_into(tmp_path, saver, last=("tokenizer.json",), name="tokenizer")
+    assert [path.name for path in moved] == ["tokenizer_config.json", "tokenizer.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
