@@ -159,15 +159,21 @@ def find_split(data_dir: Path, split: str, lang: str) -> Path:
     raise FileNotFoundError(f"no {split}.{lang}[.gz] in {data_dir}")
 
 
+def peer_spelling(token: str) -> str:
+    """The token as the peers read it, in text separated by spaces: whitespace inside it (Multi30k has a tab, which
+    the BPE keeps as a token of its own) spelled <0xNN>. The peers only count and embed tokens, never detokenise."""
+    return "".join(f"<0x{ord(character):02X}>" if character.isspace() else character for character in token)
+
+
 def vocabulary_files(tokens: list[str], counts: Counter) -> tuple[str, str]:
     """fairseq's dict.txt and eole's vocabulary file for the BPE's tokens in id order (ids 0-2 are <pad>, <unk>,
-    </s>, which each tool adds itself as its own specials): the same tokens, in the same order."""
-    ordinary = tokens[3:]
-    for token in ordinary:
-        if not token or any(character.isspace() for character in token):
-            raise ValueError(f"BPE token {token!r} holds whitespace: the peers read tokens separated by spaces")
-    fairseq = "".join(f"{token} {counts[token]}\n" for token in ordinary)
-    eole = "".join(f"{token}\t{counts[token]}\n" for token in ordinary)
+    </s>, which each tool adds itself as its own specials): the same tokens, in the same order, as `peer_spelling`
+    writes them."""
+    spelled = [(peer_spelling(token), counts[token]) for token in tokens[3:]]
+    if len({spelling for spelling, _ in spelled}) != len(spelled) or not all(spelling for spelling, _ in spelled):
+        raise ValueError("the BPE's tokens do not have distinct, non-empty spellings for the peers")
+    fairseq = "".join(f"{spelling} {count}\n" for spelling, count in spelled)
+    eole = "".join(f"{spelling}\t{count}\n" for spelling, count in spelled)
     return fairseq, eole
 
 
@@ -201,7 +207,7 @@ def prepare(data_dir: Path, work_dir: Path, limit: int | None, vocab_size: int) 
         for lang, lines in sides.items():
             (partial.text / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
             encoded = tokenizer(lines, add_special_tokens=False)["input_ids"]
-            token_lines = [" ".join(tokenizer.convert_ids_to_tokens(ids)) for ids in encoded]
+            token_lines = [" ".join(map(peer_spelling, tokenizer.convert_ids_to_tokens(ids))) for ids in encoded]
             if split == "train":
                 for ids in encoded:
                     counts.update(tokenizer.convert_ids_to_tokens(ids))

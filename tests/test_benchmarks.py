@@ -250,6 +250,18 @@ def test_train_peers_gives_every_trainer_the_same_tokens_and_vocabulary(tmp_path
     assert not (prepared.text / "train.en").exists()
 
 
+def test_train_peers_spells_whitespace_tokens_so_the_peers_read_them_as_one(benchmarks_importable):
+    from collections import Counter
+
+    from train_peers import peer_spelling, vocabulary_files
+
+    tokens = ["<pad>", "<unk>", "</s>", "\t", "▁a", "b"]  # Multi30k's BPE holds a tab token
+    fairseq, eole = vocabulary_files(tokens, Counter({"\t": 3, "▁a": 5, "b": 1}))
+    assert fairseq.splitlines() == ["<0x09> 3", "▁a 5", "b 1"]
+    assert eole.splitlines() == ["<0x09>\t3", "▁a\t5", "b\t1"]
+    assert " ".join(map(peer_spelling, ["▁a", "\t", "b"])).split(" ") == ["▁a", "<0x09>", "b"]
+
+
 def test_train_peers_measures_after_the_warm_up(benchmarks_importable):
     from train_peers import measure
 
