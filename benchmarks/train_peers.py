@@ -45,6 +45,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness import positive_int
+
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS_DIR.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
@@ -582,13 +584,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eole-python", help="python of a virtual environment with eole")
     parser.add_argument("--only", default=",".join(TOOLS), help=f"comma-separated subset of {TOOLS}")
     parser.add_argument("--size", choices=("tiny", "issue"), default="tiny", help="tiny preset or benchmarks' size")
-    parser.add_argument("--max-tokens", type=positive, help="padded tokens per batch and update (tiny's: 2048)")
-    parser.add_argument("--vocab-size", type=positive, help="shared BPE size (default: the size's)")
-    parser.add_argument("--updates", type=positive, default=200, help="timed updates per run (default 200)")
-    parser.add_argument("--warmup-updates", type=positive, default=20, help="untimed updates first (default 20)")
-    parser.add_argument("--repeats", type=positive, default=3, help="runs per trainer and thread count (3)")
+    parser.add_argument("--max-tokens", type=positive_int, help="padded tokens per batch and update (tiny's: 2048)")
+    parser.add_argument("--vocab-size", type=positive_int, help="shared BPE size (default: the size's)")
+    parser.add_argument("--updates", type=positive_int, default=200, help="timed updates per run (default 200)")
+    parser.add_argument("--warmup-updates", type=positive_int, default=20, help="untimed updates first (default 20)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per trainer and thread count (3)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    parser.add_argument("--limit", type=positive, help="training pairs used (default: all of Multi30k's)")
+    parser.add_argument("--limit", type=positive_int, help="training pairs used (default: all of Multi30k's)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Multi30k's gzipped files")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="prepared data (cached)")
     parser.add_argument("--output-json", type=Path, help="also write every run here")
@@ -615,16 +617,6 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                 parser.error(f"--{tool}-python {python} does not exist")
     arguments.tools = tools
     return arguments
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
 
 
 def log(message: str) -> None:

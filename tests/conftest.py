@@ -8,6 +8,7 @@ import torch
 from helpers import HUB_TOKEN, LOG_HISTORY, mixed_corpus, save_tiny_checkpoint, synthetic_pairs
 from hub_server import running_hub_server
 
+from modeling import TransformerForConditionalGeneration
 from modeling.evaluation import metrics_filename
 from modeling.files import write_json
 from modeling.scoring import corpus_scores
@@ -21,6 +22,21 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def decoder_steps(monkeypatch) -> list[int]:
+    """The rows of every decoding step the static-cache beam search runs (`_decoder_step` calls), in order; it
+    stays empty when `generate()` takes transformers' own loop."""
+    steps: list[int] = []
+    decoder_step = TransformerForConditionalGeneration._decoder_step
+
+    def recording(self, tokens, cache):
+        steps.append(len(tokens))
+        return decoder_step(self, tokens, cache)
+
+    monkeypatch.setattr(TransformerForConditionalGeneration, "_decoder_step", recording)
+    return steps
 
 
 @pytest.fixture

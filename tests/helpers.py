@@ -15,6 +15,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerFast
 
@@ -152,6 +153,32 @@ def write_corpus(directory: Path, count: int, transform, seed: int = 0) -> Path:
         (directory / f"{split}.en").write_text("\n".join(" ".join(p) for p in pairs) + "\n", encoding="utf-8")
         (directory / f"{split}.de").write_text("\n".join(transform(p) for p in pairs) + "\n", encoding="utf-8")
     return directory
+
+
+# A tiny run of scripts/train.py on `write_corpus` data: the settings of a run configuration file.
+TINY_RUN_SETTINGS = {
+    "preset": "tiny",
+    "source_lang": "en",
+    "target_lang": "de",
+    "d_model": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "ffn_dim": 64,
+    "vocab_size": 64,
+    "max_tokens_per_device": 64,
+    "eval_strategy": "no",
+    "logging_steps": 1,
+    "report_to": "none",
+    "use_cpu": True,
+    "disable_tqdm": True,
+}
+
+
+def write_run_config(path: Path, data_dir: Path, output_dir: Path, **settings) -> Path:
+    """A YAML run configuration for scripts/train.py: `TINY_RUN_SETTINGS` with `settings` on top."""
+    values = {**TINY_RUN_SETTINGS, "data_dir": str(data_dir), "output_dir": str(output_dir), **settings}
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
 
 
 EN_WORDS = "the a man woman dog runs plays with red ball in park street blue shirt is are two".split()

@@ -2,30 +2,21 @@
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import EOS, PAD, TINY_SIZE, tiny_config
 from transformers import MarianConfig, MarianMTModel
 
 from modeling import TransformerForConditionalGeneration
 from modeling.convert import from_marian, interleaved_to_concatenated_permutation, to_marian
 from modeling.modeling_transformer import sinusoidal_positional_encoding
 
-PAD, EOS = 0, 2
-
 
 def tiny_marian(seed: int = 0) -> MarianMTModel:
     torch.manual_seed(seed)
     config = MarianConfig(
         vocab_size=61,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
+        **TINY_SIZE,  # the tests' model size, in the same field names
         activation_function="relu",
         scale_embedding=True,
-        max_position_embeddings=64,
         pad_token_id=PAD,
         eos_token_id=EOS,
         forced_eos_token_id=EOS,

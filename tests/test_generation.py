@@ -76,15 +76,8 @@ SEARCH_SETTINGS = [
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("settings", SEARCH_SETTINGS, ids=lambda settings: str(settings) or "paper")
-def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, attention, monkeypatch):
-    batch_sizes, removals, num_beams = [], [], settings.get("num_beams", 4)
-
-    def recording_decoder_step(self, tokens, cache):
-        batch_sizes.append(len(tokens))
-        return decoder_step(self, tokens, cache)
-
-    decoder_step = TransformerForConditionalGeneration._decoder_step
-    monkeypatch.setattr(TransformerForConditionalGeneration, "_decoder_step", recording_decoder_step)
+def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settings, attention, decoder_steps):
+    batch_sizes, removals, num_beams = decoder_steps, [], settings.get("num_beams", 4)
     torch.manual_seed(7)  # a small vocabulary: random weights then end sentences early and often
     model = TransformerForConditionalGeneration(tiny_config(20)).eval()
     model.config._attn_implementation = attention
@@ -174,14 +167,8 @@ def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
         model.generate(**inputs)
 
 
-def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_not_give_its_outputs(monkeypatch):
-    steps = []
-    decoder_step = TransformerForConditionalGeneration._decoder_step
-    monkeypatch.setattr(
-        TransformerForConditionalGeneration,
-        "_decoder_step",
-        lambda self, tokens, cache: steps.append(len(tokens)) or decoder_step(self, tokens, cache),
-    )
+def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_not_give_its_outputs(decoder_steps):
+    steps = decoder_steps
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
     model = tiny_model(seed=8, dropout=0.0)
     expected = model.generate(**inputs, max_length_offset=4)

@@ -13,33 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, subprocess_env, word_for_word, write_corpus
+from helpers import REPO_ROOT, subprocess_env, word_for_word, write_corpus, write_run_config
 
 from modeling.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints, staging_directories
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds workers through /proc (Linux)")
 
-RUN = """preset: tiny
-source_lang: en
-target_lang: de
-data_dir: {data_dir}
-output_dir: {output_dir}
-max_steps: 30
-d_model: 32
-num_layers: 1
-num_heads: 2
-ffn_dim: 64
-vocab_size: 64
-max_tokens_per_device: 64
-eval_strategy: "no"
-save_steps: 2
-save_total_limit: 2
-logging_steps: 1
-report_to: none
-use_cpu: true
-ddp_backend: gloo
-disable_tqdm: true
-"""
 TIMEOUT = 150  # seconds for each launch: both nodes import torch and the project on 2 shared cores
 
 
@@ -88,7 +67,7 @@ def test_two_nodes_checkpoint_once_stop_together_on_sigterm_and_resume(tmp_path)
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     run = tmp_path / "run"
     config = tmp_path / "run.yaml"
-    config.write_text(RUN.format(data_dir=data_dir, output_dir=run))
+    write_run_config(config, data_dir, run, max_steps=30, save_steps=2, save_total_limit=2, ddp_backend="gloo")
 
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
     launchers = [launch(rank, port, config, logs[rank]) for rank in (0, 1)]

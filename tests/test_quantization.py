@@ -4,7 +4,6 @@ import torch
 from helpers import batch, synthetic_pairs, tiny_tokenizer, tiny_translator
 from torch import nn
 
-from modeling import TransformerForConditionalGeneration
 from modeling.quantization import quantize_int8
 from modeling.translation import translate
 
@@ -20,22 +19,15 @@ def test_every_linear_layer_is_int8_and_the_float_model_is_untouched():
     assert model.lm_head.weight is model.model.shared.weight, "the float model keeps its tied matrix"
 
 
-def test_int8_logits_stay_close_to_float32_and_decoding_takes_the_static_cache(monkeypatch):
+def test_int8_logits_stay_close_to_float32_and_decoding_takes_the_static_cache(decoder_steps):
     model = tiny_translator(50, seed=2)
     quantized = quantize_int8(model)
     inputs = batch()
     with torch.inference_mode():
         reference, approximate = model(**inputs).logits, quantized(**inputs).logits
     assert (approximate - reference).abs().max() < 0.05 * reference.abs().max()
-    steps = []
-    decoder_step = TransformerForConditionalGeneration._decoder_step
-    monkeypatch.setattr(
-        TransformerForConditionalGeneration,
-        "_decoder_step",
-        lambda self, tokens, cache: steps.append(len(tokens)) or decoder_step(self, tokens, cache),
-    )
     generated = quantized.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-    assert steps and generated.shape[0] == 2
+    assert decoder_steps and generated.shape[0] == 2
 
 
 def test_translate_with_the_int8_model_keeps_order_and_empty_lines():

@@ -11,7 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import HUB_TOKEN, REPO_ROOT, hub_env, losses, requests_made, subprocess_env, word_for_word, write_corpus
+from helpers import (
+    HUB_TOKEN,
+    REPO_ROOT,
+    hub_env,
+    losses,
+    requests_made,
+    subprocess_env,
+    word_for_word,
+    write_corpus,
+    write_run_config,
+)
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -146,25 +156,6 @@ def test_push_without_a_token_fails_before_training(hub, tmp_path):
     assert len(requests_made(root)) == requests_before, "nothing reached the Hub"
 
 
-PREEMPTIBLE_RUN = """preset: tiny
-source_lang: en
-target_lang: de
-data_dir: {data_dir}
-output_dir: {output_dir}
-max_steps: 60
-d_model: 32
-num_layers: 1
-num_heads: 2
-ffn_dim: 64
-vocab_size: 64
-max_tokens_per_device: 64
-eval_strategy: "no"
-save_steps: 1000
-logging_steps: 1
-report_to: none
-use_cpu: true
-disable_tqdm: true
-"""
 
 
 def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_path, datasets_cache):
@@ -173,7 +164,7 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     run = tmp_path / "run"
     config = tmp_path / "run.yaml"
-    config.write_text(PREEMPTIBLE_RUN.format(data_dir=data_dir, output_dir=run))
+    write_run_config(config, data_dir, run, max_steps=60, save_steps=1000)
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), str(config)]
     command += ["--resume_from_checkpoint", "last"]  # the same command for the first launch and every requeue
     env = subprocess_env(PYTHONUNBUFFERED="1", HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
