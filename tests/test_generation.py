@@ -6,7 +6,7 @@ import torch
 from helpers import EOS, PAD, batch, tiny_config, tiny_model
 
 from modeling import TransformerForConditionalGeneration
-from modeling.generation_transformer import StaticBeamCache
+from modeling.generation_transformer import StaticBeamCache, _SelfAttention
 
 
 def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
@@ -186,23 +186,23 @@ def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_n
     assert not steps, "hooks on the bypassed stack, training mode and decoder prompts take transformers' loop"
 
 
-def test_static_cache_keeps_the_selected_histories():
+def test_static_cache_keeps_the_selected_histories_while_its_room_grows(monkeypatch):
+    monkeypatch.setattr(_SelfAttention, "FIRST_STEPS", 2)  # room for 2 steps, then 4, then the 6 asked for
     heads, head_dim = 2, 3
     encoder_hidden_states = torch.zeros(2, 5, heads * head_dim)
     cache = StaticBeamCache(4, 6, encoder_hidden_states, cross_attention_mask=None)  # 4 rows, 6 steps at most
-    history = []  # what each of the 2 rows has written, step by step
-    for _ in range(3):
-        keys = torch.randn(2, heads, 1, head_dim)
-        stored, _ = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
+    history = torch.empty(2, heads, 0, head_dim)  # what each row has written, step by step
+    for step in range(6):
+        if step == 3:
+            rows = torch.tensor([1, 1, 0, 1])  # beams moving and the first step's rows becoming several
+            cache.self_attention_cache.select(rows)
+            history = history[rows]
+        keys = torch.randn(len(history), heads, 1, head_dim)
+        stored, values = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
         cache.advance()
-        history.append(keys)
-        assert torch.equal(stored, torch.cat(history, dim=2))
-    rows = torch.tensor([1, 1, 0, 1])  # beams moving and the first step's one row per sentence becoming several
-    cache.self_attention_cache.select(rows)
-    keys = torch.randn(4, heads, 1, head_dim)
-    stored, values = cache.self_attention_cache.update(keys, keys + 1, layer_idx=0)
-    expected = torch.cat([torch.cat(history, dim=2)[rows], keys], dim=2)
-    assert torch.equal(stored, expected) and torch.equal(values, expected + 1)
+        history = torch.cat([history, keys], dim=2)
+        assert torch.equal(stored, history) and torch.equal(values, history + 1), f"step {step}"
+    assert cache.self_attention_cache.buffers[0][0].shape[2] == 6, "grown to the limit, not beyond"
 
 
 def test_generation_refuses_a_source_without_tokens_naming_the_row():
