@@ -26,6 +26,8 @@ from modeling.trainer import TokenBudgetSeq2SeqTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# What fairseq computed (tests/fixtures/fairseq/README.md).
+FAIRSEQ_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "fairseq" / "out"
 HUB_TOKEN = "hf_test_token_not_a_real_one"
 # A trainer log, as `trainer_state.json` holds it, for the model card's curves.
 LOG_HISTORY = [
