@@ -6,6 +6,7 @@ these live in `conftest.py`.
 
 import io
 import json
+import math
 import os
 import random
 import runpy
@@ -100,6 +101,55 @@ def trained_tiny_translator(
         optimizer.step()
         optimizer.zero_grad()
     return model.eval()
+
+
+def fairseq_beam_search(
+    model, source: list[int], beam: int, lenpen: float, max_len: int, *, min_len: int = 1, pad: int = PAD
+) -> list[tuple[list[int], float]]:
+    """fairseq's `SequenceGenerator._generate` for one sentence, written from its sources without fairseq (as the
+    fixtures' own check did), on `model`'s log-probabilities recomputed over the whole prefix at every step, no
+    cache: [(ids ending in </s>, score)], best first. It reproduces every fairseq fixture (tests/test_fairseq.py).
+
+    Start from </s>; after the log-softmax, padding gets -inf, at step >= max_len every token but </s> (which keeps
+    its log-probability), at step < min_len </s>; step 0 expands beam 0 only; the top 2·beam candidates of the
+    flattened beam × vocabulary scores; a </s> among the first `beam` candidates (finite) finishes, in candidate
+    order, until `beam` have finished, scored cumulative log-probability / (step + 1) ** lenpen; the first `beam`
+    candidates that are not </s> continue; done with `beam` finished or at step max_len."""
+    source_ids = torch.tensor([source])
+    tokens = torch.full((1, 1), EOS)
+    cumulative = torch.zeros(1)
+    finished: list[tuple[list[int], float]] = []
+    for step in range(max_len + 1):
+        rows = tokens.shape[0]
+        with torch.no_grad():
+            logits = model(
+                input_ids=source_ids.expand(rows, -1),
+                attention_mask=torch.ones((rows, source_ids.shape[1]), dtype=torch.long),
+                decoder_input_ids=tokens,
+                use_cache=False,
+            ).logits[:, -1]
+        log_probs = logits.float().log_softmax(-1)
+        log_probs[:, pad] = -math.inf
+        if step >= max_len:
+            eos_scores = log_probs[:, EOS].clone()
+            log_probs[:] = -math.inf
+            log_probs[:, EOS] = eos_scores
+        if step < min_len:
+            log_probs[:, EOS] = -math.inf
+        candidates = (log_probs + cumulative[:, None])[: 1 if step == 0 else rows]
+        vocab = candidates.shape[1]
+        scores, indices = candidates.reshape(-1).topk(min(2 * beam, candidates.numel() - 1))
+        beams, words = indices // vocab, indices % vocab
+        for j in range(beam):
+            if words[j] == EOS and scores[j] > -math.inf and len(finished) < beam:
+                ids = tokens[beams[j], 1:].tolist() + [EOS]
+                finished.append((ids, (scores[j] / (step + 1) ** lenpen).item()))
+        if len(finished) == beam or step == max_len:
+            break
+        going_on = [j for j in range(len(words)) if not (words[j] == EOS and scores[j] > -math.inf)][:beam]
+        tokens = torch.cat([tokens[beams[going_on]], words[going_on, None]], dim=1)
+        cumulative = scores[going_on]
+    return sorted(finished, key=lambda hypothesis: -hypothesis[1])
 
 
 def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
