@@ -4,6 +4,7 @@ Everything is made here, from toy word-for-word language pairs: no downloaded da
 these live in `conftest.py`.
 """
 
+import gzip
 import io
 import json
 import math
@@ -27,8 +28,9 @@ from modeling.trainer import TokenBudgetSeq2SeqTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-# What fairseq computed (tests/fixtures/fairseq/README.md).
+# What fairseq computed (tests/fixtures/fairseq/README.md): two tiny models of fairseq's WMT architectures.
 FAIRSEQ_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "fairseq" / "out"
+FAIRSEQ_MODELS = ("transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big")
 HUB_TOKEN = "hf_test_token_not_a_real_one"
 # A trainer log, as `trainer_state.json` holds it, for the model card's curves.
 LOG_HISTORY = [
@@ -157,6 +159,36 @@ def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditional
     model = tiny_model(vocab_size, seed=seed)
     model.generation_config.max_length_offset = 8
     return model
+
+
+# --- fairseq's fixtures ---------------------------------------------------------------------------------------
+
+
+def fairseq_outputs(name: str) -> dict:
+    """`fairseq_outputs.json.gz` of a fixture model (schema in tests/fixtures/fairseq/out/README.md)."""
+    with gzip.open(FAIRSEQ_FIXTURES / name / "fairseq_outputs.json.gz", "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def fairseq_pipeline_cases() -> dict:
+    """fairseq's text pipeline on hand-written edge cases, and rows of its sinusoid table."""
+    return json.loads((FAIRSEQ_FIXTURES / "pipeline_cases.json").read_text(encoding="utf-8"))
+
+
+def convert_fairseq_fixture(name: str, **overrides):
+    """(model, tokenizer) of a fixture model, converted with its dictionaries and BPE codes."""
+    from modeling.fairseq import from_fairseq
+
+    arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes", **overrides}
+    return from_fairseq(FAIRSEQ_FIXTURES / name / "model.pt", FAIRSEQ_FIXTURES, **arguments)
+
+
+def right_padded(rows: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of `rows`, right-padded with `pad`."""
+    input_ids = torch.full((len(rows), max(map(len, rows))), pad)
+    for index, row in enumerate(rows):
+        input_ids[index, : len(row)] = torch.tensor(row)
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad).long()}
 
 
 # --- toy language pairs -----------------------------------------------------------------------------------------
