@@ -19,8 +19,8 @@ With `pretokenized=True` (a model converted without BPE codes) the text is taken
 `@@` included. Decoding then removes the continuation marks (fairseq's `--post-process subword_nmt`) but does not
 detokenise: the output is tokenised text.
 
-This file travels with converted models as remote code: it imports only transformers (FSMTTokenizer needs
-sacremoses, which it imports itself).
+This file travels with converted models as remote code: it imports transformers, and sacremoses when a tokenizer
+is built (not at import: `import modeling` does not need sacremoses).
 """
 
 from transformers.models.fsmt.tokenization_fsmt import FSMTTokenizer
@@ -46,6 +46,10 @@ class FairseqTokenizer(FSMTTokenizer):
         clean_up_tokenization_spaces: bool = False,
         **kwargs,
     ):
+        # FSMTTokenizer imports sacremoses itself; importing it here too makes transformers name it among the
+        # packages to install when this file is loaded as remote code without it (imports inside functions count).
+        import sacremoses  # noqa: F401
+
         self.pretokenized = pretokenized
         self._moses_lang = None  # set by the target-mode switches; None: the source language
         super().__init__(

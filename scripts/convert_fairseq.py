@@ -8,7 +8,7 @@
 only a previous conversion is replaced) loads with `from_pretrained`, translates as fairseq-interactive with
 `--tokenizer moses --bpe subword_nmt --beam 4 --lenpen 0.6` does, and pushes with scripts/push_to_hub.py.
 Without --bpe-codes, inputs must be Moses-tokenised and BPE-split already, and outputs stay tokenised.
-The tokenizer needs sacremoses (pip install sacremoses, or the project's eval extra).
+The tokenizer needs sacremoses (pip install "vaswani-transformer[fairseq]"); fairseq itself is not needed.
 """
 
 import argparse
@@ -40,7 +40,7 @@ def main() -> None:
             bpe_codes=args.bpe_codes,
         )
     except ImportError as error:  # sacremoses, which the tokenizer needs
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {error} (pip install sacremoses, or 'vaswani-transformer[fairseq]')")
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(f"wrote {output_dir}")

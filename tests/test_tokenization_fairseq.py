@@ -1,9 +1,13 @@
 """Tests of modeling/tokenization_fairseq.py: fairseq's Moses + subword-nmt pipeline and its detokenisation, against
 what fairseq itself produced (tests/fixtures/fairseq), without fairseq installed."""
 
+import subprocess
+import sys
+
 import pytest
-from helpers import FAIRSEQ_FIXTURES, FAIRSEQ_MODELS, fairseq_outputs, fairseq_pipeline_cases
+from helpers import FAIRSEQ_FIXTURES, FAIRSEQ_MODELS, fairseq_outputs, fairseq_pipeline_cases, subprocess_env
 from transformers import AutoTokenizer, FSMTTokenizer
+from transformers.dynamic_module_utils import get_imports
 
 from modeling.fairseq import fairseq_tokenizer, read_fairseq_dictionary
 from modeling.tokenization_fairseq import FairseqTokenizer
@@ -108,3 +112,13 @@ def test_saved_tokenizer_loads_by_name_with_the_project_and_carries_its_code(tok
     for record in HELD_OUT["heldout_text"][:10]:
         assert loaded(record["raw"])["input_ids"] == record["src_ids"]
     assert loaded.get_vocab() == tokenizer.get_vocab() and len(loaded) == 568
+
+
+def test_sacremoses_is_named_as_a_requirement_of_the_remote_code_but_not_needed_to_import_the_project():
+    import modeling.tokenization_fairseq as module
+
+    assert "sacremoses" in get_imports(module.__file__)  # what transformers asks a remote-code user to install
+    assert set(get_imports(module.__file__)) == {"sacremoses", "transformers"}
+    script = "import sys, modeling; assert 'sacremoses' not in sys.modules, 'imported by import modeling'"
+    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
