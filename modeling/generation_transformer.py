@@ -17,6 +17,7 @@ torch and transformers. The loop below calls transformers' private beam-search s
 release can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
 """
 
+import contextvars
 import copy
 import math
 from types import SimpleNamespace
@@ -38,6 +39,9 @@ FAIRSEQ_DECODING_FIELDS = ("max_length_a", "max_length_b", "forced_eos_keeps_log
 MODEL_DECODING_FIELDS = PAPER_DECODING_FIELDS + FAIRSEQ_DECODING_FIELDS
 # fairseq's defaults for --max-len-a / --max-len-b, taken by the one of the two that is not set.
 FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B = 0, 200
+# The beam_finalization of the beam search under way, for `_update_finished_beams`, which both loops call without
+# the generation config (a context variable: each thread, each task its own).
+_BEAM_FINALIZATION: contextvars.ContextVar[str] = contextvars.ContextVar("beam_finalization", default="best")
 
 
 def set_paper_decoding(generation_config: GenerationConfig) -> None:
@@ -441,8 +445,7 @@ class TransformerGenerationMixin(GenerationMixin):
         if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        # Read by `_update_finished_beams`, which both loops call without the generation config.
-        self._beam_finalization = getattr(generation_config, "beam_finalization", None) or "best"
+        finalization = _BEAM_FINALIZATION.set(getattr(generation_config, "beam_finalization", None) or "best")
         try:
             if not self._can_decode_with_static_cache(
                 input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
@@ -454,7 +457,7 @@ class TransformerGenerationMixin(GenerationMixin):
                 input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
             )
         finally:
-            self._beam_finalization = "best"
+            _BEAM_FINALIZATION.reset(finalization)
 
     def _update_finished_beams(
         self,
@@ -498,7 +501,7 @@ class TransformerGenerationMixin(GenerationMixin):
             length_penalty,
             early_stopping,
         )
-        if getattr(self, "_beam_finalization", "best") != "first":
+        if _BEAM_FINALIZATION.get() != "first":
             return step(*arguments)
         # transformers' scores of the new candidates (-1e9 added to those that cannot be taken), then the merge with
         # the old ones' priority: every finished hypothesis first, then the rest by score.

@@ -110,7 +110,7 @@ def fairseq_beam_search(
 ) -> list[tuple[list[int], float]]:
     """fairseq's `SequenceGenerator._generate` for one sentence, written from its sources without fairseq (as the
     fixtures' own check did), on `model`'s log-probabilities recomputed over the whole prefix at every step, no
-    cache: [(ids ending in </s>, score)], best first. It reproduces every fairseq fixture (tests/test_fairseq.py).
+    cache: [(ids ending in </s>, score)], best first. It gives fairseq's own 4-best lists (tests/test_fairseq.py).
 
     Start from </s>; after the log-softmax, padding gets -inf, at step >= max_len every token but </s> (which keeps
     its log-probability), at step < min_len </s>; step 0 expands beam 0 only; the top 2·beam candidates of the
