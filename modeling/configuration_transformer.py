@@ -27,6 +27,7 @@ from huggingface_hub.dataclasses import strict  # noqa: E402 (after the version 
 from transformers import PreTrainedConfig  # noqa: E402
 
 POSITIONAL_ENCODING_LAYOUTS = ("interleaved", "concatenated")
+POSITIONAL_ENCODING_FREQUENCIES = ("paper", "tensor2tensor")
 
 
 @strict(accept_kwargs=True)
@@ -52,6 +53,11 @@ class TransformerConfig(PreTrainedConfig):
         positional_encoding_layout: `"interleaved"` is the paper's formula (sin on even, cos on odd dimensions,
             Sec. 3.5); `"concatenated"` puts all sines first, then all cosines, as tensor2tensor, fairseq and
             Marian do. The two differ only by a permutation of hidden dimensions.
+        positional_encoding_frequencies: `"paper"` gives frequency i the wavelength 10000^(2i/d_model) (Sec. 3.5);
+            `"tensor2tensor"` gives it exp(-ln(10000) · i / (d_model/2 - 1)), so that the last frequency is exactly
+            1/10000, computed in float32 as fairseq computes it (its published WMT models use it).
+        positional_encoding_offset: position p (0 for the first token) is encoded as position p + offset. fairseq
+            numbers positions from `padding_idx + 1`, i.e. 2 for its dictionaries; 0 is the paper's.
         scale_embedding: multiply embeddings by sqrt(d_model) (Sec. 3.4).
         tie_word_embeddings: share one matrix between encoder input, decoder input and the pre-softmax
             projection (Sec. 3.4).
@@ -83,6 +89,8 @@ class TransformerConfig(PreTrainedConfig):
     attention_bias: bool = False
     max_position_embeddings: int = 1024
     positional_encoding_layout: str = "interleaved"
+    positional_encoding_frequencies: str = "paper"
+    positional_encoding_offset: int = 0
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
     init_std: float | None = None
@@ -108,6 +116,14 @@ class TransformerConfig(PreTrainedConfig):
                 f"Unknown positional_encoding_layout {self.positional_encoding_layout!r}; "
                 f"expected one of {POSITIONAL_ENCODING_LAYOUTS}."
             )
+        if self.positional_encoding_frequencies not in POSITIONAL_ENCODING_FREQUENCIES:
+            raise ValueError(
+                f"Unknown positional_encoding_frequencies {self.positional_encoding_frequencies!r}; "
+                f"expected one of {POSITIONAL_ENCODING_FREQUENCIES}."
+            )
+        offset = self.positional_encoding_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"positional_encoding_offset must be a non-negative integer, got {offset!r}.")
         if self.d_model % 2 != 0:
             raise ValueError(f"d_model ({self.d_model}) must be even: sinusoids come in sin/cos pairs.")
         super().__post_init__(**kwargs)

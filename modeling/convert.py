@@ -1,4 +1,7 @@
-"""Exact conversion between this model and transformers' MarianMTModel.
+"""Exact conversions: between this model and transformers' MarianMTModel, and from fairseq's Transformers.
+
+`from_fairseq` (fairseq checkpoint + dictionaries + BPE codes -> this model and its tokenizer) and
+`convert_fairseq` (the same, saved as a model directory) live in `modeling.fairseq`; they are re-exported here.
 
 Marian is the same architecture family (post-LN, sinusoidal positions, one shared scaled embedding), so a
 conversion that reproduces its logits is the proof that this implementation is the architecture it claims to
@@ -14,6 +17,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from .configuration_transformer import TransformerConfig
+from .fairseq import convert_fairseq, from_fairseq
 from .modeling_transformer import TransformerForConditionalGeneration
 
 # Names that differ between the two module trees; all others are identical.
@@ -147,6 +151,12 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
     )
     if config.layer_norm_eps != 1e-5:
         raise ValueError(f"MarianMTModel's LayerNorm epsilon is 1e-5; this model uses {config.layer_norm_eps}.")
+    for name, paper in (("positional_encoding_frequencies", "paper"), ("positional_encoding_offset", 0)):
+        if getattr(config, name) != paper:
+            raise ValueError(
+                f"MarianMTModel adds the paper's sinusoids from position 0; this model has {name}="
+                f"{getattr(config, name)!r} (a converted fairseq model, say), which Marian cannot compute."
+            )
     state_dict = dict(model.state_dict())
     if config.positional_encoding_layout == "interleaved":
         state_dict = _permute_hidden(state_dict, interleaved_to_concatenated_permutation(config.d_model))
@@ -185,4 +195,4 @@ def _copy_generation_settings(source, target) -> None:
             setattr(target.generation_config, name, value)
 
 
-__all__ = ["from_marian", "to_marian", "interleaved_to_concatenated_permutation"]
+__all__ = ["convert_fairseq", "from_fairseq", "from_marian", "to_marian", "interleaved_to_concatenated_permutation"]

@@ -294,20 +294,45 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     the generation config's; CTranslate2 stops a sentence's search once `beam_size` hypotheses have finished, as
     `early_stopping=True` does. `max_decoding_length` counts the end-of-sentence token, as `max_new_tokens` does:
     it is `max_new_tokens` when set, else 256 (CTranslate2's default), within the positional table.
-    `min_decoding_length=0` allows an empty translation, as `generate()` does (CTranslate2's default, 1, does
-    not). `max_input_length` is the positional table's length.
+    `min_decoding_length` is `min_new_tokens`: 0 allows an empty translation, as `generate()` does by default
+    (CTranslate2's default, 1, does not; fairseq's decoding sets 1). `max_input_length` is the positional table's
+    length.
+
+    fairseq's limit (`max_length_a`, `max_length_b`: int(a · W + b) tokens, then a forced end-of-sentence that keeps
+    its log-probability) becomes `max_decoding_length` = int(a · max_input_length + b), capped as generate() caps it:
+    exact while no hypothesis reaches it (CTranslate2 stops there without an end-of-sentence and its score), and
+    with a = 0 the same limit for every batch. The top hypothesis does not depend on `beam_finalization`.
     """
     generation = model.generation_config
     positions = model.config.max_position_embeddings
     limit = generation.max_new_tokens if generation.max_new_tokens is not None else 256
+    a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
+    fairseq_limit = a is not None or b is not None
+    if fairseq_limit:
+        a, b = a or 0, 200 if b is None else b  # the defaults generate() gives the one not set
+        limit = min(int(a * positions + b), positions - 1)
     options: dict[str, Any] = {
         "beam_size": int(generation.num_beams or 1),
         "length_penalty": float(generation.length_penalty if generation.length_penalty is not None else 1.0),
         "max_input_length": positions,
         "max_decoding_length": min(int(limit), positions),
-        "min_decoding_length": 0,
+        "min_decoding_length": int(generation.min_new_tokens or 0),
     }
     not_expressed = paper_decoding_not_expressed(model, "CTranslate2")
+    if fairseq_limit:
+        forced = getattr(generation, "forced_eos_keeps_log_prob", False)
+        not_expressed.append(
+            f"max_length_a={a}, max_length_b={b}: CTranslate2 stops a hypothesis at max_decoding_length tokens "
+            "without an end-of-sentence"
+            + (", where generate() forces one that keeps its log-probability" if forced else "")
+            + (f", and its limit does not follow each batch's source width (a = {a})" if a else "")
+            + ": the same translations while no sentence reaches the limit"
+        )
+    if generation.suppress_tokens:
+        not_expressed.append(
+            f"suppress_tokens={list(generation.suppress_tokens)}: not passed on (generate() masks them after the "
+            "log-softmax)"
+        )
     if generation.do_sample:
         not_expressed.append("do_sample=True: these options decode with beam search")
     if generation.early_stopping is not True and options["beam_size"] > 1:
@@ -326,9 +351,10 @@ model's own: CTranslate2 takes tokens, not text, and the source side ends in `</
 ```python
 import json
 import ctranslate2
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 
-tokenizer = PreTrainedTokenizerFast.from_pretrained("{name}")
+# trust_remote_code: the tokenizer of a converted fairseq model is code that travels with it
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
 translator = ctranslate2.Translator("{name}", device="cpu", compute_type="default")  # or "int8"
 options = json.load(open("{name}/{options_file}"))
 sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(["A man is riding a bicycle."])["input_ids"]]
@@ -404,6 +430,9 @@ def check_marian(model: TransformerForConditionalGeneration) -> None:
         _refuse("tie_word_embeddings", False, "MarianMT", "it shares one embedding matrix three ways")
     if config.layer_norm_eps != 1e-5:
         _refuse("layer_norm_eps", config.layer_norm_eps, "MarianMT", "its LayerNorm epsilon is 1e-5")
+    for name, paper in (("positional_encoding_frequencies", "paper"), ("positional_encoding_offset", 0)):
+        if getattr(config, name) != paper:
+            _refuse(name, getattr(config, name), "MarianMT", "it adds the paper's sinusoids from position 0")
     _single_eos(config, "MarianMT")
 
 

@@ -1,9 +1,12 @@
 """Decoding as in the paper (Sec. 6.1): beam 4, length penalty alpha = 0.6, max length = input length + 50.
 
-`TransformerGenerationMixin` is `GenerationMixin` with three additions, each switched by the generation config:
+`TransformerGenerationMixin` is `GenerationMixin` with these additions, each switched by the generation config:
 
 - the GNMT length penalty ((5 + |Y|) / 6) ** alpha that the paper uses, instead of transformers' |Y| ** alpha;
 - a maximum output length per sentence (its source length + 50), instead of one for the whole batch;
+- fairseq's decoding rules, for converted fairseq models (`set_fairseq_decoding`): its length limit
+  a · source width + b, an end-of-sentence forced at the limit that keeps its log-probability, and beam search
+  that keeps the first `num_beams` finished hypotheses;
 - a beam-search loop that drops each sentence from the batch once its result is final and runs the first step on
   one beam per sentence (CTranslate2's two economies), with the outputs of transformers' own loop.
 
@@ -14,6 +17,7 @@ torch and transformers. The loop below calls transformers' private beam-search s
 release can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
 """
 
+import contextvars
 import copy
 import math
 from types import SimpleNamespace
@@ -28,7 +32,16 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import ModelOutput
 
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
+BEAM_FINALIZATIONS = ("best", "first")
 PAPER_DECODING_FIELDS = ("length_penalty_type", "max_length_offset")
+FAIRSEQ_DECODING_FIELDS = ("max_length_a", "max_length_b", "forced_eos_keeps_log_prob", "beam_finalization")
+# Generation config fields of this model (not transformers'): generate() takes them as keyword arguments too.
+MODEL_DECODING_FIELDS = PAPER_DECODING_FIELDS + FAIRSEQ_DECODING_FIELDS
+# fairseq's defaults for --max-len-a / --max-len-b, taken by the one of the two that is not set.
+FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B = 0, 200
+# The beam_finalization of the beam search under way, for `_update_finished_beams`, which both loops call without
+# the generation config (a context variable: each thread, each task its own).
+_BEAM_FINALIZATION: contextvars.ContextVar[str] = contextvars.ContextVar("beam_finalization", default="best")
 
 
 def set_paper_decoding(generation_config: GenerationConfig) -> None:
@@ -40,6 +53,44 @@ def set_paper_decoding(generation_config: GenerationConfig) -> None:
     generation_config.length_penalty_type = "gnmt"
     generation_config.max_length_offset = 50
     # These settings are the model's own, not copies of config.json: keep them when saved and loaded.
+    generation_config._from_model_config = False
+
+
+def set_fairseq_decoding(
+    generation_config: GenerationConfig,
+    *,
+    pad_token_id: int,
+    num_beams: int = 5,
+    length_penalty: float = 1.0,
+    max_length_a: float = FAIRSEQ_MAX_LEN_A,
+    max_length_b: int = FAIRSEQ_MAX_LEN_B,
+) -> None:
+    """fairseq's `SequenceGenerator` (fairseq-generate / fairseq-interactive with `--beam`, `--lenpen`,
+    `--max-len-a`, `--max-len-b`; the defaults are fairseq's), as this model's generation config:
+
+    - decoding starts from the decoder start token (`</s>` in fairseq's dictionaries) and ranks finished
+      hypotheses by log P(Y) / |Y| ** lenpen, |Y| counting the end-of-sentence (`length_penalty_type="transformers"`);
+    - at most int(max_len_a · W + max_len_b) tokens before the end-of-sentence, W the padded width of the batch's
+      sources, end-of-sentence included (`input_ids.shape[1]`), capped at max_position_embeddings - 1; at the limit
+      every token but end-of-sentence is masked and end-of-sentence keeps its log-probability
+      (`forced_eos_keeps_log_prob`);
+    - padding is masked after the log-softmax (`suppress_tokens`), and end-of-sentence at the first step
+      (fairseq's min_len 1: `min_new_tokens=1`);
+    - a sentence is done once `num_beams` hypotheses have finished (`early_stopping=True`), which are the first
+      `num_beams` to finish (`beam_finalization="first"`).
+    `num_beams=1` is greedy decoding, as fairseq's beam of 1 is.
+    """
+    generation_config.num_beams = num_beams
+    generation_config.length_penalty = length_penalty
+    generation_config.early_stopping = True
+    generation_config.length_penalty_type = "transformers"
+    generation_config.max_length_offset = None
+    generation_config.max_length_a = max_length_a
+    generation_config.max_length_b = max_length_b
+    generation_config.forced_eos_keeps_log_prob = True
+    generation_config.beam_finalization = "first"
+    generation_config.suppress_tokens = [pad_token_id]
+    generation_config.min_new_tokens = 1
     generation_config._from_model_config = False
 
 
@@ -58,16 +109,20 @@ class GNMTLengthPenalty(float):
 
 class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
     """Forces end-of-sentence once a hypothesis holds `max_lengths[i]` tokens, so that each sentence stops at
-    its own limit rather than the batch's longest (Sec. 6.1: "maximum output length to input length + 50")."""
+    its own limit rather than the batch's longest (Sec. 6.1: "maximum output length to input length + 50").
 
-    def __init__(self, max_lengths: torch.Tensor, eos_token_id: int):
+    Every other token is masked; end-of-sentence gets log-probability 0 (transformers' `ForcedEOSTokenLogitsProcessor`
+    does the same), or keeps the score it has with `keep_eos_score=True` (fairseq's `SequenceGenerator`)."""
+
+    def __init__(self, max_lengths: torch.Tensor, eos_token_id: int, keep_eos_score: bool = False):
         self.max_lengths = max_lengths  # (B,)
         self.eos_token_id = eos_token_id
+        self.keep_eos_score = keep_eos_score
 
     def for_sentences(self, sentences: torch.Tensor) -> "PerSentenceMaxLengthLogitsProcessor":
         """The same limits for a batch that keeps only `sentences` (indices into this one's)."""
         return PerSentenceMaxLengthLogitsProcessor(
-            self.max_lengths[sentences.to(self.max_lengths.device)], self.eos_token_id
+            self.max_lengths[sentences.to(self.max_lengths.device)], self.eos_token_id, self.keep_eos_score
         )
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -78,7 +133,7 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         if not at_limit.any():  # most steps: spare three passes over the (B * K, V) scores
             return scores
         forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = 0.0
+        forced[:, self.eos_token_id] = scores[:, self.eos_token_id] if self.keep_eos_score else 0.0
         return torch.where(at_limit[:, None], forced, scores)
 
 
@@ -257,7 +312,20 @@ class TransformerGenerationMixin(GenerationMixin):
           given here or saved in the generation config still caps the whole batch.
         - `length_penalty_type`: `"gnmt"` (default) ranks finished beams by log P(Y) / ((5 + |Y|) / 6) ** alpha;
           `"transformers"` keeps the library's log P(Y) / |Y| ** alpha.
-        Both may also be passed as keyword arguments, like any generation parameter.
+
+        and with fairseq's (`set_fairseq_decoding`), for converted fairseq models:
+
+        - `max_length_a`, `max_length_b` (fairseq's `--max-len-a`, `--max-len-b`; `None`, the default, is off;
+          setting one turns the limit on, the other then takes fairseq's default, 0 or 200): every sentence holds
+          at most min(int(a · W + b), max_position_embeddings - 1) tokens before its end-of-sentence, W being the
+          padded width of the sources, end-of-sentence included (`input_ids.shape[1]`). As in fairseq, W is the
+          batch's: with a != 0 the limit depends on which sentences share a batch. Not with `max_length_offset`.
+        - `forced_eos_keeps_log_prob` (default False): at a length limit every token but end-of-sentence is masked;
+          True keeps end-of-sentence's log-probability (fairseq), False gives it 0 (transformers' forced EOS).
+        - `beam_finalization`: `"best"` (default, transformers) keeps the best `num_beams` finished hypotheses of a
+          sentence, a later one displacing an earlier; `"first"` (fairseq) keeps the first `num_beams` to finish.
+
+        All may also be passed as keyword arguments, like any generation parameter.
 
         An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
         no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
@@ -267,7 +335,7 @@ class TransformerGenerationMixin(GenerationMixin):
         base_config = generation_config if generation_config is not None else self.generation_config
         unknown_to_config = {
             name: kwargs.pop(name)
-            for name in PAPER_DECODING_FIELDS
+            for name in MODEL_DECODING_FIELDS
             if name in kwargs and not hasattr(base_config, name)
         }
         if unknown_to_config:  # a user's own GenerationConfig without our fields: carry them on a copy
@@ -286,19 +354,61 @@ class TransformerGenerationMixin(GenerationMixin):
         penalty_type = setting("length_penalty_type", "transformers")
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
+        finalization = setting("beam_finalization", "best")
+        if finalization not in BEAM_FINALIZATIONS:
+            raise ValueError(f"Unknown beam_finalization {finalization!r}; expected one of {BEAM_FINALIZATIONS}.")
+        keep_eos_score = setting("forced_eos_keeps_log_prob", False)
+        if not isinstance(keep_eos_score, bool):
+            raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
         offset = setting("max_length_offset", None)
-        source_lengths = self._source_lengths(inputs, kwargs) if offset is not None else None
-        if source_lengths is not None:
+        max_lengths = None  # (B,): tokens each sentence may hold, end-of-sentence included
+        fairseq_limit = self._fairseq_max_length(setting("max_length_a", None), setting("max_length_b", None))
+        if fairseq_limit is not None:
+            if offset is not None:
+                raise ValueError(
+                    f"max_length_offset={offset!r} and max_length_a/max_length_b both set a length limit: "
+                    "set max_length_offset=None for fairseq's limit, or max_length_a=max_length_b=None."
+                )
+            width = self._source_width(inputs, kwargs)
+            if width is not None:
+                a, b = fairseq_limit
+                tokens_before_eos = min(int(a * width[1] + b), self.config.max_position_embeddings - 1)
+                max_lengths = torch.full((width[0],), tokens_before_eos + 1, device=self.device)
+        elif offset is not None:
+            source_lengths = self._source_lengths(inputs, kwargs)
+            max_lengths = source_lengths + offset if source_lengths is not None else None
+        if max_lengths is not None:
             eos_token_id = setting("eos_token_id", self.config.eos_token_id)
             eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
             logits_processor = LogitsProcessorList(logits_processor or [])
-            max_lengths = source_lengths + offset
-            logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id))
+            logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score))
             if not self._length_cap_given(base_config, kwargs):
                 kwargs["max_new_tokens"] = int(max_lengths.max())
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
+
+    @staticmethod
+    def _fairseq_max_length(a, b) -> tuple[float, int | float] | None:
+        """(a, b) of fairseq's limit int(a · W + b), or None when neither is set; checked."""
+        if a is None and b is None:
+            return None
+        a = FAIRSEQ_MAX_LEN_A if a is None else a
+        b = FAIRSEQ_MAX_LEN_B if b is None else b
+        for name, value in (("max_length_a", a), ("max_length_b", b)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}.")
+        return a, b
+
+    def _source_width(self, inputs: torch.Tensor | None, kwargs: dict) -> tuple[int, int] | None:
+        """(batch size, padded source width), from the input ids, the attention mask or the encoder output."""
+        for source in (inputs, kwargs.get("input_ids"), kwargs.get("attention_mask")):
+            if source is not None and source.dim() == 2:
+                return source.shape[0], source.shape[1]
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            return encoder_outputs[0].shape[0], encoder_outputs[0].shape[1]
+        return None
 
     @staticmethod
     def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
@@ -352,14 +462,85 @@ class TransformerGenerationMixin(GenerationMixin):
         if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        if not self._can_decode_with_static_cache(
-            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
-        ):
-            return super()._beam_search(
-                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+        finalization = _BEAM_FINALIZATION.set(getattr(generation_config, "beam_finalization", None) or "best")
+        try:
+            if not self._can_decode_with_static_cache(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+            ):
+                return super()._beam_search(
+                    input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+                )
+            return self._beam_search_dropping_finished(
+                input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
             )
-        return self._beam_search_dropping_finished(
-            input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+        finally:
+            _BEAM_FINALIZATION.reset(finalization)
+
+    def _update_finished_beams(
+        self,
+        sequences,
+        topk_running_sequences,
+        beam_scores,
+        topk_log_probs,
+        beam_indices,
+        topk_running_beam_indices,
+        is_early_stop_heuristic_unsatisfied,
+        is_sent_finished,
+        next_token_hits_stopping_criteria,
+        top_num_beam_mask,
+        num_beams,
+        cur_len,
+        decoder_prompt_len,
+        length_penalty,
+        early_stopping,
+    ):
+        """transformers' step, or with `beam_finalization="first"` fairseq's (`SequenceGenerator.finalize_hypos`):
+        a hypothesis that has finished stays among the sentence's `num_beams` finished ones, and the hypotheses
+        finishing at this step (among the first `num_beams` candidates, as in transformers) fill the free places in
+        candidate order, that is by score. transformers instead keeps the best `num_beams` of the old and the new,
+        which differs when more finish at one step than there are free places: the best hypothesis is the same,
+        the others may not be. The finished hypotheses stay sorted by score, best first."""
+        step = super()._update_finished_beams
+        arguments = (
+            sequences,
+            topk_running_sequences,
+            beam_scores,
+            topk_log_probs,
+            beam_indices,
+            topk_running_beam_indices,
+            is_early_stop_heuristic_unsatisfied,
+            is_sent_finished,
+            next_token_hits_stopping_criteria,
+            top_num_beam_mask,
+            num_beams,
+            cur_len,
+            decoder_prompt_len,
+            length_penalty,
+            early_stopping,
+        )
+        if _BEAM_FINALIZATION.get() != "first":
+            return step(*arguments)
+        # transformers' scores of the new candidates (-1e9 added to those that cannot be taken), then the merge with
+        # the old ones' priority: every finished hypothesis first, then the rest by score.
+        just_finished = next_token_hits_stopping_criteria & top_num_beam_mask[None, :]  # (b, 2K)
+        new_scores = topk_log_probs / ((cur_len + 1 - decoder_prompt_len) ** length_penalty)
+        full = torch.all(is_sent_finished, dim=-1, keepdim=True) & (early_stopping is True)
+        new_scores = new_scores + full.to(torch.float32) * -1.0e9
+        new_scores = new_scores + (~is_early_stop_heuristic_unsatisfied).to(torch.float32) * -1.0e9
+        new_scores = new_scores + (~just_finished) * -1.0e9
+        merged_sequences = torch.cat((sequences, topk_running_sequences), dim=1)
+        merged_scores = torch.cat((beam_scores, new_scores), dim=1)
+        merged_beam_indices = torch.cat((beam_indices, topk_running_beam_indices), dim=1)
+        merged_is_finished = torch.cat((is_sent_finished, just_finished), dim=1)
+        kept_first = torch.cat((is_sent_finished, torch.zeros_like(just_finished)), dim=1)
+        chosen = torch.topk(merged_scores.masked_fill(kept_first, math.inf), k=num_beams)[1]  # (b, K)
+        chosen_scores = merged_scores.gather(1, chosen)
+        chosen = chosen.gather(1, torch.sort(chosen_scores, dim=-1, descending=True, stable=True)[1])
+        return (
+            self._gather_beams(merged_sequences, chosen),
+            self._gather_beams(merged_scores, chosen),
+            self._gather_beams(merged_beam_indices, chosen),
+            self._gather_beams(merged_is_finished, chosen),
         )
 
     def _can_decode_with_static_cache(
@@ -559,4 +740,10 @@ class TransformerGenerationMixin(GenerationMixin):
         return sequences[:, : prompt_length + generated_length]
 
 
-__all__ = ["GNMTLengthPenalty", "PerSentenceMaxLengthLogitsProcessor", "TransformerGenerationMixin"]
+__all__ = [
+    "GNMTLengthPenalty",
+    "PerSentenceMaxLengthLogitsProcessor",
+    "TransformerGenerationMixin",
+    "set_fairseq_decoding",
+    "set_paper_decoding",
+]

@@ -10,6 +10,9 @@ Files read from the `card_from` directories (any subset may be missing):
 - `trainer_state.json`: the Trainer's state, whose `log_history` gives the curves and the training length;
 - `training_args.json`: training hyperparameters, e.g. `TrainingArguments.to_dict()` plus project extras;
 - `data_stats.json`: data statistics (sentence counts, cleaning), any nesting of numbers and strings.
+
+From the model directory itself: `config.json`, the safetensors headers, and `fairseq_conversion.json` when the
+model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card then says where it came from.
 """
 
 import dataclasses
@@ -32,6 +35,14 @@ TRAINER_STATE_FILE = "trainer_state.json"
 TRAINING_ARGS_FILE = "training_args.json"
 DATA_STATS_FILE = "data_stats.json"
 CURVES_FILE = "training_curves.png"
+# Written by modeling.fairseq.convert_fairseq into a converted model's directory.
+CONVERSION_FILE = "fairseq_conversion.json"
+# What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
+# examples/scaling_nmt): BLEU with compound splitting as the paper computes it, and sacreBLEU.
+FAIRSEQ_PUBLISHED_BLEU = (
+    ("transformer.wmt16.en-de", "wmt16.en-de.joined-dict.transformer.tar.bz2", "en-de", 29.3, 28.6),
+    ("transformer.wmt14.en-fr", "wmt14.en-fr.joined-dict.transformer.tar.bz2", "en-fr", 43.2, 41.4),
+)
 
 
 # Training hyperparameters worth a reader's attention, in display order; keys that are not TrainingArguments
@@ -68,6 +79,8 @@ ARCHITECTURE_FIELDS = (
     ("dropout", "P_drop"),
     ("vocab_size", "shared vocabulary"),
     ("positional_encoding_layout", "positional encoding layout"),
+    ("positional_encoding_frequencies", "positional encoding frequencies"),
+    ("positional_encoding_offset", "position of the first token"),
     ("tie_word_embeddings", "tied embeddings / pre-softmax projection"),
 )
 
@@ -241,16 +254,18 @@ def render_model_card(
     num_parameters: int | None = None,
     curve_png: str | None = None,
     license: str = "apache-2.0",
+    conversion: dict[str, Any] | None = None,
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
     `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
-    theirs. `template_path` is a Jinja2 template (default: the package's `templates/model_card.md`)
-    rendered with `StrictUndefined`, so a misspelt variable fails instead of silently printing nothing.
+    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`. `template_path` is a Jinja2
+    template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
+    variable fails instead of silently printing nothing.
     """
     first = eval_results[0] if eval_results else {}
-    source_lang = source_lang or first.get("source_lang")
-    target_lang = target_lang or first.get("target_lang")
+    source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
+    target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = dataset_name or first.get("dataset")
     metadata = _eval_results_metadata(eval_results, dataset_name)
     card_data = ModelCardData(
@@ -260,7 +275,7 @@ def render_model_card(
         license=license,
         library_name="transformers",
         pipeline_tag="translation",
-        tags=["translation", "transformer", "vaswani-transformer", "custom_code"],
+        tags=["translation", "transformer", "vaswani-transformer", "custom_code", *(["fairseq"] * bool(conversion))],
         datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,
         metrics=["bleu", "chrf"] if metadata else None,
     )
@@ -280,6 +295,8 @@ def render_model_card(
         "training_summary": training_summary(log_history),
         "data_stats": _flatten(data_stats) if data_stats else {},
         "curve_png": curve_png,
+        "conversion": conversion,
+        "fairseq_published_bleu": FAIRSEQ_PUBLISHED_BLEU,
     }
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template.is_file():
@@ -304,6 +321,7 @@ def write_model_card(
     """
     model_dir = Path(model_dir)
     inputs = collect_card_inputs(card_from)
+    conversion = read_json(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
     # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
     source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
     curve_png = None
@@ -325,5 +343,6 @@ def write_model_card(
         model_config=read_json(model_dir / "config.json"),
         num_parameters=count_parameters(model_dir),
         curve_png=curve_png,
+        conversion=conversion,
     )
     return write_text(model_dir / "README.md", str(card))

@@ -43,15 +43,27 @@ from .generation_transformer import TransformerGenerationMixin, set_paper_decodi
 # --------------------------------------------------------------------------------------------------------------
 
 
-def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int, layout: str) -> torch.Tensor:
+def sinusoidal_positional_encoding(
+    positions: torch.Tensor, d_model: int, layout: str, frequencies: str = "paper"
+) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     `layout="interleaved"` places the pair (sin, cos) of frequency i at dimensions (2i, 2i+1), as the formula
     reads; `"concatenated"` places all sines first, then all cosines (tensor2tensor, fairseq, Marian).
-    Computed in float64, then rounded to float32, so that both layouts match other implementations bit for bit.
+    `frequencies="paper"` is the formula above, computed in float64, then rounded to float32, so that both layouts
+    match other implementations bit for bit. `"tensor2tensor"` is the form tensor2tensor and fairseq use, frequency
+    exp(-ln(10000) · i / (d_model/2 - 1)) for i = 0 .. d_model/2 - 1, computed in float32 with fairseq's operations
+    (`SinusoidalPositionalEmbedding.get_embedding`), so that converted fairseq models add fairseq's numbers: built
+    in float64 instead, they would differ by up to 3e-5 at position 1000.
     """
-    frequency_exponents = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # (D/2,)
-    angles = positions.to(torch.float64)[:, None] / torch.pow(10000.0, frequency_exponents)[None, :]  # (T, D/2)
+    if frequencies == "tensor2tensor":
+        half = d_model // 2
+        scale = math.log(10000) / max(half - 1, 1)
+        inverse_wavelengths = torch.exp(torch.arange(half, dtype=torch.float32) * -scale)  # (D/2,)
+        angles = positions.to(torch.float32)[:, None] * inverse_wavelengths[None, :]  # (T, D/2)
+    else:
+        frequency_exponents = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # (D/2,)
+        angles = positions.to(torch.float64)[:, None] / torch.pow(10000.0, frequency_exponents)[None, :]  # (T, D/2)
     if layout == "interleaved":
         table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (T, D)
     else:
@@ -61,20 +73,26 @@ def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int, layout
 
 class TransformerPositionalEncoding(nn.Module):
     """Fixed sinusoids, not learned and not saved: the table is a non-persistent buffer, refilled by
-    `_init_weights` after `from_pretrained` builds the model on the meta device."""
+    `_init_weights` after `from_pretrained` builds the model on the meta device.
+
+    Row p of the table, and `forward(p, 1)`, encode the p-th token (0 for the first) as position
+    p + `positional_encoding_offset`: everything that reads positions from this module (the stacks, the decoding
+    loop, the CTranslate2 export) sees the offset."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.d_model = config.d_model
         self.layout = config.positional_encoding_layout
+        self.frequencies = config.positional_encoding_frequencies
+        self.offset = config.positional_encoding_offset
         self.register_buffer("table", self.compute_table(config.max_position_embeddings), persistent=False)
 
     def compute_table(self, num_positions: int, start: int = 0) -> torch.Tensor:
-        positions = torch.arange(start, start + num_positions)
-        return sinusoidal_positional_encoding(positions, self.d_model, self.layout)
+        positions = torch.arange(start + self.offset, start + self.offset + num_positions)
+        return sinusoidal_positional_encoding(positions, self.d_model, self.layout, self.frequencies)
 
     def forward(self, start: int, length: int) -> torch.Tensor:
-        """Encodings of positions start, ..., start + length - 1: (T, D)."""
+        """Encodings of the tokens start, ..., start + length - 1 (positions offset as configured): (T, D)."""
         if start + length <= self.table.shape[0]:
             return self.table[start : start + length]
         # Beyond the precomputed table the formula still applies (Sec. 3.5: "may allow the model to

@@ -5,7 +5,16 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from helpers import HUB_TOKEN, LOG_HISTORY, mixed_corpus, save_tiny_checkpoint, synthetic_pairs
+from helpers import (
+    FAIRSEQ_FIXTURES,
+    FAIRSEQ_MODELS,
+    HUB_TOKEN,
+    LOG_HISTORY,
+    convert_fairseq_fixture,
+    mixed_corpus,
+    save_tiny_checkpoint,
+    synthetic_pairs,
+)
 from hub_server import running_hub_server
 
 from modeling import TransformerForConditionalGeneration
@@ -96,3 +105,25 @@ def card_dir(tmp_path_factory, eval_result) -> Path:
     stats = {"language_pair": "en-de", "sentence_pairs": {"train": 200}, "cleaning": {"too_long": 3}}
     write_json(directory / "data_stats.json", stats)
     return directory
+
+
+@pytest.fixture(scope="session")
+def converted_fairseq():
+    """{fixture model name: (model, tokenizer)}: both fairseq-made models, converted once."""
+    return {name: convert_fairseq_fixture(name) for name in FAIRSEQ_MODELS}
+
+
+@pytest.fixture(scope="session")
+def converted_fairseq_dir(tmp_path_factory) -> Path:
+    """The directory `modeling.fairseq.convert_fairseq` writes for the fixtures' transformer_wmt_en_de."""
+    from modeling.fairseq import convert_fairseq
+
+    directory = tmp_path_factory.mktemp("fairseq") / "converted"
+    return convert_fairseq(
+        FAIRSEQ_FIXTURES / "transformer_wmt_en_de" / "model.pt",
+        FAIRSEQ_FIXTURES,
+        directory,
+        source_lang="en",
+        target_lang="de",
+        bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+    )

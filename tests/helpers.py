@@ -4,8 +4,10 @@ Everything is made here, from toy word-for-word language pairs: no downloaded da
 these live in `conftest.py`.
 """
 
+import gzip
 import io
 import json
+import math
 import os
 import random
 import runpy
@@ -27,6 +29,9 @@ from modeling.trainer import TokenBudgetSeq2SeqTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# What fairseq computed (tests/fixtures/fairseq/README.md): two tiny models of fairseq's WMT architectures.
+FAIRSEQ_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "fairseq" / "out"
+FAIRSEQ_MODELS = ("transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big")
 HUB_TOKEN = "hf_test_token_not_a_real_one"
 # A trainer log, as `trainer_state.json` holds it, for the model card's curves.
 LOG_HISTORY = [
@@ -101,11 +106,90 @@ def trained_tiny_translator(
     return model.eval()
 
 
+def fairseq_beam_search(
+    model, source: list[int], beam: int, lenpen: float, max_len: int, *, min_len: int = 1, pad: int = PAD
+) -> list[tuple[list[int], float]]:
+    """fairseq's `SequenceGenerator._generate` for one sentence, written from its sources without fairseq (as the
+    fixtures' own check did), on `model`'s log-probabilities recomputed over the whole prefix at every step, no
+    cache: [(ids ending in </s>, score)], best first. It gives fairseq's own 4-best lists (tests/test_fairseq.py).
+
+    Start from </s>; after the log-softmax, padding gets -inf, at step >= max_len every token but </s> (which keeps
+    its log-probability), at step < min_len </s>; step 0 expands beam 0 only; the top 2·beam candidates of the
+    flattened beam × vocabulary scores; a </s> among the first `beam` candidates (finite) finishes, in candidate
+    order, until `beam` have finished, scored cumulative log-probability / (step + 1) ** lenpen; the first `beam`
+    candidates that are not </s> continue; done with `beam` finished or at step max_len."""
+    source_ids = torch.tensor([source])
+    tokens = torch.full((1, 1), EOS)
+    cumulative = torch.zeros(1)
+    finished: list[tuple[list[int], float]] = []
+    for step in range(max_len + 1):
+        rows = tokens.shape[0]
+        with torch.no_grad():
+            logits = model(
+                input_ids=source_ids.expand(rows, -1),
+                attention_mask=torch.ones((rows, source_ids.shape[1]), dtype=torch.long),
+                decoder_input_ids=tokens,
+                use_cache=False,
+            ).logits[:, -1]
+        log_probs = logits.float().log_softmax(-1)
+        log_probs[:, pad] = -math.inf
+        if step >= max_len:
+            eos_scores = log_probs[:, EOS].clone()
+            log_probs[:] = -math.inf
+            log_probs[:, EOS] = eos_scores
+        if step < min_len:
+            log_probs[:, EOS] = -math.inf
+        candidates = (log_probs + cumulative[:, None])[: 1 if step == 0 else rows]
+        vocab = candidates.shape[1]
+        scores, indices = candidates.reshape(-1).topk(min(2 * beam, candidates.numel() - 1))
+        beams, words = indices // vocab, indices % vocab
+        for j in range(beam):
+            if words[j] == EOS and scores[j] > -math.inf and len(finished) < beam:
+                ids = tokens[beams[j], 1:].tolist() + [EOS]
+                finished.append((ids, (scores[j] / (step + 1) ** lenpen).item()))
+        if len(finished) == beam or step == max_len:
+            break
+        going_on = [j for j in range(len(words)) if not (words[j] == EOS and scores[j] > -math.inf)][:beam]
+        tokens = torch.cat([tokens[beams[going_on]], words[going_on, None]], dim=1)
+        cumulative = scores[going_on]
+    return sorted(finished, key=lambda hypothesis: -hypothesis[1])
+
+
 def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditionalGeneration:
     """`tiny_model` with a short length limit: an untrained model rarely stops early, and tests decode it."""
     model = tiny_model(vocab_size, seed=seed)
     model.generation_config.max_length_offset = 8
     return model
+
+
+# --- fairseq's fixtures ---------------------------------------------------------------------------------------
+
+
+def fairseq_outputs(name: str) -> dict:
+    """`fairseq_outputs.json.gz` of a fixture model (schema in tests/fixtures/fairseq/out/README.md)."""
+    with gzip.open(FAIRSEQ_FIXTURES / name / "fairseq_outputs.json.gz", "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def fairseq_pipeline_cases() -> dict:
+    """fairseq's text pipeline on hand-written edge cases, and rows of its sinusoid table."""
+    return json.loads((FAIRSEQ_FIXTURES / "pipeline_cases.json").read_text(encoding="utf-8"))
+
+
+def convert_fairseq_fixture(name: str, **overrides):
+    """(model, tokenizer) of a fixture model, converted with its dictionaries and BPE codes."""
+    from modeling.fairseq import from_fairseq
+
+    arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes", **overrides}
+    return from_fairseq(FAIRSEQ_FIXTURES / name / "model.pt", FAIRSEQ_FIXTURES, **arguments)
+
+
+def right_padded(rows: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of `rows`, right-padded with `pad`."""
+    input_ids = torch.full((len(rows), max(map(len, rows))), pad)
+    for index, row in enumerate(rows):
+        input_ids[index, : len(row)] = torch.tensor(row)
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad).long()}
 
 
 # --- toy language pairs -----------------------------------------------------------------------------------------

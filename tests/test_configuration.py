@@ -21,8 +21,19 @@ def test_presets_match_table_3():
         ({"d_model": 30, "encoder_attention_heads": 4}, "divisible by encoder_attention_heads"),
         ({"decoder_attention_heads": 5}, "divisible by decoder_attention_heads"),
         ({"positional_encoding_layout": "rotary"}, "Unknown positional_encoding_layout"),
+        ({"positional_encoding_frequencies": "fairseq"}, "Unknown positional_encoding_frequencies 'fairseq'"),
+        ({"positional_encoding_offset": -1}, "positional_encoding_offset must be a non-negative integer, got -1"),
     ],
 )
 def test_bad_config_raises_value_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
+
+
+def test_positional_encoding_defaults_are_the_papers_so_saved_models_load_as_before():
+    config = TransformerConfig()
+    assert (config.positional_encoding_frequencies, config.positional_encoding_offset) == ("paper", 0)
+    # a config.json written before these fields existed
+    old = {key: value for key, value in tiny_config().to_dict().items() if not key.startswith("positional_encoding_")}
+    loaded = TransformerConfig.from_dict(old)
+    assert (loaded.positional_encoding_frequencies, loaded.positional_encoding_offset) == ("paper", 0)

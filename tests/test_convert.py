@@ -89,3 +89,14 @@ def test_unshared_marian_embeddings_are_refused():
     config.share_encoder_decoder_embeddings = False
     with pytest.raises(ValueError, match="not shared"):
         from_marian(MarianMTModel(config))
+
+
+@pytest.mark.parametrize(
+    "override", [{"positional_encoding_frequencies": "tensor2tensor"}, {"positional_encoding_offset": 2}]
+)
+def test_to_marian_refuses_positions_marian_does_not_compute(override):
+    """A converted fairseq model has both: Marian adds the paper's sinusoids from position 0."""
+    model = TransformerForConditionalGeneration(tiny_config(61, **override))
+    [(name, value)] = override.items()
+    with pytest.raises(ValueError, match=f"this model has {name}={value!r}"):
+        to_marian(model)

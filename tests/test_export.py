@@ -12,12 +12,24 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from helpers import EOS, PAD, synthetic_pairs, tiny_model, tiny_tokenizer, trained_tiny_translator
+from helpers import (
+    EOS,
+    FAIRSEQ_FIXTURES,
+    FAIRSEQ_MODELS,
+    PAD,
+    fairseq_outputs,
+    right_padded,
+    synthetic_pairs,
+    tiny_model,
+    tiny_tokenizer,
+    trained_tiny_translator,
+)
 from transformers import AutoTokenizer, MarianMTModel
 
 from modeling import export
 from modeling.convert import from_marian
 
+FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
 SETTINGS = {"num_beams": 4, "max_new_tokens": 24, "length_penalty": 0.6, "early_stopping": True, "do_sample": False}
 CT2_SETTINGS = {"beam_size": 4, "max_decoding_length": 24, "length_penalty": 0.6, "min_decoding_length": 0}
 SOURCES = [en for en, _ in synthetic_pairs(16, seed=3)]
@@ -141,6 +153,56 @@ def test_ctranslate2_takes_the_positional_table_from_the_model(tokenizer, tmp_pa
     assert ct2_translations(tmp_path / "ct2", tokenizer, max_decoding_length=12) == reference
     with pytest.raises(ValueError, match="cannot export to MarianMT exactly: the positional encodings"):
         export.to_marian(model, tokenizer, tmp_path / "marian")
+    assert not (tmp_path / "marian").exists()
+
+
+@pytest.mark.parametrize("name", FAIRSEQ_MODELS)
+def test_ctranslate2_export_of_a_converted_fairseq_model_is_exact(converted_fairseq, tmp_path, name):
+    """Its positions (offset by 2, tensor2tensor's frequencies) come from the model's own module: float32
+    CTranslate2 gives this model's log-probabilities, and with translate_options.json (beam 4, lenpen 0.6,
+    min_decoding_length 1; fairseq's limit of 200 tokens, which no held-out sentence reaches) this model's, that is
+    fairseq's, translations of the held-out sentences. Marian, which adds the paper's sinusoids, refuses it."""
+    model, fairseq_tokenizer = converted_fairseq[name]
+    export.to_ctranslate2(model, fairseq_tokenizer, tmp_path / "ct2")
+    options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
+    assert options == {
+        "beam_size": 4,
+        "length_penalty": 0.6,
+        "max_input_length": 1024,
+        "max_decoding_length": 200,
+        "min_decoding_length": 1,
+    }
+    not_expressed = json.loads((tmp_path / "ct2" / "export.json").read_text())["not_expressed"]
+    assert [line.split(":")[0] for line in not_expressed] == [
+        "max_length_a=0, max_length_b=200",
+        "suppress_tokens=[1]",
+    ]
+
+    outputs = fairseq_outputs(name)
+    sources = [record["src_ids"] for record in outputs["heldout_binarized"]]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    results = translator.translate_batch([fairseq_tokenizer.convert_ids_to_tokens(ids) for ids in sources], **options)
+    theirs = [fairseq_tokenizer.convert_tokens_to_ids(result.hypotheses[0]) + [EOS] for result in results]
+    with torch.no_grad():
+        generated = model.generate(**right_padded(sources, pad=FAIRSEQ_PAD)).tolist()
+    ours = [row[1:][: row[1:].index(EOS) + 1] for row in generated]
+    assert theirs == ours
+    fairseq = outputs["settings"]["generate/beam4_lenpen0.6_bs16"]["sentences"]
+    assert ours == [sentence["nbest"][0]["ids"] for sentence in fairseq]
+
+    recorded = torch.load(FAIRSEQ_FIXTURES / name / "teacher_forced.pt", weights_only=True)
+    targets = [row[row.ne(FAIRSEQ_PAD)].tolist() for row in recorded["target"]]  # each ends in </s>
+    rows = [row[row.ne(FAIRSEQ_PAD)].tolist() for row in recorded["src_tokens_right_padded"]]
+    scored = translator.score_batch(
+        [fairseq_tokenizer.convert_ids_to_tokens(row) for row in rows],
+        [fairseq_tokenizer.convert_ids_to_tokens(target[:-1]) for target in targets],  # CTranslate2 appends </s>
+    )
+    for index, (target, result) in enumerate(zip(targets, scored, strict=True)):
+        expected = recorded["lprobs"][index, : len(target)].gather(-1, torch.tensor(target)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(result.log_probs), expected, atol=1e-4)
+
+    with pytest.raises(ValueError, match="^cannot export to MarianMT exactly: positional_encoding_frequencies="):
+        export.to_marian(model, fairseq_tokenizer, tmp_path / "marian")
     assert not (tmp_path / "marian").exists()
 
 

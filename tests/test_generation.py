@@ -3,10 +3,16 @@ sentence) and the beam-search loop that drops finished sentences, against transf
 
 import pytest
 import torch
-from helpers import EOS, PAD, batch, tiny_config, tiny_model
+from helpers import EOS, PAD, batch, fairseq_beam_search, tiny_config, tiny_model
+from transformers import GenerationConfig
 
 from modeling import TransformerForConditionalGeneration
-from modeling.generation_transformer import StaticBeamCache, _SelfAttention
+from modeling.generation_transformer import (
+    PerSentenceMaxLengthLogitsProcessor,
+    StaticBeamCache,
+    _SelfAttention,
+    set_fairseq_decoding,
+)
 
 
 def reference_greedy(model, input_ids, attention_mask, steps: int) -> torch.Tensor:
@@ -212,3 +218,147 @@ def test_generation_refuses_a_source_without_tokens_naming_the_row():
     inputs["attention_mask"][1] = 0  # the second source is all padding
     with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
         model.generate(**inputs)
+
+
+# --- fairseq's decoding ---------------------------------------------------------------------------------------
+
+
+def fairseq_model(seed: int, vocab_size: int = 12, max_length_b: int = 3) -> TransformerForConditionalGeneration:
+    """A random model whose end-of-sentence is likely, decoding as fairseq: several hypotheses then finish at one
+    step, and at the limit, which is where fairseq's rules differ from transformers'."""
+    torch.manual_seed(seed)
+    model = TransformerForConditionalGeneration(tiny_config(vocab_size)).eval()
+    with torch.no_grad():
+        model.model.shared.weight[EOS] *= 2
+    set_fairseq_decoding(model.generation_config, pad_token_id=PAD, num_beams=4, length_penalty=0.6,
+                         max_length_b=max_length_b)
+    return model
+
+
+def generated_hypotheses(model, source: list[int], **settings) -> tuple[list[list[int]], list[float]]:
+    input_ids = torch.tensor([source])
+    out = model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), num_return_sequences=4,
+        output_scores=True, return_dict_in_generate=True, **settings,
+    )
+    hypotheses = [row[1:][: row[1:].index(EOS) + 1] for row in out.sequences.tolist()]
+    return hypotheses, out.sequences_scores.tolist()
+
+
+FAIRSEQ_SEARCH_SETTINGS = [
+    {},  # set_fairseq_decoding's: at most 3 tokens, then end-of-sentence keeping its log-probability, ...
+    {"max_length_a": 1, "max_length_b": 2, "num_return_sequences": 4},
+    {"max_length_b": 12, "num_beams": 3},
+    {"max_length_b": 12, "beam_finalization": "best"},
+]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("settings", FAIRSEQ_SEARCH_SETTINGS, ids=lambda settings: str(settings) or "fairseq")
+def test_fairseq_decoding_in_the_loop_dropping_finished_sentences_equals_transformers_loop(
+    settings, attention, decoder_steps
+):
+    batch_sizes, removals = decoder_steps, []
+    for seed in range(2):
+        model = fairseq_model(seed)
+        model.config._attn_implementation = attention
+        inputs = random_sources(6, seed, vocab_size=12)
+        batch_sizes.clear()
+        dropping = model.generate(**inputs, **settings)
+        removals += [size for size in batch_sizes[2:] if size < batch_sizes[1]]
+        library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
+        assert dropping.tolist() == library.tolist()
+    assert removals, "sentences should have left the batch"
+
+
+def test_fairseq_decoding_gives_fairseqs_n_best_lists_where_transformers_rules_would_not():
+    """Against fairseq's beam search (helpers.fairseq_beam_search, which reproduces fairseq's own outputs): all 4
+    finished hypotheses and their scores. transformers' rule of keeping the best 4 finished hypotheses, not the
+    first 4, changes some of these lists (never the best hypothesis); transformers' forced end-of-sentence with
+    log-probability 0 changes more."""
+    differs = {"beam_finalization": 0, "forced_eos_keeps_log_prob": 0}
+    compared = 0
+    for seed in range(8):
+        model = fairseq_model(seed)
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(6):
+            length = int(torch.randint(2, 8, (1,), generator=generator))
+            source = torch.randint(3, 12, (length - 1,), generator=generator).tolist() + [EOS]
+            expected = fairseq_beam_search(model, source, beam=4, lenpen=0.6, max_len=3)
+            hypotheses, scores = generated_hypotheses(model, source)
+            assert hypotheses == [ids for ids, _ in expected], (seed, source)
+            assert scores == pytest.approx([score for _, score in expected], abs=1e-5)
+            compared += 1
+            best_kept, _ = generated_hypotheses(model, source, beam_finalization="best")
+            assert best_kept[0] == hypotheses[0]
+            differs["beam_finalization"] += best_kept != hypotheses
+            zero_eos, _ = generated_hypotheses(model, source, forced_eos_keeps_log_prob=False)
+            differs["forced_eos_keeps_log_prob"] += zero_eos != hypotheses
+    assert compared == 48 and all(differs.values()), differs
+
+
+def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_the_batch():
+    model = tiny_model(seed=6)
+    with torch.no_grad():  # only the length limit ends the hypotheses
+        model.model.shared.weight[7] *= 8
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}  # sources of 6 and 4 tokens, width 6
+    for num_beams in (1, 4):
+        for a, b in ((0, 3), (0.5, 2), (1.2, 0)):
+            out = model.generate(
+                **inputs, num_beams=num_beams, max_length_offset=None, max_length_a=a, max_length_b=b,
+                forced_eos_keeps_log_prob=True,
+            )
+            limit = int(a * 6 + b)  # tokens before the end-of-sentence, the same for both rows
+            for row in out.tolist():
+                assert row[1:].index(EOS) == limit, (num_beams, a, b, row)
+    capped = tiny_model(seed=6, max_position_embeddings=8)
+    with torch.no_grad():
+        capped.model.shared.weight[7] *= 8
+    out = capped.generate(**inputs, num_beams=1, max_length_offset=None, max_length_b=200)
+    assert out[0, 1:].tolist().index(EOS) == 7  # max_position_embeddings - 1, as fairseq's max_len - 1
+
+
+def test_forced_end_of_sentence_keeps_or_zeroes_its_score():
+    scores = torch.log_softmax(torch.randn(4, 10), dim=-1)
+    input_ids = torch.zeros((4, 5), dtype=torch.long)  # 5 tokens: at the limit of 5, below that of 6
+    for keep in (True, False):
+        processor = PerSentenceMaxLengthLogitsProcessor(torch.tensor([5, 6]), EOS, keep_eos_score=keep)
+        out = processor(input_ids, scores.clone())  # 2 rows per sentence
+        assert torch.equal(out[2:], scores[2:])
+        assert out[:2, EOS].tolist() == (scores[:2, EOS].tolist() if keep else [0.0, 0.0])
+        assert torch.isinf(out[:2].index_fill(1, torch.tensor([EOS]), 0)).sum() == 2 * 9
+        assert processor.for_sentences(torch.tensor([1])).keep_eos_score is keep
+
+
+def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
+    config = GenerationConfig()
+    set_fairseq_decoding(config, pad_token_id=1, num_beams=4, length_penalty=0.6)
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
+    assert (config.max_length_a, config.max_length_b, config.max_length_offset) == (0, 200, None)
+    assert (config.forced_eos_keeps_log_prob, config.beam_finalization, config.length_penalty_type) == (
+        True,
+        "first",
+        "transformers",
+    )
+    assert (config.suppress_tokens, config.min_new_tokens) == ([1], 1)
+    # the paper's generation config (and any saved before these fields existed) takes them as keyword arguments
+    model = tiny_model(seed=6)
+    assert not any(hasattr(model.generation_config, name) for name in ("max_length_b", "beam_finalization"))
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    out = model.generate(**inputs, max_length_offset=None, max_length_b=2, beam_finalization="first")
+    assert out.shape[1] <= 1 + 3
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_length_b": 10}, r"max_length_offset=50 and max_length_a/max_length_b both set a length limit"),
+        ({"max_length_offset": None, "max_length_a": -1}, "max_length_a must be a non-negative number, got -1"),
+        ({"max_length_offset": None, "max_length_b": "10"}, "max_length_b must be a non-negative number"),
+        ({"beam_finalization": "last"}, "Unknown beam_finalization 'last'"),
+        ({"forced_eos_keeps_log_prob": 1}, "forced_eos_keeps_log_prob must be True or False, got 1"),
+    ],
+)
+def test_fairseq_decoding_fields_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, **settings)

@@ -7,6 +7,7 @@ from helpers import LOG_HISTORY
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 
+from modeling.files import write_json
 from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card
 
 REPO_ID = "tester/tiny-transformer"
@@ -56,3 +57,28 @@ def test_training_curves_and_collected_inputs(card_dir, tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="no train loss"):
         plot_training_curves([{"learning_rate": 1.0, "step": 1}], tmp_path / "empty.png")
+
+
+def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_path, eval_result):
+    """write_model_card finds fairseq_conversion.json in the model directory: the card says where the weights come
+    from, how it decodes, what fairseq reports for its published checkpoints; its metadata still validate."""
+    import shutil
+
+    from modeling.fairseq import CONVERSION_FILE as WRITTEN
+    from modeling.model_card import CONVERSION_FILE, write_model_card
+
+    assert WRITTEN == CONVERSION_FILE
+    model_dir = tmp_path / "model"
+    shutil.copytree(converted_fairseq_dir, model_dir)
+    (tmp_path / "eval").mkdir()
+    write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "num_beams": 4, "length_penalty": 0.6})
+    card = write_model_card(model_dir, repo_id=REPO_ID, card_from=[tmp_path / "eval"]).read_text()
+    assert card_metadata_errors(card) == []
+    assert "## Converted from fairseq" in card and "`transformer_wmt_en_de`" in card
+    assert "beam 4, length penalty\n0.6 as score / length^α" in card and "sacremoses" in card
+    assert "`transformer.wmt16.en-de` (`wmt16.en-de.joined-dict.transformer.tar.bz2`, en-de): 29.3 BLEU" in card
+    assert "43.2 BLEU with compound splitting, 41.4 sacreBLEU" in card
+    assert "GNMT length penalty 0.6, max length source + 50" not in card and "- fairseq" in card
+    assert "| positional encoding frequencies | tensor2tensor |" in card
+    paper = str(render_model_card(model_name="tiny", repo_id=REPO_ID))
+    assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper

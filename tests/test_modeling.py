@@ -1,11 +1,14 @@
 """Tests of modeling/modeling_transformer.py: the architecture of the paper, its loss, and the Hugging Face contracts
 (saving, loading, tying, attention implementations, gradient checkpointing, compile)."""
 
+import base64
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
-from helpers import EOS, PAD, batch, labelled_batch, tiny_model
+from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from modeling import TransformerForConditionalGeneration, TransformerModel
@@ -28,6 +31,38 @@ def test_positional_table_follows_the_paper_formula(layout):
             sin_dim, cos_dim = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, d_model // 2 + i)
             assert table[pos, sin_dim].item() == pytest.approx(math.sin(angle), abs=1e-6)
             assert table[pos, cos_dim].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_tensor2tensor_frequencies_are_fairseqs_sinusoids_to_the_bit():
+    """fairseq's SinusoidalPositionalEmbedding rows (recorded by tests/fixtures/fairseq/make_pipeline_cases.py):
+    the same float32 operations give the same numbers; the same formula computed in float64 would not."""
+    recorded = json.loads((FAIRSEQ_FIXTURES / "pipeline_cases.json").read_text())["positions"]
+    for d_model, rows in recorded.items():
+        for row, encoded in rows.items():
+            fairseq_row = torch.from_numpy(np.frombuffer(base64.b64decode(encoded), dtype=np.float32).copy())
+            position = torch.tensor([int(row)])
+            ours = sinusoidal_positional_encoding(position, int(d_model), "concatenated", "tensor2tensor")
+            assert torch.max(torch.abs(ours[0] - fairseq_row)) <= 1e-6, (d_model, row)
+    half = 512
+    frequencies = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1)))
+    in_float64 = torch.cat([(1000 * frequencies).sin(), (1000 * frequencies).cos()]).float()
+    fairseq_row = np.frombuffer(base64.b64decode(recorded["1024"]["1000"]), dtype=np.float32)
+    assert np.abs(in_float64.numpy() - fairseq_row).max() > 1e-5
+    assert frequencies[-1].item() == pytest.approx(1e-4, rel=1e-12)  # the last wavelength is exactly 10000
+
+
+def test_positional_offset_shifts_every_position_the_module_gives():
+    shifted = tiny_model(positional_encoding_offset=2, positional_encoding_frequencies="tensor2tensor")
+    plain = tiny_model(positional_encoding_frequencies="tensor2tensor")
+    for stack in ("encoder", "decoder"):
+        ours = getattr(shifted.model, stack).embed_positions
+        reference = getattr(plain.model, stack).embed_positions
+        assert torch.equal(ours(0, 10), reference(2, 10))
+        assert torch.equal(ours(70, 5), reference(72, 5))  # beyond the table (64 rows): computed, still shifted
+    ids = torch.randint(3, VOCAB, (1, 7))
+    with torch.no_grad():
+        logits = [model(input_ids=ids, decoder_input_ids=ids).logits for model in (shifted, plain)]
+    assert not torch.allclose(*logits)
 
 
 def test_positions_beyond_the_table_use_the_same_formula():

@@ -1,0 +1,389 @@
+"""Tests of modeling/fairseq.py: fairseq-made checkpoints (tests/fixtures/fairseq) converted give fairseq's
+log-probabilities and fairseq's translations, token for token, in every recorded setting, without fairseq; what
+cannot be converted exactly is refused, naming the field."""
+
+import argparse
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import (
+    FAIRSEQ_FIXTURES,
+    FAIRSEQ_MODELS,
+    MULTI30K,
+    fairseq_beam_search,
+    fairseq_outputs,
+    right_padded,
+    subprocess_env,
+)
+from test_remote_code import BLOCK_THE_PACKAGE
+
+from modeling import convert
+from modeling.fairseq import (
+    CONVERSION_FILE,
+    FairseqConversionError,
+    convert_fairseq,
+    from_fairseq,
+    read_bpe_merges,
+    read_fairseq_dictionary,
+)
+from modeling.translation import load_model_and_tokenizer
+
+PAD, EOS = 1, 2
+
+
+def hypotheses(generated: torch.Tensor, count: int, per_sentence: int) -> list[list[list[int]]]:
+    """generate()'s rows without the start token, each up to and including </s>, grouped by sentence."""
+    rows = [row[1:][: row[1:].index(EOS) + 1] if EOS in row[1:] else row[1:] for row in generated.tolist()]
+    return [rows[i * per_sentence : (i + 1) * per_sentence] for i in range(count)]
+
+
+@pytest.mark.parametrize("name", FAIRSEQ_MODELS)
+def test_logits_are_fairseqs_teacher_forced_log_probabilities(converted_fairseq, name):
+    model, _ = converted_fairseq[name]
+    recorded = torch.load(FAIRSEQ_FIXTURES / name / "teacher_forced.pt", weights_only=True)
+    source = recorded["src_tokens_right_padded"]
+    with torch.no_grad():
+        logits = model(
+            input_ids=source, attention_mask=source.ne(PAD).long(), decoder_input_ids=recorded["prev_output_tokens"]
+        ).logits
+    real = recorded["target"].ne(PAD)  # rows of target padding are meaningless
+    difference = (logits.float().log_softmax(-1) - recorded["lprobs"])[real].abs().max().item()
+    assert difference < 1e-5, difference
+
+
+@pytest.mark.parametrize("name", FAIRSEQ_MODELS)
+def test_beam_search_gives_fairseqs_hypotheses_in_every_recorded_setting(converted_fairseq, name):
+    """All 12 settings (fairseq-generate and fairseq-interactive; beam 4 and 1; lenpen 0.6 and 1.0; batches of 1
+    and 16; limits a · W + b that bind, W the batch's padded width): each recorded batch decoded as a batch, with
+    the model's generation config and the setting's beam, lenpen and limits; n-best lists where recorded."""
+    model, _ = converted_fairseq[name]
+    outputs = fairseq_outputs(name)
+    sources = {record["id"]: record["src_ids"] for record in outputs["heldout_binarized"]}
+    compared = 0
+    for setting_name, setting in outputs["settings"].items():
+        sentences = {sentence["id"]: sentence for sentence in setting["sentences"]}
+        for recorded_batch in setting["batches"]:
+            ids = recorded_batch["ids"]
+            inputs = right_padded([sources[i] for i in ids], PAD)
+            assert inputs["input_ids"].shape[1] == recorded_batch["padded_src_len"]
+            n_best = len(sentences[ids[0]]["nbest"])
+            with torch.no_grad():
+                generated = model.generate(
+                    **inputs,
+                    num_beams=setting["beam"],
+                    length_penalty=setting["lenpen"],
+                    max_length_a=setting["max_len_a"],
+                    max_length_b=setting["max_len_b"],
+                    num_return_sequences=n_best,
+                )
+            for sentence_id, ours in zip(ids, hypotheses(generated, len(ids), n_best), strict=True):
+                expected = [hypothesis["ids"] for hypothesis in sentences[sentence_id]["nbest"]]
+                assert ours == expected, (setting_name, sentence_id)
+                compared += len(expected)
+    assert compared == 11 * 50 + 4 * 50
+
+
+def test_scores_are_fairseqs_and_transformers_loop_agrees(converted_fairseq):
+    """The 4-best lists of generate/beam4_lenpen0.6_bs1 through transformers' own loop (return_dict_in_generate),
+    with their scores: fairseq's score = sum of log-probabilities / length ** lenpen."""
+    model, _ = converted_fairseq[FAIRSEQ_MODELS[0]]
+    outputs = fairseq_outputs(FAIRSEQ_MODELS[0])
+    setting = outputs["settings"]["generate/beam4_lenpen0.6_bs1"]
+    for record, sentence in list(zip(outputs["heldout_binarized"], setting["sentences"], strict=True))[:20]:
+        inputs = right_padded([record["src_ids"]], PAD)
+        out = model.generate(**inputs, num_return_sequences=4, output_scores=True, return_dict_in_generate=True)
+        assert hypotheses(out.sequences, 1, 4)[0] == [hypothesis["ids"] for hypothesis in sentence["nbest"]]
+        expected = [hypothesis["score"] for hypothesis in sentence["nbest"]]
+        assert out.sequences_scores.tolist() == pytest.approx(expected, abs=2e-5)
+
+
+def test_the_tests_fairseq_beam_search_reproduces_fairseq(converted_fairseq):
+    """helpers.fairseq_beam_search, the reference of tests/test_generation.py, gives fairseq's 4-best lists."""
+    model, _ = converted_fairseq[FAIRSEQ_MODELS[1]]
+    outputs = fairseq_outputs(FAIRSEQ_MODELS[1])
+    setting = outputs["settings"]["generate/beam4_lenpen0.6_bs1"]
+    for record, sentence in list(zip(outputs["heldout_binarized"], setting["sentences"], strict=True))[:10]:
+        found = fairseq_beam_search(model, record["src_ids"], 4, 0.6, sentence["max_len"], pad=PAD)
+        assert [ids for ids, _ in found] == [hypothesis["ids"] for hypothesis in sentence["nbest"]]
+        assert [score for _, score in found] == pytest.approx([h["score"] for h in sentence["nbest"]], abs=2e-5)
+
+
+def test_conversion_settings(converted_fairseq):
+    model, tokenizer = converted_fairseq[FAIRSEQ_MODELS[1]]
+    config = model.config
+    assert (config.d_model, config.encoder_layers, config.decoder_attention_heads, config.encoder_ffn_dim) == (
+        24,
+        2,
+        4,
+        64,
+    )
+    assert (config.positional_encoding_layout, config.positional_encoding_frequencies) == (
+        "concatenated",
+        "tensor2tensor",
+    )
+    assert (config.positional_encoding_offset, config.attention_bias, config.tie_word_embeddings) == (2, True, True)
+    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (
+        0,
+        1,
+        2,
+        2,
+    )
+    generation = model.generation_config
+    assert (generation.num_beams, generation.length_penalty, generation.max_length_b) == (4, 0.6, 200)
+    assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()
+    assert model.model.shared.weight[PAD].norm() > 0.1  # fairseq's padding row is trained, and kept
+    assert convert.from_fairseq is from_fairseq and len(tokenizer) == config.vocab_size
+
+
+# --- the directory ----------------------------------------------------------------------------------------------
+
+
+def test_the_converted_directory_translates_text_as_fairseq_interactive_in_an_interpreter_without_the_project(
+    converted_fairseq_dir, tmp_path
+):
+    """Raw held-out lines -> fairseq-interactive's D- lines (batches of 16, as recorded), loading model and
+    tokenizer with trust_remote_code where `modeling` cannot be imported."""
+    names = {path.name for path in converted_fairseq_dir.iterdir()}
+    assert {"tokenization_fairseq.py", "modeling_transformer.py", "merges.txt", CONVERSION_FILE} <= names
+    setting = fairseq_outputs(FAIRSEQ_MODELS[0])["settings"]["interactive/beam4_lenpen0.6_bs16"]
+    raw = (FAIRSEQ_FIXTURES / "heldout.en").read_text(encoding="utf-8").splitlines()
+    batches = [[raw[i] for i in recorded["ids"]] for recorded in setting["batches"]]
+    script = BLOCK_THE_PACKAGE + textwrap.dedent(
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(converted_fairseq_dir)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(converted_fairseq_dir)!r}, trust_remote_code=True)
+        assert type(tokenizer).__module__.startswith("transformers_modules"), type(tokenizer).__module__
+        translations = []
+        for lines in {batches!r}:
+            batch = tokenizer(lines, return_tensors="pt", padding=True)
+            translations += tokenizer.batch_decode(model.eval().generate(**batch), skip_special_tokens=True)
+        print(json.dumps(translations))
+        """
+    )
+    env = subprocess_env(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_id = {sentence["id"]: sentence["nbest"][0]["detok"] for sentence in setting["sentences"]}
+    expected = [by_id[i] for recorded in setting["batches"] for i in recorded["ids"]]
+    assert json.loads(result.stdout.splitlines()[-1]) == expected
+
+
+def test_the_converted_directory_loads_with_the_project_and_gives_the_same_logits(
+    converted_fairseq, converted_fairseq_dir
+):
+    model, tokenizer = load_model_and_tokenizer(str(converted_fairseq_dir), device="cpu")
+    original, _ = converted_fairseq[FAIRSEQ_MODELS[0]]
+    recorded = torch.load(FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[0] / "teacher_forced.pt", weights_only=True)
+    inputs = {
+        "input_ids": recorded["src_tokens_right_padded"],
+        "attention_mask": recorded["src_tokens_right_padded"].ne(PAD).long(),
+        "decoder_input_ids": recorded["prev_output_tokens"],
+    }
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, original(**inputs).logits)
+    assert model.generation_config.beam_finalization == "first"
+    record = json.loads((converted_fairseq_dir / CONVERSION_FILE).read_text())
+    assert record["arch"] == "transformer_wmt_en_de" and record["decoding"]["num_beams"] == 4
+    assert "--beam 4 --lenpen 0.6" in record["fairseq_command"]
+    assert type(tokenizer).__name__ == "FairseqTokenizer"
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
+@pytest.mark.parametrize("name", FAIRSEQ_MODELS)
+def test_multi30k_bleu_is_the_one_fairseq_reports(converted_fairseq, name):
+    """All 1000 test_2016_flickr sentences, translated as scripts/evaluate.py does (modeling.evaluation), with the
+    fixture's decoding (beam 4, lenpen 0.6, fairseq's default limits, so batches do not matter): fairseq's
+    translations, line for line, and its sacreBLEU."""
+    from modeling.data import load_parallel_dataset
+    from modeling.evaluation import evaluate_split
+
+    model, tokenizer = converted_fairseq[name]
+    split = load_parallel_dataset(source_lang="en", target_lang="de", data_dir=str(MULTI30K), splits=["test"])
+    [test] = split.values()
+    metrics, translations = evaluate_split(model, tokenizer, test, source_lang="en", target_lang="de")
+    recorded = json.loads((FAIRSEQ_FIXTURES / name / "bleu.json").read_text())
+    with gzip.open(FAIRSEQ_FIXTURES / name / "bleu_hyps.de.gz", "rt", encoding="utf-8") as handle:
+        assert translations == handle.read().splitlines()
+    assert metrics["num_sentences"] == 1000 and metrics["num_beams"] == 4
+    assert (
+        abs(metrics["sacrebleu"] - recorded["score"]) < 0.1 and metrics["sacrebleu_signature"] == recorded["signature"]
+    )
+
+
+# --- what is refused --------------------------------------------------------------------------------------------
+
+
+def fixture_checkpoint() -> dict:
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[0] / "model.pt", weights_only=True)
+
+
+def converting(checkpoint: dict, tmp_path, data_bin=FAIRSEQ_FIXTURES, **overrides):
+    path = tmp_path / "model.pt"
+    torch.save(checkpoint, path)
+    arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes", **overrides}
+    return from_fairseq(path, data_bin, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("encoder_normalize_before", True, "encoder_normalize_before=True (pre-LayerNorm encoder"),
+        ("decoder_normalize_before", True, "decoder_normalize_before=True (pre-LayerNorm decoder"),
+        ("decoder_learned_pos", True, "decoder_learned_pos=True (learned decoder positions"),
+        ("no_token_positional_embeddings", True, "no_token_positional_embeddings=True"),
+        ("layernorm_embedding", True, "layernorm_embedding=True (LayerNorm on the embeddings)"),
+        ("activation_fn", "gelu", "activation_fn='gelu' (only ReLU"),
+        ("adaptive_softmax_cutoff", "100,300", "adaptive_softmax_cutoff='100,300' (adaptive softmax)"),
+        ("share_all_embeddings", False, "share_all_embeddings=False (encoder, decoder and output projection must"),
+        ("cross_self_attention", True, "cross_self_attention=True"),
+        ("decoder_output_dim", 32, "decoder_output_dim=32"),
+        ("arch", "bart_base", "arch='bart_base' (not one of fairseq's transformer architectures)"),
+        ("encoder_attention_heads", 5, "encoder_attention_heads=5"),
+    ],
+)
+def test_architectures_it_cannot_compute_are_refused_naming_the_field(tmp_path, field, value, message):
+    checkpoint = fixture_checkpoint()
+    setattr(checkpoint["cfg"]["model"], field, value)
+    if field == "arch":
+        checkpoint["cfg"]["model"]._name = value
+    with pytest.raises(FairseqConversionError, match="^cannot convert this fairseq model exactly: " + _re(message)):
+        converting(checkpoint, tmp_path)
+
+
+def _re(text: str) -> str:
+    return re.escape(text)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("pre-LN final norm", "encoder.layer_norm.weight=(24,) (a final LayerNorm after the stack (pre-LN))"),
+        ("untied output", "decoder.output_projection.weight='a matrix of its own'"),
+        ("unknown key", "encoder.layers.0.self_attn.bias_k=(1, 1, 24) (an unexpected state-dict key)"),
+    ],
+)
+def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message):
+    checkpoint = fixture_checkpoint()
+    state = checkpoint["model"]
+    if change == "pre-LN final norm":
+        state["encoder.layer_norm.weight"] = torch.ones(24)
+    elif change == "untied output":
+        state["decoder.output_projection.weight"] = state["decoder.output_projection.weight"].clone() + 1
+    else:
+        state["encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 24)
+    with pytest.raises(FairseqConversionError, match=_re(message)):
+        converting(checkpoint, tmp_path)
+
+
+def test_separate_dictionaries_and_old_bpe_codes_are_refused(tmp_path):
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    shutil.copy(FAIRSEQ_FIXTURES / "dict.en.txt", data_bin / "dict.en.txt")
+    lines = (FAIRSEQ_FIXTURES / "dict.de.txt").read_text(encoding="utf-8").splitlines()
+    (data_bin / "dict.de.txt").write_text("\n".join(lines[1:] + lines[:1]) + "\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match=r"dict.de.txt='differs from dict.en.txt' \(separate"):
+        converting(fixture_checkpoint(), tmp_path, data_bin=data_bin)
+    codes = tmp_path / "codes"
+    codes.write_text("".join((FAIRSEQ_FIXTURES / "bpecodes").read_text().splitlines(keepends=True)[1:]))
+    with pytest.raises(FairseqConversionError, match="no '#version: 0.2' header"):
+        converting(fixture_checkpoint(), tmp_path, bpe_codes=codes)
+    with pytest.raises(FairseqConversionError, match="trained with target_lang='de', not 'fr'"):
+        converting(fixture_checkpoint(), tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
+
+
+def _french_data_bin(tmp_path):
+    directory = tmp_path / "fr"
+    directory.mkdir()
+    for lang in ("en", "fr"):
+        shutil.copy(FAIRSEQ_FIXTURES / "dict.en.txt", directory / f"dict.{lang}.txt")
+    return directory
+
+
+def test_dictionary_and_codes_are_read_as_fairseq_and_subword_nmt_read_them(tmp_path):
+    symbols = read_fairseq_dictionary(FAIRSEQ_FIXTURES / "dict.en.txt")
+    assert symbols[:5] == ["<s>", "<pad>", "</s>", "<unk>", "."] and len(symbols) == 568
+    assert symbols[-1].startswith("madeupword")  # fairseq pads its dictionaries to a multiple of 8
+    path = tmp_path / "dict.txt"
+    path.write_text("a 5\nb 3\n", encoding="utf-8")
+    assert read_fairseq_dictionary(path) == ["<s>", "<pad>", "</s>", "<unk>", "a", "b"]
+    path.write_text("a 5\na 2\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match="line 2: duplicate token 'a'"):
+        read_fairseq_dictionary(path)
+    path.write_text("a 5\n<unk> 2 #fairseq:overwrite\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match="line 2: a second id for a token '<unk>'"):
+        read_fairseq_dictionary(path)
+    codes = tmp_path / "codes"
+    codes.write_text("#version: 0.2\na b\nc d\na b\ne f</w>\n", encoding="utf-8")
+    assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]  # a repeated merge keeps its first rank
+
+
+def test_old_checkpoints_convert_to_the_same_model(converted_fairseq, tmp_path):
+    """A checkpoint as fairseq wrote them before 0.10: top-level `args`, fused in_proj weights, `layer_norms.N`,
+    the sinusoid placeholder, no output projection (tied), weights in float16."""
+    checkpoint = fixture_checkpoint()
+    new = checkpoint["model"]
+    old = {
+        "encoder.embed_positions._float_tensor": torch.zeros(1),
+        "decoder.embed_positions._float_tensor": torch.zeros(1),
+    }
+    norms = {
+        "encoder": ("self_attn_layer_norm", "final_layer_norm"),
+        "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+    }
+    for key, tensor in new.items():
+        if key == "decoder.output_projection.weight":
+            continue
+        if any(f".{p}_proj." in key for p in "kv") and "attn" in key:
+            continue
+        if ".q_proj." in key:
+            prefix, kind = key.split(".q_proj.")
+            fused = torch.cat([new[f"{prefix}.{p}_proj.{kind}"] for p in "qkv"])
+            old[f"{prefix}.in_proj_{kind}"] = fused
+            continue
+        side = key.split(".")[0]
+        for index, norm in enumerate(norms[side]):
+            if f".{norm}." in key and ".layers." in key:
+                key = key.replace(f".{norm}.", f".layer_norms.{index}.")
+                break
+        old[key] = tensor
+    old = {key: tensor.half() if tensor.is_floating_point() else tensor for key, tensor in old.items()}
+    converted, _ = converting({"args": checkpoint["cfg"]["model"], "model": old}, tmp_path)
+    original, _ = converted_fairseq[FAIRSEQ_MODELS[0]]
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(converted.state_dict()[name], tensor.half().float()), name
+
+
+def test_no_scale_embedding_is_converted_as_unscaled_embeddings(tmp_path):
+    checkpoint = fixture_checkpoint()
+    checkpoint["cfg"]["model"].no_scale_embedding = True
+    model, _ = converting(checkpoint, tmp_path)
+    assert model.config.scale_embedding is False and model.model.encoder.embed_scale == 1.0
+
+
+def test_convert_fairseq_writes_a_whole_directory_and_replaces_only_a_previous_conversion(tmp_path):
+    arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes"}
+    checkpoint = FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt"
+    out = tmp_path / "out"
+    convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, out, **arguments)
+    convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, out, **arguments)  # a previous conversion: replaced
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not a converted fairseq model"):
+        convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, tmp_path / "mine", **arguments)
+    broken = fixture_checkpoint()
+    broken["cfg"]["model"].encoder_normalize_before = True
+    torch.save(broken, tmp_path / "broken.pt")
+    with pytest.raises(FairseqConversionError):
+        convert_fairseq(tmp_path / "broken.pt", FAIRSEQ_FIXTURES, tmp_path / "new", **arguments)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.pt", "mine", "out"]
