@@ -19,6 +19,7 @@ release can break it, and `tests/test_generation.py` compares it with the librar
 
 import contextvars
 import copy
+import inspect
 import math
 from types import SimpleNamespace
 
@@ -476,7 +477,19 @@ class TransformerGenerationMixin(GenerationMixin):
         finally:
             _BEAM_FINALIZATION.reset(finalization)
 
-    def _update_finished_beams(
+    def _update_finished_beams(self, *args, **kwargs):
+        """transformers' step, or with `beam_finalization="first"` fairseq's (`SequenceGenerator.finalize_hypos`):
+        a hypothesis that has finished stays among the sentence's `num_beams` finished ones, and the hypotheses
+        finishing at this step (among the first `num_beams` candidates, as in transformers) fill the free places in
+        candidate order, that is by score. transformers instead keeps the best `num_beams` of the old and the new,
+        which differs when more finish at one step than there are free places: the best hypothesis is the same,
+        the others may not be. The finished hypotheses stay sorted by score, best first."""
+        step = super()._update_finished_beams
+        if _BEAM_FINALIZATION.get() != "first":
+            return step(*args, **kwargs)
+        return self._keep_first_finished(**inspect.signature(step).bind(*args, **kwargs).arguments)
+
+    def _keep_first_finished(
         self,
         sequences,
         topk_running_sequences,
@@ -494,32 +507,7 @@ class TransformerGenerationMixin(GenerationMixin):
         length_penalty,
         early_stopping,
     ):
-        """transformers' step, or with `beam_finalization="first"` fairseq's (`SequenceGenerator.finalize_hypos`):
-        a hypothesis that has finished stays among the sentence's `num_beams` finished ones, and the hypotheses
-        finishing at this step (among the first `num_beams` candidates, as in transformers) fill the free places in
-        candidate order, that is by score. transformers instead keeps the best `num_beams` of the old and the new,
-        which differs when more finish at one step than there are free places: the best hypothesis is the same,
-        the others may not be. The finished hypotheses stay sorted by score, best first."""
-        step = super()._update_finished_beams
-        arguments = (
-            sequences,
-            topk_running_sequences,
-            beam_scores,
-            topk_log_probs,
-            beam_indices,
-            topk_running_beam_indices,
-            is_early_stop_heuristic_unsatisfied,
-            is_sent_finished,
-            next_token_hits_stopping_criteria,
-            top_num_beam_mask,
-            num_beams,
-            cur_len,
-            decoder_prompt_len,
-            length_penalty,
-            early_stopping,
-        )
-        if _BEAM_FINALIZATION.get() != "first":
-            return step(*arguments)
+        """`_update_finished_beams` with fairseq's rule (its arguments, by name)."""
         # transformers' scores of the new candidates (-1e9 added to those that cannot be taken), then the merge with
         # the old ones' priority: every finished hypothesis first, then the rest by score.
         just_finished = next_token_hits_stopping_criteria & top_num_beam_mask[None, :]  # (b, 2K)
