@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
+from .hub_client import use_hub_timeouts
 from .tokenization import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def load_parallel_dataset(
     if (dataset is None) == (data_dir is None and data_files is None):
         raise ValueError("give either dataset= (a Hub dataset) or data_dir= / data_files= (local files)")
     if dataset is not None:
+        use_hub_timeouts()
         if splits is None:
             raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
         else:  # only the splits asked for: evaluating WMT14's test set must not download its 4.5M training pairs

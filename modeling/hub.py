@@ -4,30 +4,24 @@ training (`modeling.training.train` with `push_to_hub`), with this project's mod
 Before any upload the directory is checked whole: the files a repo needs, every safetensors file read tensor by
 tensor and every JSON parsed, so that a truncated `model.safetensors` is refused, named, rather than published.
 
-Every Hub request has a timeout (`HUB_TIMEOUT_ENV`, default 60 s; 10 s to connect): `huggingface_hub`'s own client
-waits forever for a server that accepted the connection and never answers. Calls are retried a few times with
-backoff on timeouts, connection errors and 5xx answers (safe: a commit is atomic on the Hub and uploaded objects
-are content-addressed), and a failure ends in `HubError`, one line naming the URL and the cause.
+Every Hub request goes through `modeling.hub_client`: a timeout, retries on transient failures, and `HubError`,
+one line naming the URL and the cause.
 """
 
 import json
 import logging
-import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
-from huggingface_hub import HfApi, get_token, set_client_factory
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import TrainingArguments
 
 from .checkpoints import safetensors_problem
+from .hub_client import hub_call
 from .model_card import (
     DATA_STATS_FILE,
     EVAL_RESULTS_GLOB,
@@ -37,18 +31,14 @@ from .model_card import (
     write_model_card,
 )
 
-try:  # huggingface_hub 2.x ships its HTTP client as httpx2; 1.x used httpx
-    import httpx2
-except ImportError:  # pragma: no cover - huggingface_hub 1.x
-    import httpx as httpx2
-try:
-    from huggingface_hub.utils._http import hf_request_event_hook
-except ImportError:  # pragma: no cover
-    hf_request_event_hook = None
-
 logger = logging.getLogger(__name__)
 
-REMOTE_CODE_FILES = ("configuration_transformer.py", "modeling_transformer.py", "generation_transformer.py")
+REMOTE_CODE_FILES = (
+    "configuration_transformer.py",
+    "modeling_transformer.py",
+    "generation_transformer.py",
+    "cache_transformer.py",
+)
 
 # Files a repo needs so that `from_pretrained(repo_id, trust_remote_code=True)` works without this package.
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", *REMOTE_CODE_FILES)
@@ -58,121 +48,8 @@ UPLOAD_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.md", "*.png", "*.txt", 
 IGNORE_PATTERNS = ("*/*",)
 
 
-# Seconds a Hub request may wait for an answer (and at most CONNECT_TIMEOUT of them to connect).
-HUB_TIMEOUT_ENV = "VASWANI_HUB_TIMEOUT"
-# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx answers).
-HUB_ATTEMPTS_ENV = "VASWANI_HUB_ATTEMPTS"
-DEFAULT_TIMEOUT = 60.0
-CONNECT_TIMEOUT = 10.0
-DEFAULT_ATTEMPTS = 3
-FIRST_BACKOFF = 1.0  # seconds before the second attempt, doubled for each further one
-
-T = TypeVar("T")
-
-
 class MissingHubTokenError(PermissionError):
     """Raised before any network call when a push has no Hugging Face token."""
-
-
-class HubError(OSError):
-    """A Hub request failed (timeout, no connection, an error answer): one line naming the URL and the cause."""
-
-    def __str__(self) -> str:
-        return self.args[0] if self.args else ""
-
-
-def _positive_setting(name: str, default: float, kind: type) -> float:
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.")
-    return value
-
-
-def hub_timeout() -> float:
-    """Seconds a Hub request may wait: $VASWANI_HUB_TIMEOUT, else 60."""
-    return _positive_setting(HUB_TIMEOUT_ENV, DEFAULT_TIMEOUT, float)
-
-
-def hub_attempts() -> int:
-    """Tries per Hub call: $VASWANI_HUB_ATTEMPTS, else 3."""
-    return int(_positive_setting(HUB_ATTEMPTS_ENV, DEFAULT_ATTEMPTS, int))
-
-
-def _client_with_timeouts() -> httpx2.Client:
-    """`huggingface_hub`'s default client (its request hook, redirects followed), with timeouts."""
-    seconds = hub_timeout()
-    return httpx2.Client(
-        event_hooks={"request": [hf_request_event_hook]} if hf_request_event_hook else None,
-        follow_redirects=True,
-        timeout=httpx2.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds)),
-    )
-
-
-def use_hub_timeouts() -> None:
-    """Make every `huggingface_hub` request of this process use `hub_timeout()` (read now): from the first push
-    on, downloads too get a timeout rather than huggingface_hub's default of none."""
-    set_client_factory(_client_with_timeouts)
-
-
-def _request_of(error: BaseException) -> str:
-    try:
-        request = error.response.request if isinstance(error, HfHubHTTPError) else error.request
-        return f"{request.method} {request.url}"
-    except (AttributeError, RuntimeError):
-        return "the Hub"
-
-
-def _retriable(error: BaseException) -> bool:
-    if isinstance(error, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
-        return True
-    status = getattr(getattr(error, "response", None), "status_code", None)
-    return isinstance(error, HfHubHTTPError) and status is not None and (status >= 500 or status == 429)
-
-
-def _one_line(error: BaseException, attempts: int) -> str:
-    where = _request_of(error)
-    tries = f" ({attempts} attempts)" if attempts > 1 else ""
-    if isinstance(error, httpx2.TimeoutException):
-        return (
-            f"{where}: no answer within {hub_timeout():g} s{tries}; a slow network may need a larger "
-            f"{HUB_TIMEOUT_ENV} (seconds)"
-        )
-    if isinstance(error, httpx2.TransportError):
-        return f"{where}: cannot connect ({error or type(error).__name__}){tries}"
-    if isinstance(error, HfHubHTTPError):
-        response = error.response
-        status = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
-        detail = error.server_message or ""
-        hint = " (check the token: HF_TOKEN or `hf auth login`)" if response.status_code in (401, 403) else ""
-        return f"{where}: {status}{': ' + detail.splitlines()[0] if detail else ''}{hint}{tries}"
-    return f"{where}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
-
-
-def hub_call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`function(*args, **kwargs)`, a `huggingface_hub` call, with timeouts, retries and one-line errors.
-
-    Timeouts, connection errors and 5xx (or 429) answers are retried up to `hub_attempts()` times in all, after
-    1, 2, 4, ... seconds; the last failure, and any other HTTP error (401, 403, 404, ...) at once, becomes
-    `HubError` naming the URL and the cause."""
-    use_hub_timeouts()
-    attempts = hub_attempts()
-    for attempt in range(1, attempts + 1):
-        try:
-            return function(*args, **kwargs)
-        except (httpx2.HTTPError, HfHubHTTPError) as error:
-            if attempt < attempts and _retriable(error):
-                wait = FIRST_BACKOFF * 2 ** (attempt - 1)
-                logger.warning("%s; trying again in %g s", _one_line(error, 1), wait)
-                time.sleep(wait)
-                continue
-            raise HubError(_one_line(error, attempt if _retriable(error) else 1)) from None
-    raise AssertionError("unreachable")
 
 
 def resolve_token(token: str | None = None) -> str:
@@ -245,7 +122,7 @@ def push_model_dir(
 ) -> str:
     """Create `repo_id` if needed and upload the model directory to it; return the repo URL.
 
-    Uploads weights, config (with auto_map), the three remote-code files, tokenizer, generation config, card and
+    Uploads weights, config (with auto_map), the four remote-code files, tokenizer, generation config, card and
     figures; pickles, optimizer states and checkpoint subdirectories are left out. `upload_folder` has the Hub
     validate the card's metadata (`/api/validate-yaml`) before uploading anything. The directory is checked
     first (`check_model_dir`; `verify=False` when the caller just did). Hub failures raise `HubError`.

@@ -70,6 +70,7 @@ from .data import (
     tokenize_parallel_dataset,
 )
 from .files import write_files_into, write_json
+from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, train_shared_bpe
@@ -508,6 +509,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
     `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
     """
+    use_hub_timeouts()  # every Hub request (tokenizer, model, dataset, push) has a timeout
     check_fine_tuning_source(model_args)
     hub = None
     if training_args.push_to_hub:

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 from .batching import token_budget_batches
 from .checkpoints import weights_problems
+from .hub_client import unreachable_hub_error, use_hub_timeouts
 
 MODEL_TYPE = "vaswani_transformer"
 
@@ -91,10 +92,12 @@ def load_model_and_tokenizer(
             )
     elif _looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
+    else:
+        use_hub_timeouts()
     try:
         config = AutoConfig.from_pretrained(name_or_path)
     except OSError as error:
-        raise OSError(
+        raise unreachable_hub_error(error, f"Could not load {name_or_path!r} from the Hub") or OSError(
             f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
             f"reachable Hub repo id. ({error})"
         ) from error
@@ -111,7 +114,13 @@ def load_model_and_tokenizer(
                 "(an interrupted save or copy): save or copy the model again."
             )
     model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as error:
+        unreachable = unreachable_hub_error(error, f"Could not load {name_or_path!r} from the Hub")
+        if unreachable is None:
+            raise
+        raise unreachable from error
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     return model.to(device).eval(), tokenizer

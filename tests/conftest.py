@@ -16,10 +16,14 @@ from helpers import (
     synthetic_pairs,
 )
 from hub_server import running_hub_server
+from huggingface_hub import constants, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 
+import modeling.hub_client as hub_client
 from modeling import TransformerForConditionalGeneration
 from modeling.evaluation import metrics_filename
 from modeling.files import write_json
+from modeling.hub_client import HUB_ATTEMPTS_ENV, HUB_TIMEOUT_ENV
 from modeling.scoring import corpus_scores
 
 
@@ -127,3 +131,19 @@ def converted_fairseq_dir(tmp_path_factory) -> Path:
         target_lang="de",
         bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
     )
+
+
+@pytest.fixture
+def quick_hub(monkeypatch):
+    """A Hub timeout of 0.3 s and 2 attempts, so that failing calls fail fast."""
+    monkeypatch.setenv(HUB_TIMEOUT_ENV, "0.3")
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "2")
+    monkeypatch.setattr(hub_client, "FIRST_BACKOFF", 0.1)
+
+    def use(endpoint: str) -> None:
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+
+    yield use
+    set_client_factory(default_client_factory)  # no 0.3 s client left behind for later tests

@@ -11,7 +11,11 @@ import math
 import os
 import random
 import runpy
+import socket
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -449,3 +453,38 @@ def requests_made(root: Path) -> list[tuple[str, str, int]]:
     """(method, path, status) of every request the local Hub served, in order."""
     lines = (root / "requests.jsonl").read_text().splitlines() if (root / "requests.jsonl").exists() else []
     return [(r["method"], r["path"], r["status"]) for r in map(json.loads, lines)]
+
+
+@contextmanager
+def stalled_endpoint() -> Iterator[str]:
+    """A loopback server that accepts connections and never answers; it stops with the block."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.05)
+    stop, held = threading.Event(), []
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])  # keep it open, say nothing
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for connection in held:
+            connection.close()
+        server.close()
+
+
+def closed_port_endpoint() -> str:
+    """An endpoint on a loopback port nothing listens on: connections are refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"

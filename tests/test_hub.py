@@ -2,31 +2,24 @@
 
 import logging
 import os
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import HUB_TOKEN, save_tiny_checkpoint, synthetic_pairs
-from huggingface_hub import constants, metadata_load, set_client_factory
-from huggingface_hub.utils._http import default_client_factory
+from helpers import HUB_TOKEN, closed_port_endpoint, save_tiny_checkpoint, stalled_endpoint, synthetic_pairs
+from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
 from modeling.arguments import TranslationTrainingArguments
 from modeling.files import write_json
 from modeling.hub import (
-    HUB_ATTEMPTS_ENV,
-    HUB_TIMEOUT_ENV,
-    HubError,
     HubTarget,
     check_model_dir,
     prepare_push,
     push_model_dir,
     push_trained_model,
 )
+from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
 from modeling.scoring import corpus_scores
 
 
@@ -107,55 +100,6 @@ def test_a_truncated_weights_file_is_refused_before_any_upload(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"num_beams": 4,')
     with pytest.raises(ValueError, match=r"generation_config\.json does not parse"):
         check_model_dir(tmp_path)
-
-
-@contextmanager
-def stalled_endpoint() -> Iterator[str]:
-    """A loopback server that accepts connections and never answers; it stops with the block."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.05)
-    stop, held = threading.Event(), []
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])  # keep it open, say nothing
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        for connection in held:
-            connection.close()
-        server.close()
-
-
-def closed_port_endpoint() -> str:
-    """An endpoint on a loopback port nothing listens on: connections are refused."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
-
-
-@pytest.fixture
-def quick_hub(monkeypatch):
-    """A Hub timeout of 0.3 s and 2 attempts, so that failing calls fail fast."""
-    monkeypatch.setenv(HUB_TIMEOUT_ENV, "0.3")
-    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "2")
-    monkeypatch.setattr(hub_module, "FIRST_BACKOFF", 0.1)
-
-    def use(endpoint: str) -> None:
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-
-    yield use
-    set_client_factory(default_client_factory)  # no 0.3 s client left behind for later tests
 
 
 def test_a_stalled_hub_fails_within_the_timeout_in_one_line(tiny_checkpoint, quick_hub):

@@ -1,9 +1,20 @@
 """Tests of modeling/translation.py: bulk translation keeps order and empty lines, batches by token budget."""
 
+import time
 
+import huggingface_hub.utils._http as hf_http
 import pytest
-from helpers import EchoModel, save_tiny_checkpoint, synthetic_pairs, tiny_tokenizer, tiny_translator
+from helpers import (
+    EchoModel,
+    closed_port_endpoint,
+    save_tiny_checkpoint,
+    stalled_endpoint,
+    synthetic_pairs,
+    tiny_tokenizer,
+    tiny_translator,
+)
 
+from modeling.hub_client import HubError
 from modeling.translation import load_model_and_tokenizer, translate
 
 
@@ -74,3 +85,28 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
     weights.write_bytes(weights.read_bytes()[:-1000])
     with pytest.raises(ValueError, match=r"holds incomplete weights: model\.safetensors is truncated \(\d+ bytes"):
         load_model_and_tokenizer(str(tmp_path))
+
+
+def test_a_model_named_on_a_stalled_hub_fails_in_one_line_within_the_timeout(quick_hub, monkeypatch):
+    # huggingface_hub retries a download five times itself; its 23 s of pauses between them are skipped here.
+    monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)
+    with stalled_endpoint() as endpoint:
+        quick_hub(endpoint)
+        start = time.monotonic()
+        with pytest.raises(HubError) as error:
+            load_model_and_tokenizer("user/tiny")
+        elapsed = time.monotonic() - start
+    message = str(error.value)
+    assert message.startswith(f"Could not load 'user/tiny' from the Hub: HEAD {endpoint}/user/tiny/resolve/main/")
+    assert "no answer within 0.3 s" in message and "\n" not in message
+    # Its first request (model_info, sent with `timeout=None`) waited forever before; now each waits 0.3 s.
+    assert elapsed < 10, elapsed
+
+
+def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatch):
+    monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)
+    endpoint = closed_port_endpoint()
+    quick_hub(endpoint)
+    expected = rf"^Could not load 'user/tiny' from the Hub: \w+ {endpoint}/.*: cannot connect"
+    with pytest.raises(HubError, match=expected):
+        load_model_and_tokenizer("user/tiny")

@@ -15,6 +15,7 @@ from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_chec
 from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
+from modeling.hub_client import HUB_ATTEMPTS_ENV
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -162,7 +163,7 @@ def test_train_script_reports_an_unreachable_hub_in_one_line(tmp_path, monkeypat
         endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed when the block ends: refused
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
-    monkeypatch.setenv(hub_module.HUB_ATTEMPTS_ENV, "1")
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "1")
     flags = ["--preset", "tiny", "--use_cpu", "--report_to", "none", "--push_to_hub", "--hub_model_id", REPO_ID]
     flags += ["--data-dir", tmp_path / "none", "--output-dir", tmp_path]
     message = script_error("train.py", *flags, monkeypatch=monkeypatch)

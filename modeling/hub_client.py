@@ -1,0 +1,159 @@
+"""Every Hub request this project makes, with a timeout, retries and one-line errors.
+
+`huggingface_hub`'s own client waits forever for a server that accepted the connection and never answers (only its
+file downloads set their own timeouts). `use_hub_timeouts()` gives every request of the process a timeout
+(`HUB_TIMEOUT_ENV`, default 60 s; 10 s to connect); the library calls it before it first reaches the Hub, for a push
+(`hub_call`), a model or tokenizer loaded by name (`modeling.translation`, `modeling.training`) and a Hub dataset
+(`modeling.data`). Pushes are retried a few times with backoff on timeouts, connection errors and 5xx answers (safe: a
+commit is atomic on the Hub and uploaded objects are content-addressed), and a failure ends in `HubError`, one line
+naming the URL and the cause.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from huggingface_hub import set_client_factory
+from huggingface_hub.errors import HfHubHTTPError
+
+try:  # huggingface_hub 2.x ships its HTTP client as httpx2; 1.x used httpx
+    import httpx2
+except ImportError:  # pragma: no cover - huggingface_hub 1.x
+    import httpx as httpx2
+try:
+    from huggingface_hub.utils._http import hf_request_event_hook
+except ImportError:  # pragma: no cover
+    hf_request_event_hook = None
+
+logger = logging.getLogger(__name__)
+
+# Seconds a Hub request may wait for an answer (and at most CONNECT_TIMEOUT of them to connect).
+HUB_TIMEOUT_ENV = "VASWANI_HUB_TIMEOUT"
+# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx answers).
+HUB_ATTEMPTS_ENV = "VASWANI_HUB_ATTEMPTS"
+DEFAULT_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 10.0
+DEFAULT_ATTEMPTS = 3
+FIRST_BACKOFF = 1.0  # seconds before the second attempt, doubled for each further one
+
+T = TypeVar("T")
+
+
+class HubError(OSError):
+    """A Hub request failed (timeout, no connection, an error answer): one line naming the URL and the cause."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
+
+
+def _positive_setting(name: str, default: float, kind: type) -> float:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.")
+    return value
+
+
+def hub_timeout() -> float:
+    """Seconds a Hub request may wait: $VASWANI_HUB_TIMEOUT, else 60."""
+    return _positive_setting(HUB_TIMEOUT_ENV, DEFAULT_TIMEOUT, float)
+
+
+def hub_attempts() -> int:
+    """Tries per Hub call: $VASWANI_HUB_ATTEMPTS, else 3."""
+    return int(_positive_setting(HUB_ATTEMPTS_ENV, DEFAULT_ATTEMPTS, int))
+
+
+def _client_with_timeouts() -> httpx2.Client:
+    """`huggingface_hub`'s default client (its request hook, redirects followed), with timeouts on every request."""
+    seconds = hub_timeout()
+    limits = httpx2.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds)).as_dict()
+
+    def bound_timeouts(request: httpx2.Request) -> None:
+        # A client's default timeout only covers requests that name none: huggingface_hub passes `timeout=None`
+        # explicitly on some (`model_info`, which `from_pretrained` calls first), which means "wait forever", and
+        # its download retries wait 60 s each. Every limit becomes at most ours.
+        chosen = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {name: min(chosen.get(name) or limit, limit) for name, limit in limits.items()}
+
+    hooks = [hf_request_event_hook] if hf_request_event_hook else []
+    return httpx2.Client(
+        event_hooks={"request": [*hooks, bound_timeouts]}, follow_redirects=True, timeout=httpx2.Timeout(**limits)
+    )
+
+
+def use_hub_timeouts() -> None:
+    """Make every `huggingface_hub` request of this process use `hub_timeout()` (read now) where it sets none."""
+    set_client_factory(_client_with_timeouts)
+
+
+def _request_of(error: BaseException) -> str:
+    try:
+        request = error.response.request if isinstance(error, HfHubHTTPError) else error.request
+        return f"{request.method} {request.url}"
+    except (AttributeError, RuntimeError):
+        return "the Hub"
+
+
+def _retriable(error: BaseException) -> bool:
+    if isinstance(error, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
+        return True
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return isinstance(error, HfHubHTTPError) and status is not None and (status >= 500 or status == 429)
+
+
+def _one_line(error: BaseException, attempts: int) -> str:
+    where = _request_of(error)
+    tries = f" ({attempts} attempts)" if attempts > 1 else ""
+    if isinstance(error, httpx2.TimeoutException):
+        return (
+            f"{where}: no answer within {hub_timeout():g} s{tries}; a slow network may need a larger "
+            f"{HUB_TIMEOUT_ENV} (seconds)"
+        )
+    if isinstance(error, httpx2.TransportError):
+        return f"{where}: cannot connect ({error or type(error).__name__}){tries}"
+    if isinstance(error, HfHubHTTPError):
+        response = error.response
+        status = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+        detail = error.server_message or ""
+        hint = " (check the token: HF_TOKEN or `hf auth login`)" if response.status_code in (401, 403) else ""
+        return f"{where}: {status}{': ' + detail.splitlines()[0] if detail else ''}{hint}{tries}"
+    return f"{where}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+
+
+def unreachable_hub_error(error: BaseException, what: str) -> "HubError | None":
+    """`HubError` for `what` when a timeout or a failed connection lies behind `error` (transformers and
+    huggingface_hub wrap it in their own errors, whose text no longer says which), else None."""
+    while error is not None:
+        if isinstance(error, httpx2.TransportError):
+            return HubError(f"{what}: {_one_line(error, 1)}")
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def hub_call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`function(*args, **kwargs)`, a `huggingface_hub` call, with timeouts, retries and one-line errors.
+
+    Timeouts, connection errors and 5xx (or 429) answers are retried up to `hub_attempts()` times in all, after
+    1, 2, 4, ... seconds; the last failure, and any other HTTP error (401, 403, 404, ...) at once, becomes
+    `HubError` naming the URL and the cause."""
+    use_hub_timeouts()
+    attempts = hub_attempts()
+    for attempt in range(1, attempts + 1):
+        try:
+            return function(*args, **kwargs)
+        except (httpx2.HTTPError, HfHubHTTPError) as error:
+            if attempt < attempts and _retriable(error):
+                wait = FIRST_BACKOFF * 2 ** (attempt - 1)
+                logger.warning("%s; trying again in %g s", _one_line(error, 1), wait)
+                time.sleep(wait)
+                continue
+            raise HubError(_one_line(error, attempt if _retriable(error) else 1)) from None
+    raise AssertionError("unreachable")
