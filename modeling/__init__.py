@@ -2,7 +2,7 @@
 
 Importing this package registers the model with the Auto classes, so that `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` resolve `model_type="vaswani_transformer"`, and marks the classes for
-`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the three remote-code files
+`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the four remote-code files
 (configuration, model and generation): a saved directory then loads with `trust_remote_code=True` where this
 package is not installed.
 

@@ -11,7 +11,8 @@
   one beam per sentence (CTranslate2's two economies), with the outputs of transformers' own loop.
 
 This file travels with every checkpoint as remote code, beside the model file that imports it: it imports only
-torch and transformers. The loop below calls transformers' private beam-search step functions
+torch, transformers and its sibling `cache_transformer.py` (`StaticBeamCache`, where the loop keeps the decoder's
+keys and values). The loop below calls transformers' private beam-search step functions
 (`_get_top_k_continuations`, `_get_running_beams_for_next_iteration`, `_update_finished_beams`,
 `_check_early_stop_heuristic`, `_prefill`, `_update_model_kwargs_for_generation`): that is where a new transformers
 release can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
@@ -21,7 +22,6 @@ import contextvars
 import copy
 import inspect
 import math
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
@@ -31,6 +31,8 @@ from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import ModelOutput
+
+from .cache_transformer import STATIC_CACHE_ATTENTION, StaticBeamCache
 
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
 BEAM_FINALIZATIONS = ("best", "first")
@@ -187,114 +189,6 @@ ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriter
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
 # transformers' own loop, since the batch could not be cut safely.
 PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
-# The attention implementations whose decoding steps the static cache below serves; others take transformers' loop.
-STATIC_CACHE_ATTENTION = ("sdpa", "eager")
-
-
-class _CrossAttention:
-    """Cross-attention keys and values of every layer, computed once from the encoder output at the first step."""
-
-    def __init__(self):
-        self.layers: list[SimpleNamespace] = []  # `.keys`, `.values`: (rows, H, S, Dh), where the attention reads
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
-        self.layers.append(SimpleNamespace(keys=key_states, values=value_states))
-        return key_states, value_states
-
-    def select(self, rows: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-
-
-class _SelfAttention:
-    """Self-attention keys and values of every layer, in buffers of `max_rows` rows written in place. Their room for
-    steps starts at `FIRST_STEPS` and doubles when it is full (up to `max_steps`): most sentences end long before
-    the length limit, and a buffer for the limit would hold memory they never use."""
-
-    FIRST_STEPS = 16
-
-    def __init__(self, max_rows: int, max_steps: int):
-        self.max_rows, self.max_steps = max_rows, max_steps
-        self.length = self.rows = 0  # steps written; hypotheses held
-        self.buffers: list[list[torch.Tensor]] = []  # a layer's [keys, values], each (max_rows, H, room, Dh)
-        self.spares: list[list[torch.Tensor]] = []  # the same shapes: where the next selection is copied to
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
-        """Write a step's (rows, H, 1, Dh) at position `length`; return the layer's keys and values so far."""
-        if layer_idx == len(self.buffers):  # the first step allocates
-            self.rows = key_states.shape[0]
-            shape = (self.max_rows, key_states.shape[1], min(self.FIRST_STEPS, self.max_steps), key_states.shape[3])
-            self.buffers.append([key_states.new_empty(shape), key_states.new_empty(shape)])
-            self.spares.append([key_states.new_empty(shape), key_states.new_empty(shape)])
-        if self.length == self.buffers[layer_idx][0].shape[2]:
-            self._grow(layer_idx)
-        keys, values = (buffer[: self.rows] for buffer in self.buffers[layer_idx])
-        keys[:, :, self.length], values[:, :, self.length] = key_states[:, :, 0], value_states[:, :, 0]
-        return keys[:, :, : self.length + 1], values[:, :, : self.length + 1]
-
-    def _grow(self, layer_idx: int) -> None:
-        """Twice the room for steps (at most `max_steps`), keeping the steps written."""
-        old = self.buffers[layer_idx][0]
-        shape = (old.shape[0], old.shape[1], min(2 * old.shape[2], self.max_steps), old.shape[3])
-        grown = [old.new_empty(shape), old.new_empty(shape)]
-        for buffer, new in zip(self.buffers[layer_idx], grown, strict=True):
-            new[:, :, : self.length] = buffer[:, :, : self.length]
-        self.buffers[layer_idx] = grown
-        self.spares[layer_idx] = [old.new_empty(shape), old.new_empty(shape)]
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep the histories of `rows` (indices into the current rows, repeats allowed), copying only the steps
-        written, into the spare buffers, which then take the place of the current ones."""
-        count, written = rows.shape[0], slice(0, self.length)
-        for layer, (buffers, spares) in enumerate(zip(self.buffers, self.spares, strict=True)):
-            for buffer, spare in zip(buffers, spares, strict=True):
-                torch.index_select(buffer[: self.rows, :, written], 0, rows, out=spare[:count, :, written])
-            self.buffers[layer], self.spares[layer] = spares, buffers
-        self.rows = count
-
-
-class StaticBeamCache:
-    """The decoder's keys and values during beam search, where `TransformerAttention` reads them from a transformers
-    `EncoderDecoderCache` (`self_attention_cache.update`, `cross_attention_cache.layers`, `is_updated`), without that
-    cache's copies: self-attention keys and values are written in place into buffers with room for several steps (a
-    `DynamicCache` concatenates, copying all earlier steps at every one), and beam search's reordering copies only
-    the steps written so far; cross-attention keys and values are computed once per sentence, at the first step, then
-    repeated for its beams. (On this project's 2-core CPU the decoding speed is the same as with `DynamicCache`:
-    docs/results.md says where a step's time goes.)
-    """
-
-    def __init__(
-        self,
-        max_rows: int,
-        max_steps: int,
-        encoder_hidden_states: torch.Tensor,
-        cross_attention_mask: torch.Tensor | None,
-    ):
-        self.self_attention_cache = _SelfAttention(max_rows, max_steps)
-        self.cross_attention_cache = _CrossAttention()
-        self.is_updated: dict[int, bool] = {}  # set by each layer's cross-attention once it has stored its keys
-        self.encoder_hidden_states = encoder_hidden_states  # (B, S, D): projected at the first step only
-        self.cross_attention_mask = cross_attention_mask  # (rows, 1, 1, S), or None without padding
-
-    @property
-    def length(self) -> int:
-        return self.self_attention_cache.length
-
-    def advance(self) -> None:
-        """Every layer has stored this step's keys and values."""
-        self.self_attention_cache.length += 1
-
-    def select(self, hypotheses: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
-        """Keep the hypotheses `hypotheses`, in this order; with `sentences`, the batch's rows change too (finished
-        sentences leave, or one row per sentence becomes K): the cross-attention's rows follow. Beam search alone
-        needs no `sentences`: beams move within their sentence, whose rows hold the same encoder keys and values."""
-        self.self_attention_cache.select(hypotheses)
-        if sentences is not None:
-            self.cross_attention_cache.select(sentences)
-            if self.cross_attention_mask is not None:
-                self.cross_attention_mask = self.cross_attention_mask.index_select(0, sentences)
-
-
 class TransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with the paper's decoding; the translation model inherits it."""
 

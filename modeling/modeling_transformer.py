@@ -5,9 +5,9 @@ Read top to bottom, this file follows the paper: positional encodings (Sec. 3.5)
 scaled embedding matrix (Sec. 3.4), the label-smoothed training loss (Sec. 5.4) and the translation model.
 Its decoding, the paper's beam search (Sec. 6.1), lives beside it in `generation_transformer.py`.
 
-This file travels with every checkpoint as remote code: it imports only torch, transformers and its two
-siblings (`configuration_transformer.py`, which refuses transformers releases older than it supports, and
-`generation_transformer.py`).
+This file travels with every checkpoint as remote code: it imports only torch, transformers and its siblings
+(`configuration_transformer.py`, which refuses transformers releases older than it supports, and
+`generation_transformer.py`, which imports `cache_transformer.py`, the decoding's keys and values).
 """
 
 import math

@@ -100,6 +100,7 @@ MODEL_FILES = (
     "configuration_transformer.py",
     "modeling_transformer.py",
     "generation_transformer.py",
+    "cache_transformer.py",
     "model.safetensors.index.json",
 )
 

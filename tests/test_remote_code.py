@@ -11,7 +11,12 @@ import pytest
 import torch
 from helpers import batch, tiny_model
 
-REMOTE_CODE_FILES = {"configuration_transformer.py", "modeling_transformer.py", "generation_transformer.py"}
+REMOTE_CODE_FILES = {
+    "configuration_transformer.py",
+    "modeling_transformer.py",
+    "generation_transformer.py",
+    "cache_transformer.py",
+}
 
 # Prepended to a subprocess's script: a meta-path finder refuses `modeling`, so the process is a machine without
 # this project (the editable install lives in site-packages).
