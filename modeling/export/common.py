@@ -1,0 +1,121 @@
+"""What every exporter shares: a directory written all at once, its `export.json` record, refusals in one line,
+and the paper's decoding fields that a runtime without them cannot apply."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..configuration_transformer import TransformerConfig
+from ..files import write_json
+from ..modeling_transformer import TransformerForConditionalGeneration
+
+RECORD_FILE = "export.json"
+
+
+def _check_replaceable(output_dir: Path) -> None:
+    """Only a previous export (or an empty directory) may be replaced: never a user's other files."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise FileExistsError(f"{output_dir} exists and is not a directory.")
+    if any(output_dir.iterdir()) and not (output_dir / RECORD_FILE).is_file():
+        raise FileExistsError(
+            f"{output_dir} exists and is not an export (no {RECORD_FILE}): remove it or choose another directory."
+        )
+
+
+@contextmanager
+def building_directory(output_dir: str | Path) -> Iterator[Path]:
+    """Yield `NAME.partial` beside `output_dir` to fill; on success rename it to `output_dir` (replacing a previous
+    export there), on failure remove it and leave `output_dir` as it was."""
+    output_dir = Path(output_dir)
+    _check_replaceable(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = output_dir.with_name(output_dir.name + ".partial")
+    if partial.exists():  # left by an interrupted export
+        shutil.rmtree(partial)
+    partial.mkdir()
+    try:
+        yield partial
+        _check_replaceable(output_dir)  # again: something may have appeared there meanwhile
+        if not output_dir.exists():
+            os.replace(partial, output_dir)
+            return
+        # Two renames: the old export goes aside first, so that `output_dir` is at every moment the old or the new
+        # export, complete, or (between the two renames) absent; if the second fails, the old one comes back.
+        aside = Path(tempfile.mkdtemp(prefix=output_dir.name + ".old-", dir=output_dir.parent))
+        os.replace(output_dir, aside / output_dir.name)
+        try:
+            os.replace(partial, output_dir)
+        except BaseException:
+            os.replace(aside / output_dir.name, output_dir)
+            raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # gone already after success
+
+
+def write_record(
+    directory: Path, export_format: str, model: TransformerForConditionalGeneration, **details: Any
+) -> None:
+    """`export.json`: what was exported, from which model, with what settings and what the target cannot express."""
+    write_json(
+        directory / RECORD_FILE,
+        {
+            "format": export_format,
+            "model_type": model.config.model_type,
+            "source": getattr(model.config, "_name_or_path", "") or None,
+            **details,
+        },
+    )
+
+
+def refuse(field: str, value: Any, target: str, why: str) -> None:
+    """Raise the one-line error of a config field that `target` cannot compute exactly."""
+    raise ValueError(f"cannot export to {target} exactly: {field}={value!r} ({why}).")
+
+
+def check_model(model: Any) -> TransformerForConditionalGeneration:
+    """`model`, if it is this project's translation model (the exporters read its modules)."""
+    if not isinstance(model, TransformerForConditionalGeneration):
+        raise TypeError(f"expected a TransformerForConditionalGeneration, got {type(model).__name__}.")
+    return model
+
+
+def single_eos(config: TransformerConfig, target: str) -> int:
+    """The one end-of-sentence token id that `target` takes, refused in one line if there are none or several."""
+    eos = config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        if len(eos) != 1:
+            refuse("eos_token_id", eos, target, "it takes one end-of-sentence token")
+        eos = eos[0]
+    if eos is None:
+        refuse("eos_token_id", eos, target, "it needs an end-of-sentence token")
+    return int(eos)
+
+
+def paper_decoding_not_expressed(model: TransformerForConditionalGeneration, runtime: str) -> list[str]:
+    """The paper's decoding fields of the generation config that a runtime without them (CTranslate2,
+    transformers' own beam search) cannot apply: the GNMT length penalty and the per-sentence limit."""
+    generation = model.generation_config
+    alpha = generation.length_penalty if generation.length_penalty is not None else 1.0
+    not_expressed = []
+    if getattr(generation, "length_penalty_type", None) == "gnmt":
+        not_expressed.append(
+            f"length_penalty_type='gnmt': {runtime} ranks finished hypotheses by score / length ** {alpha}, "
+            f"not by score / ((5 + length) / 6) ** {alpha}"
+        )
+    offset = getattr(generation, "max_length_offset", None)
+    if offset is not None:
+        not_expressed.append(
+            f"max_length_offset={offset}: {runtime} has one length limit for every sentence, "
+            f"not source length + {offset}"
+        )
+    return not_expressed

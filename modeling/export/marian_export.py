@@ -1,0 +1,72 @@
+"""MarianMT: the exact `MarianMTModel` twin (`modeling.convert.to_marian`), saved with the tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..configuration_transformer import TransformerConfig
+from ..modeling_transformer import TransformerForConditionalGeneration
+from .common import building_directory, check_model, paper_decoding_not_expressed, refuse, single_eos, write_record
+
+
+def check_marian(model: TransformerForConditionalGeneration) -> None:
+    """Refuse, naming the field, what MarianMTModel cannot compute exactly (the positional table is compared
+    after conversion, in `to_marian`)."""
+    config: TransformerConfig = check_model(model).config
+    if not config.tie_word_embeddings:
+        refuse("tie_word_embeddings", False, "MarianMT", "it shares one embedding matrix three ways")
+    if config.layer_norm_eps != 1e-5:
+        refuse("layer_norm_eps", config.layer_norm_eps, "MarianMT", "its LayerNorm epsilon is 1e-5")
+    for name, paper in (("positional_encoding_frequencies", "paper"), ("positional_encoding_offset", 0)):
+        if getattr(config, name) != paper:
+            refuse(name, getattr(config, name), "MarianMT", "it adds the paper's sinusoids from position 0")
+    single_eos(config, "MarianMT")
+
+
+def _check_marian_positions(model: TransformerForConditionalGeneration, marian) -> None:
+    """Marian adds its own sinusoids (the paper's formula from position 0, concatenated): this model's positional
+    module must add the same ones, up to the permutation of an interleaved layout."""
+    from ..convert import interleaved_to_concatenated_permutation
+
+    config: TransformerConfig = model.config
+    for ours, theirs in (
+        (model.model.encoder.embed_positions, marian.model.encoder.embed_positions),
+        (model.model.decoder.embed_positions, marian.model.decoder.embed_positions),
+    ):
+        table = ours(0, config.max_position_embeddings).detach().float().cpu()
+        if config.positional_encoding_layout == "interleaved":
+            table = table[:, interleaved_to_concatenated_permutation(config.d_model)]
+        if not torch.allclose(table, theirs.weight.detach().float().cpu(), rtol=0, atol=1e-6):
+            defaults = TransformerConfig()
+            fields = [
+                f"{key}={value!r}"
+                for key, value in config.to_dict().items()
+                if "position" in key and key != "max_position_embeddings" and getattr(defaults, key, value) != value
+            ]
+            raise ValueError(
+                "cannot export to MarianMT exactly: the positional encodings "
+                f"({', '.join(fields) or 'positional_encoding_layout=' + repr(config.positional_encoding_layout)}) "
+                "differ from Marian's sinusoids, the paper's formula from position 0."
+            )
+
+
+def to_marian(
+    model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None, output_dir: str | Path
+) -> Path:
+    """Save the exact `MarianMTModel` twin of `model` (`modeling.convert.to_marian`: same logits, same beam search
+    with transformers' length penalty) with `tokenizer` to `output_dir`. It loads with
+    `MarianMTModel.from_pretrained` and `AutoTokenizer.from_pretrained`, without remote code."""
+    from ..convert import to_marian as convert_to_marian
+
+    check_marian(model)
+    marian = convert_to_marian(model)
+    _check_marian_positions(model, marian)
+    with building_directory(output_dir) as directory:
+        marian.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        write_record(directory, "marian", model, not_expressed=paper_decoding_not_expressed(model, "MarianMTModel"))
+    return Path(output_dir)

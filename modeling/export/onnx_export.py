@@ -1,0 +1,161 @@
+"""ONNX: `encoder.onnx` and `decoder.onnx` (without cache) for onnxruntime, traced by `torch.onnx.export`."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from ..configuration_transformer import TransformerConfig
+from ..modeling_transformer import TransformerForConditionalGeneration
+from .common import building_directory, check_model, write_record
+
+ONNX_OPSET = 18
+
+
+class OnnxEncoder(nn.Module):
+    """encoder.onnx: (input_ids, attention_mask) → encoder_hidden_states."""
+
+    def __init__(self, model: TransformerForConditionalGeneration):
+        super().__init__()
+        self.encoder = model.model.encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class OnnxDecoder(nn.Module):
+    """decoder.onnx: (decoder_input_ids, encoder_hidden_states, encoder_attention_mask) → logits of every
+    position, without cache."""
+
+    def __init__(self, model: TransformerForConditionalGeneration):
+        super().__init__()
+        self.decoder = model.model.decoder
+        self.lm_head = model.lm_head
+
+    def forward(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden_states = self.decoder(
+            input_ids=decoder_input_ids,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            use_cache=False,
+        ).last_hidden_state
+        return self.lm_head(hidden_states)
+
+
+def _example_inputs(config: TransformerConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A padded batch of 2 sources (lengths 7 and 4) and 2 decoder prefixes of length 5: shapes for tracing."""
+    input_ids = torch.full((2, 7), 3, dtype=torch.long)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 4:] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
+    decoder_input_ids = torch.full((2, 5), config.decoder_start_token_id, dtype=torch.long)
+    return input_ids, attention_mask, decoder_input_ids
+
+
+def to_onnx(
+    model: TransformerForConditionalGeneration,
+    output_dir: str | Path,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    opset_version: int = ONNX_OPSET,
+) -> Path:
+    """Write `encoder.onnx` and `decoder.onnx` of `model` (float32, dynamic batch and lengths, eager attention
+    traced by `torch.onnx.export(dynamo=True)`), with the config, generation config and tokenizer.
+
+    encoder.onnx: `input_ids` (B, S) int64, `attention_mask` (B, S) int64 → `encoder_hidden_states` (B, S, D).
+    decoder.onnx: `decoder_input_ids` (B, T) int64, `encoder_hidden_states` (B, S, D), `encoder_attention_mask`
+    (B, S) int64 → `logits` (B, T, V), for every decoder position. S and T go up to `max_position_embeddings`
+    (`export.json` says how many): the graphs read the model's positional table, which has that many rows.
+
+    No decoder-with-cache graph: it would take and return 4 tensors per decoder layer and need a second graph for
+    the first step (as optimum builds), while a runtime that wants fast beam search is better served by
+    `to_ctranslate2`, which has the cache, the beam search and int8 in C++. Without cache, step t recomputes the
+    t previous positions; at sentence lengths (outputs of 10 to 60 tokens) that is the price of one simple graph.
+    """
+    import onnx  # noqa: F401 (the exporter needs it; fail here with its name rather than deep inside torch)
+    import onnxscript  # noqa: F401
+
+    model = check_model(model)
+    config: TransformerConfig = model.config
+    input_ids, attention_mask, decoder_input_ids = (tensor.to(model.device) for tensor in _example_inputs(config))
+    was_training = model.training
+    implementation = config._attn_implementation
+    model.eval()
+    model.set_attn_implementation("eager")
+    try:
+        with building_directory(output_dir) as directory, torch.no_grad():
+            encoder = OnnxEncoder(model).eval()
+            encoder_hidden_states = encoder(input_ids, attention_mask)
+            # Lengths up to the positional table: the graphs slice it (the model itself computes positions beyond).
+            positions = config.max_position_embeddings
+            batch = torch.export.Dim("batch")
+            source, target = torch.export.Dim("source", max=positions), torch.export.Dim("target", max=positions)
+            _export_graph(
+                encoder,
+                (input_ids, attention_mask),
+                directory / "encoder.onnx",
+                ["input_ids", "attention_mask"],
+                ["encoder_hidden_states"],
+                {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}},
+                opset_version,
+            )
+            _export_graph(
+                OnnxDecoder(model).eval(),
+                (decoder_input_ids, encoder_hidden_states, attention_mask),
+                directory / "decoder.onnx",
+                ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"],
+                ["logits"],
+                {
+                    "decoder_input_ids": {0: batch, 1: target},
+                    "encoder_hidden_states": {0: batch, 1: source},
+                    "encoder_attention_mask": {0: batch, 1: source},
+                },
+                opset_version,
+            )
+            config.to_json_file(directory / "config.json")  # without the remote code: the graphs replace it
+            model.generation_config.save_pretrained(directory)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(directory)
+            write_record(
+                directory,
+                "onnx",
+                model,
+                opset_version=opset_version,
+                graphs={
+                    "encoder.onnx": "input_ids, attention_mask -> encoder_hidden_states",
+                    "decoder.onnx": "decoder_input_ids, encoder_hidden_states, encoder_attention_mask -> logits",
+                },
+                max_positions=config.max_position_embeddings,
+            )
+    finally:
+        model.set_attn_implementation(implementation)
+        model.train(was_training)
+    return Path(output_dir)
+
+
+def _export_graph(module, args, path: Path, input_names, output_names, dynamic_shapes, opset_version) -> None:
+    with warnings.catch_warnings():
+        # The exporter's notes on the shared batch/source dimensions and pytree deprecations concern its internals.
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+            opset_version=opset_version,
+            external_data=False,
+            verbose=False,
+        )
+    program.save(str(path))
