@@ -128,7 +128,7 @@ def _one_line(error: BaseException, attempts: int) -> str:
     return f"{where}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
 
 
-def unreachable_hub_error(error: BaseException, what: str) -> "HubError | None":
+def unreachable_hub_error(error: BaseException, what: str) -> HubError | None:
     """`HubError` for `what` when a timeout or a failed connection lies behind `error` (transformers and
     huggingface_hub wrap it in their own errors, whose text no longer says which), else None."""
     while error is not None:
