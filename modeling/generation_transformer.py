@@ -189,6 +189,8 @@ ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriter
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
 # transformers' own loop, since the batch could not be cut safely.
 PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
+
+
 class TransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with the paper's decoding; the translation model inherits it."""
 

@@ -12,7 +12,8 @@ naming the URL and the cause.
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from huggingface_hub import set_client_factory
@@ -128,14 +129,20 @@ def _one_line(error: BaseException, attempts: int) -> str:
     return f"{where}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
 
 
-def unreachable_hub_error(error: BaseException, what: str) -> HubError | None:
-    """`HubError` for `what` when a timeout or a failed connection lies behind `error` (transformers and
-    huggingface_hub wrap it in their own errors, whose text no longer says which), else None."""
-    while error is not None:
-        if isinstance(error, httpx2.TransportError):
-            return HubError(f"{what}: {_one_line(error, 1)}")
-        error = error.__cause__ or error.__context__
-    return None
+@contextmanager
+def naming_hub_failures(what: str) -> Iterator[None]:
+    """Inside the block, an `OSError` that a timeout or a failed connection lies behind (transformers and
+    huggingface_hub wrap it in errors whose text no longer says which) becomes `HubError`: `what`, then the URL and
+    the cause, in one line. (datasets already says "Couldn't reach 'NAME' on the Hub (...)", and drops the cause.)"""
+    try:
+        yield
+    except OSError as error:
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, httpx2.TransportError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise HubError(f"{what}: {_one_line(cause, 1)}") from error
 
 
 def hub_call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:

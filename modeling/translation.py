@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 from .batching import token_budget_batches
 from .checkpoints import weights_problems
-from .hub_client import unreachable_hub_error, use_hub_timeouts
+from .hub_client import naming_hub_failures, use_hub_timeouts
 
 MODEL_TYPE = "vaswani_transformer"
 
@@ -94,33 +94,28 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
         use_hub_timeouts()
-    try:
-        config = AutoConfig.from_pretrained(name_or_path)
-    except OSError as error:
-        raise unreachable_hub_error(error, f"Could not load {name_or_path!r} from the Hub") or OSError(
-            f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
-            f"reachable Hub repo id. ({error})"
-        ) from error
-    if config.model_type != MODEL_TYPE:
-        raise ValueError(
-            f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {MODEL_TYPE!r} one; "
-            "these tools only handle this project's models (convert others first, e.g. modeling.convert)."
-        )
-    if os.path.isdir(name_or_path) and (glob.glob(os.path.join(glob.escape(name_or_path), "*.safetensors"))):
-        problems = weights_problems(name_or_path)
-        if problems:
+    with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
+        try:
+            config = AutoConfig.from_pretrained(name_or_path)
+        except OSError as error:
+            raise OSError(
+                f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
+                f"reachable Hub repo id. ({error})"
+            ) from error
+        if config.model_type != MODEL_TYPE:
             raise ValueError(
-                f"{name_or_path!r} holds incomplete weights: {'; '.join(problems)}. The file was cut short "
-                "(an interrupted save or copy): save or copy the model again."
+                f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {MODEL_TYPE!r} one; "
+                "these tools only handle this project's models (convert others first, e.g. modeling.convert)."
             )
-    model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    try:
+        if os.path.isdir(name_or_path) and (glob.glob(os.path.join(glob.escape(name_or_path), "*.safetensors"))):
+            problems = weights_problems(name_or_path)
+            if problems:
+                raise ValueError(
+                    f"{name_or_path!r} holds incomplete weights: {'; '.join(problems)}. The file was cut short "
+                    "(an interrupted save or copy): save or copy the model again."
+                )
+        model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as error:
-        unreachable = unreachable_hub_error(error, f"Could not load {name_or_path!r} from the Hub")
-        if unreachable is None:
-            raise
-        raise unreachable from error
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer
