@@ -10,6 +10,7 @@ one line naming the URL and the cause.
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -33,15 +34,12 @@ from .model_card import (
 
 logger = logging.getLogger(__name__)
 
-REMOTE_CODE_FILES = (
-    "configuration_transformer.py",
-    "modeling_transformer.py",
-    "generation_transformer.py",
-    "cache_transformer.py",
-)
+# The remote-code files that config.json's auto_map names; the siblings they import come with them (see
+# `_missing_siblings`): a model saved by an older release of this project holds the siblings its own code imports.
+AUTO_MAP_CODE_FILES = ("configuration_transformer.py", "modeling_transformer.py")
 
 # Files a repo needs so that `from_pretrained(repo_id, trust_remote_code=True)` works without this package.
-REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", *REMOTE_CODE_FILES)
+REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", *AUTO_MAP_CODE_FILES)
 # What a push uploads: the top-level weights, configs, code, tokenizer, card and figures; never pickles,
 # optimizer states or checkpoint subdirectories (fnmatch's "*" also matches "/", hence the ignore pattern).
 UPLOAD_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.md", "*.png", "*.txt", "*.model")
@@ -68,7 +66,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"Model directory {model_dir} does not exist.")
-    missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()]
+    missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()] + _missing_siblings(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         missing.append("*.safetensors")
     if missing:
@@ -81,6 +79,17 @@ def check_model_dir(model_dir: str | Path) -> Path:
     if "auto_map" not in read_json(model_dir / "config.json"):
         raise ValueError(f"{model_dir}/config.json has no auto_map: save the model with `import modeling` done.")
     return model_dir
+
+
+def _missing_siblings(model_dir: Path) -> list[str]:
+    """The files that the directory's remote code imports from beside itself (`from .name import ...`, as
+    transformers' loader follows them) and that are not there, each with the file importing it."""
+    missing = []
+    for code in sorted(model_dir.glob("*.py")):
+        for name in re.findall(r"^\s*from \.(\w+) import", code.read_text(encoding="utf-8"), flags=re.MULTILINE):
+            if not (model_dir / f"{name}.py").is_file():
+                missing.append(f"{name}.py (imported by {code.name})")
+    return missing
 
 
 def verify_model_files(model_dir: str | Path) -> None:

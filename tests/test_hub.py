@@ -30,6 +30,20 @@ def test_check_model_dir_refuses_a_directory_without_remote_code(tmp_path):
         check_model_dir(tmp_path)
 
 
+def test_check_model_dir_requires_the_siblings_the_remote_code_imports(tmp_path):
+    save_tiny_checkpoint(tmp_path)
+    check_model_dir(tmp_path)
+    (tmp_path / "cache_transformer.py").unlink()
+    expected = r"lacks cache_transformer\.py \(imported by generation_transformer\.py\)"
+    with pytest.raises(FileNotFoundError, match=expected):
+        check_model_dir(tmp_path)
+    # Code that imports no such sibling (a model saved by an older release of this project) needs none.
+    generation = tmp_path / "generation_transformer.py"
+    code = generation.read_text(encoding="utf-8")
+    generation.write_text(code.replace("from .cache_transformer import", "from cache_transformer_gone import"))
+    check_model_dir(tmp_path)
+
+
 REPO_ID = "user/tiny"
 
 
