@@ -187,13 +187,19 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def swap_directory(new: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Put the complete directory `new` at `path`, replacing (then deleting) what was there."""
+    """Put the complete directory `new` at `path`, replacing (then deleting) what was there; if `new` cannot be
+    renamed into place, what was there comes back."""
     new, path = Path(new), Path(path)
     old = path.with_name(f".{path.name}.old")  # hidden: matches no pattern the project lists
     remove_tree(old)
     if path.exists():
         os.replace(path, old)
-    os.replace(new, path)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        if old.exists() and not path.exists():
+            os.replace(old, path)
+        raise
     fsync_path(path.parent)
     remove_tree(old)
 

@@ -89,6 +89,25 @@ def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no .partial or .old left"
 
 
+def test_a_swap_whose_last_rename_fails_puts_the_old_directory_back(tmp_path, monkeypatch):
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("first")
+    replace = os.replace
+
+    def refuse_the_new_one(source, destination):
+        if str(source).endswith(".partial"):
+            raise OSError(errno.EXDEV, "cannot rename")
+        replace(source, destination)
+
+    monkeypatch.setattr(files_module.os, "replace", refuse_the_new_one)
+    with pytest.raises(OSError, match="cannot rename"):
+        with atomic_directory(target) as staging:
+            (staging / "model.bin").write_text("second")
+    assert (target / "model.bin").read_text() == "first"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export"], "no .partial or .old left"
+
+
 def test_files_move_into_a_shared_directory_config_last(tmp_path, monkeypatch):
     staging, target = tmp_path / ".final-model.partial", tmp_path / "run"
     staging.mkdir()

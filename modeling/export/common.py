@@ -3,16 +3,13 @@ and the paper's decoding fields that a runtime without them cannot apply."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..configuration_transformer import TransformerConfig
-from ..files import write_json
+from ..files import atomic_directory, write_json
 from ..modeling_transformer import TransformerForConditionalGeneration
 
 RECORD_FILE = "export.json"
@@ -32,34 +29,14 @@ def _check_replaceable(output_dir: Path) -> None:
 
 @contextmanager
 def building_directory(output_dir: str | Path) -> Iterator[Path]:
-    """Yield `NAME.partial` beside `output_dir` to fill; on success rename it to `output_dir` (replacing a previous
-    export there), on failure remove it and leave `output_dir` as it was."""
+    """Yield `NAME.partial` beside `output_dir` to fill; on success it takes `output_dir`'s place (replacing a
+    previous export there, `modeling.files.atomic_directory`), on failure it is removed and `output_dir` stays as it
+    was. Only a previous export (or an empty directory) is ever replaced."""
     output_dir = Path(output_dir)
     _check_replaceable(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = output_dir.with_name(output_dir.name + ".partial")
-    if partial.exists():  # left by an interrupted export
-        shutil.rmtree(partial)
-    partial.mkdir()
-    try:
+    with atomic_directory(output_dir) as partial:
         yield partial
         _check_replaceable(output_dir)  # again: something may have appeared there meanwhile
-        if not output_dir.exists():
-            os.replace(partial, output_dir)
-            return
-        # Two renames: the old export goes aside first, so that `output_dir` is at every moment the old or the new
-        # export, complete, or (between the two renames) absent; if the second fails, the old one comes back.
-        aside = Path(tempfile.mkdtemp(prefix=output_dir.name + ".old-", dir=output_dir.parent))
-        os.replace(output_dir, aside / output_dir.name)
-        try:
-            os.replace(partial, output_dir)
-        except BaseException:
-            os.replace(aside / output_dir.name, output_dir)
-            raise
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)  # gone already after success
 
 
 def write_record(
