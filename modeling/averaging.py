@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,10 @@ from safetensors.torch import save_file
 from .checkpoints import (
     CHECKPOINT_RE,
     COMPLETE_MARKER,
+    PICKLED_STATE_RE,
+    TRAINER_STATE_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
     RunMismatchError,
     checkpoint_problems,
     checkpoint_step,
@@ -42,14 +45,10 @@ from .files import atomic_directory, write_json
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 AVERAGING_RECORD_NAME = "checkpoint_averaging.json"
-# Trainer state that belongs to one point of training, not to the averaged model.
-_TRAINING_STATE_RE = re.compile(
-    r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|trainer_state\.json|training_args\.bin|rng_state(_\d+)?\.pth)$"
-)
-_NOT_COPIED = {WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
+# Not copied from the newest checkpoint: the Trainer state of one point of training (besides the pickled states of
+# PICKLED_STATE_RE), and what describes that checkpoint's own weights.
+_NOT_COPIED = {TRAINER_STATE_NAME, "training_args.bin", WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int) -> list[Path]:
@@ -158,9 +157,9 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     newest = _newest(checkpoints)
     with atomic_directory(output_dir) as staging:
         for path in newest.iterdir():
-            if path.is_file() and path.suffix != ".safetensors" and path.name not in _NOT_COPIED:
-                if not _TRAINING_STATE_RE.match(path.name):
-                    shutil.copy2(path, staging / path.name)
+            copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
+            if path.is_file() and path.suffix != ".safetensors" and copied:
+                shutil.copy2(path, staging / path.name)
         contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
         save_file(contiguous, staging / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
         record = {"checkpoints": [str(path) for path in checkpoints], "configuration_from": str(newest)}
