@@ -127,6 +127,7 @@ class PreemptionCallback(TrainerCallback):
     A second SIGINT or SIGTERM (more than a second after the first, so a launcher forwarding the same signal does
     not count) restores the previous handler and re-raises it: an impatient user still gets out at once.
 
+    A signal that the process was started ignoring (SIGINT for a job started with `&` by a script) stays ignored.
     `handling()` installs the handlers and restores the previous ones when it ends; the callback installs them at
     `on_train_begin` and restores them at `on_train_end` if no one did before. Handlers can only be installed from
     the main thread; elsewhere the callback does nothing.
@@ -165,7 +166,13 @@ class PreemptionCallback(TrainerCallback):
         if self._previous:
             return True
         try:
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+            self._previous = {
+                sig: signal.signal(sig, self._handle)
+                for sig in self.signals
+                # What the process was started ignoring stays ignored, as Python leaves it: a shell starts `train &`
+                # in a script with SIGINT ignored, so that Ctrl-C in the script's terminal does not reach it.
+                if signal.getsignal(sig) is not signal.SIG_IGN
+            }
         except ValueError:  # not the main thread
             self._previous = {}
             return False

@@ -98,6 +98,22 @@ def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock,
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_a_signal_the_process_ignores_stays_ignored():
+    """A script's `python scripts/train.py ... &` starts with SIGINT ignored: Ctrl-C typed at the script must not
+    reach the run, so the callback leaves SIGINT alone there and still handles the others."""
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        callback = PreemptionCallback(signals=(signal.SIGINT, signal.SIGUSR1))
+        with callback.handling():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGUSR1) == callback._handle
+            signal.raise_signal(signal.SIGINT)
+            assert callback.requested is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
 def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
     callback = PreemptionCallback(signals=(signal.SIGUSR1,))
     previous = signal.getsignal(signal.SIGUSR1)
