@@ -18,15 +18,12 @@ from typing import Any, TypeVar
 
 from huggingface_hub import set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import _http as hf_http
 
 try:  # huggingface_hub 2.x ships its HTTP client as httpx2; 1.x used httpx
     import httpx2
 except ImportError:  # pragma: no cover - huggingface_hub 1.x
     import httpx as httpx2
-try:
-    from huggingface_hub.utils._http import hf_request_event_hook
-except ImportError:  # pragma: no cover
-    hf_request_event_hook = None
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +69,8 @@ def hub_attempts() -> int:
     return int(_positive_setting(HUB_ATTEMPTS_ENV, DEFAULT_ATTEMPTS, int))
 
 
-def _client_with_timeouts() -> httpx2.Client:
-    """`huggingface_hub`'s default client (its request hook, redirects followed), with timeouts on every request."""
+def _bounding_timeouts(client: httpx2.Client) -> httpx2.Client:
+    """`client` with every request's limits bounded by `hub_timeout()` (read now), 10 s at most to connect."""
     seconds = hub_timeout()
     limits = httpx2.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds)).as_dict()
 
@@ -84,15 +81,24 @@ def _client_with_timeouts() -> httpx2.Client:
         chosen = request.extensions.get("timeout") or {}
         request.extensions["timeout"] = {name: min(chosen.get(name) or limit, limit) for name, limit in limits.items()}
 
-    hooks = [hf_request_event_hook] if hf_request_event_hook else []
-    return httpx2.Client(
-        event_hooks={"request": [*hooks, bound_timeouts]}, follow_redirects=True, timeout=httpx2.Timeout(**limits)
-    )
+    hooks = client.event_hooks
+    client.event_hooks = {**hooks, "request": [*hooks.get("request", []), bound_timeouts]}
+    return client
 
 
 def use_hub_timeouts() -> None:
-    """Make every `huggingface_hub` request of this process use `hub_timeout()` (read now) where it sets none."""
-    set_client_factory(_client_with_timeouts)
+    """Make every `huggingface_hub` request of this process wait at most `hub_timeout()` (read now).
+
+    The clients still come from the factory in place (a user's own `set_client_factory`, for a proxy or
+    certificates, stays in force): each one it makes gains the bound."""
+    factory = getattr(hf_http, "_GLOBAL_CLIENT_FACTORY", None) or hf_http.default_client_factory
+    factory = getattr(factory, "wrapped_factory", factory)  # called again: bound the same factory anew
+
+    def bounded_factory() -> httpx2.Client:
+        return _bounding_timeouts(factory())
+
+    bounded_factory.wrapped_factory = factory
+    set_client_factory(bounded_factory)
 
 
 def _request_of(error: BaseException) -> str:

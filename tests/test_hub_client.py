@@ -1,0 +1,43 @@
+"""Tests of modeling/hub_client.py: the timeouts every Hub request gets (pushes and loads: tests/test_hub.py,
+tests/test_translation.py)."""
+
+import time
+
+import httpx2
+import pytest
+from helpers import stalled_endpoint
+from huggingface_hub import get_session, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
+
+from modeling.hub_client import use_hub_timeouts
+
+USER_HEADER = {"x-proxy-ticket": "from the user's own factory"}
+
+
+def test_timeouts_keep_the_users_client_factory(quick_hub):
+    """A user's `set_client_factory` (proxies, certificates) stays in force: its clients gain the bound, once
+    however often the library installs it, and a request that asks to wait forever is cut at 0.3 s."""
+    made = []
+
+    def users_factory() -> httpx2.Client:
+        made.append(httpx2.Client(headers=USER_HEADER, timeout=None))
+        return made[-1]
+
+    set_client_factory(users_factory)
+    use_hub_timeouts()
+    use_hub_timeouts()  # train() and a load by name each install it
+    session = get_session()
+    assert made == [session] and session.headers["x-proxy-ticket"] == USER_HEADER["x-proxy-ticket"]
+    assert len(session.event_hooks["request"]) == 1
+    with stalled_endpoint() as endpoint:
+        start = time.monotonic()
+        with pytest.raises(httpx2.TimeoutException):
+            session.get(endpoint, timeout=None)
+        assert time.monotonic() - start < 3
+
+
+def test_without_a_factory_of_the_users_the_library_default_gets_the_bound(quick_hub):
+    set_client_factory(default_client_factory)
+    use_hub_timeouts()
+    hooks = get_session().event_hooks["request"]
+    assert len(hooks) == 2, "huggingface_hub's own request hook, then the bound"
