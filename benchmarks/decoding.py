@@ -1,15 +1,18 @@
 """Decoding settings shared by every generation contender, and the CTranslate2 runner.
 
 This module imports neither torch nor transformers, so that a CTranslate2 contender measured alone in a
-subprocess (`peak_memory.py`) carries only the runtime it needs.
+subprocess (`memory_probe.py`) carries only the runtime it needs; and CTranslate2 only when a translator is loaded,
+so that the GPU check runs on a machine without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import ctranslate2
+if TYPE_CHECKING:
+    import ctranslate2
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class DecodingSettings:
 
 def load_translator(model_dir: Path, compute_type: str, threads: int) -> ctranslate2.Translator:
     """A CPU translator with one batch at a time on `threads` threads (as torch gets)."""
+    import ctranslate2
+
     return ctranslate2.Translator(
         str(model_dir), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
     )

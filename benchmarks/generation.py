@@ -245,6 +245,8 @@ def run_generation(
         f"{FIXED_NEW_TOKENS}), length penalty score / length^{settings.length_penalty} (this model with "
         "length_penalty_type='transformers', max_length_offset=None), early stopping; outputs of this model and "
         "MarianMT asserted identical.",
+        "At the fixed length CTranslate2 removes </s> before its softmax (transformers masks it after), so its "
+        "beams rank differently and few outputs agree; the steps decoded are the same.",
         f"{repeats} repeats after one warm-up pass, contenders alternating; torch and CTranslate2 (intra_threads) "
         "get the same number of threads. sacreBLEU against the validation references, on the same sentences.",
     ]

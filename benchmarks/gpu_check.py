@@ -7,10 +7,17 @@
 - Generation: beam-4 sentences/s and tokens/s of base in bf16 at a fixed output length (min = max new tokens: the
   cost of a decoding step), this model (its static-cache beam search) vs its Marian twin, and CTranslate2
   (float16 / int8_float16) when it is installed with CUDA: the work is the same for every contender.
+- Real sentences (with `--checkpoint`, a trained checkpoint of this model with its tokenizer, and `--sources`, one
+  sentence per line): the three workloads of `benchmarks/run.py` (fixed output length, sorted by length, file
+  order; `generation.workloads`) in bf16, this model vs its Marian twin and CTranslate2 float16 / int8_float16
+  exported from it: what a user translating a file meets, where sentences end at different lengths (a random
+  model never ends one). No CUDA graphs: the static-cache loop runs eagerly.
 - Memory: torch.cuda.max_memory_allocated during each contender's first call.
 
     bash benchmarks/gpu_check.sh               # on the GPU machine: about 3-5 minutes
-    bash benchmarks/gpu_check.sh --dry-run     # anywhere, on CPU: tiny sizes, a few steps
+    bash benchmarks/gpu_check.sh --checkpoint benchmarks/.cache/trained-.../ours --sources sources.en   # + real
+    bash benchmarks/gpu_check.sh --dry-run     # anywhere, on CPU: tiny sizes, a few steps (a random checkpoint
+                                               # and made-up sentences stand in for the real ones)
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import transformers
@@ -38,11 +46,14 @@ from harness import (
     training_flops,
 )
 from tokenizers import Tokenizer, models
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
 from modeling import TransformerConfig, TransformerForConditionalGeneration
 from modeling.convert import to_marian
+
+if TYPE_CHECKING:  # imported where used: datasets and sacrebleu come with it, which a bare GPU image may lack
+    import generation
 
 BF16_PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense bf16 (the card's data sheet)
 PAD, EOS = 0, 2
@@ -58,12 +69,15 @@ class GpuPlan:
     generation_batch: int
     generation_new_tokens: int
     matmul_size: int
+    real_sentences: int  # the first ones of --sources
+    real_batch: int
+    real_max_new_tokens: int
 
 
 def full_plan() -> GpuPlan:
     vocab = 37000  # the paper's shared BPE (Sec. 5.1)
     configs = {"base": TransformerConfig.base(vocab_size=vocab), "big": TransformerConfig.big(vocab_size=vocab)}
-    return GpuPlan(configs, 256, 64, 5, 5, 64, 64, 8192)
+    return GpuPlan(configs, 256, 64, 5, 5, 64, 64, 8192, 400, 64, 64)
 
 
 def dry_run_plan() -> GpuPlan:
@@ -78,7 +92,7 @@ def dry_run_plan() -> GpuPlan:
         "vocab_size": 256,
     }
     configs = {"base": TransformerConfig.base(**tiny), "big": TransformerConfig.big(**tiny, dropout=0.3)}
-    return GpuPlan(configs, 4, 12, 1, 2, 4, 6, 128)
+    return GpuPlan(configs, 4, 12, 1, 2, 4, 6, 128, 12, 4, 6)
 
 
 def attention_implementations(device: torch.device) -> list[str]:
@@ -287,17 +301,150 @@ def run_generation(plan: GpuPlan, device: torch.device) -> Section:
     return section
 
 
+def stand_in_checkpoint(plan: GpuPlan, directory: Path) -> tuple[Path, list[str]]:
+    """For the dry run: a random checkpoint of the tiny base config with the word-level tokenizer, and made-up
+    sentences of 3 to 20 words, in place of a trained checkpoint and real ones."""
+    config = plan.configs["base"]
+    directory = directory / "random-tiny-checkpoint"
+    torch.manual_seed(0)
+    TransformerForConditionalGeneration(config).save_pretrained(directory)
+    word_level_tokenizer(config.vocab_size).save_pretrained(directory)
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.randint(3, 21, (plan.real_sentences,), generator=generator).tolist()
+    words = [torch.randint(3, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    return directory, [" ".join(f"t{i}" for i in sentence) for sentence in words]
+
+
+def ctranslate2_translators(
+    ours: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: torch.device, workdir: Path
+) -> dict:
+    """{name: translator}: CTranslate2 (float16 / int8_float16 on a GPU) exported from this model (float32, on the
+    CPU), if it is installed with CUDA."""
+    try:
+        import ctranslate2
+
+        from modeling.export import to_ctranslate2
+    except ImportError:
+        return {}
+    if device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        return {}
+    to_ctranslate2(ours, tokenizer, workdir / "ct2")
+    compute_types = ("float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")
+    return {
+        f"CTranslate2 {compute_type}": ctranslate2.Translator(
+            str(workdir / "ct2"), device=device.type, compute_type=compute_type
+        )
+        for compute_type in compute_types
+    }
+
+
+def real_contenders(
+    models: dict[str, tuple[PreTrainedModel, bool]],
+    translators: dict,
+    tokenizer: PreTrainedTokenizerBase,
+    workload: generation.Workload,
+    device: torch.device,
+) -> dict[str, Callable[[], list[list[int]]]]:
+    """{name: call translating the workload's batches}, each returning token ids per sentence, in batch order."""
+    from decoding import ctranslate2_translate
+    from generation import encode_batches, transformers_translate
+
+    batches = [batch.to(device) for batch in encode_batches(tokenizer, workload.sources, workload.batches)]
+    settings = workload.settings
+    contenders = {
+        name: lambda m=model, paper=paper_fields: transformers_translate(m, batches, settings, paper)
+        for name, (model, paper_fields) in models.items()
+    }
+    tokens = [
+        [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer([workload.sources[i] for i in batch])["input_ids"]]
+        for batch in workload.batches
+    ]
+    for name, translator in translators.items():
+        contenders[name] = lambda t=translator: [
+            tokenizer.convert_tokens_to_ids(hypothesis) for hypothesis in ctranslate2_translate(t, tokens, settings)
+        ]
+    return contenders
+
+
+def run_real_generation(
+    plan: GpuPlan, checkpoint: Path, sources: list[str], device: torch.device, repeats: int
+) -> Section:
+    """`benchmarks/run.py`'s three generation workloads on the device, in bf16 (float32 on CPU)."""
+    from decoding import DecodingSettings
+    from generation import MARIAN, OURS, agreement, workloads
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    ours = TransformerForConditionalGeneration.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    marian = to_marian(ours).eval()
+    marian.set_attn_implementation("sdpa")
+    dtype, dtype_name = (torch.bfloat16, "bf16") if device.type == "cuda" else (torch.float32, "fp32")
+    settings = DecodingSettings(max_new_tokens=plan.real_max_new_tokens)
+    section = Section(
+        title=f"Beam-4 generation of real sentences, {checkpoint} ({ours.config.d_model}-wide, "
+        f"{ours.config.encoder_layers}+{ours.config.decoder_layers} layers): {len(sources)} sentences, "
+        f"batches of {plan.real_batch}",
+        headers=["workload", "contender", "sentences/s (median)", "min–max", "vs baseline", "same as this model"],
+    )
+    this_model = f"{OURS} ({dtype_name})"
+    with tempfile.TemporaryDirectory() as workdir:
+        translators = ctranslate2_translators(ours, tokenizer, device, Path(workdir))  # before bf16
+        models = {
+            this_model: (ours.to(device, dtype), True),
+            f"{MARIAN} ({dtype_name})": (marian.to(device, dtype), False),
+        }
+        baseline = next(iter(translators), f"{MARIAN} ({dtype_name})")
+        for workload in workloads(tokenizer, sources, None, plan.real_batch, settings):
+            contenders = real_contenders(models, translators, tokenizer, workload, device)
+            outputs = {name: call() for name, call in contenders.items()}  # also the warm-up
+            timings = measure_alternating(contenders, repeats, warmup=0)
+            rates = {name: timing.rate(len(workload.sources)) for name, timing in timings.items()}
+            fixed = workload.settings.min_new_tokens > 0
+            for name, rate in rates.items():
+                same = agreement(outputs[name], outputs[this_model], prefix=fixed)
+                speedup = ratio(rate.median, rates[baseline].median)
+                section.rows.append(
+                    [workload.name, name, rate.median, format_spread(rate), speedup, f"{100 * same:.1f}%"]
+                )
+                record = {"sentences_per_second": rate.to_dict(), "agreement": same}
+                section.data.setdefault(workload.name, {})[name] = record
+    section.data["baseline"] = baseline
+    section.notes.append(
+        f"Beam 4, at most {settings.max_new_tokens} new tokens, length penalty score / length^0.6 for all; "
+        f"{repeats} repeats after one warm-up pass, alternating. Baseline: {baseline}. In bf16, contenders may "
+        "part ways at near ties; at the fixed length CTranslate2 ranks beams differently by design (it removes </s> "
+        "before its softmax, transformers after: benchmarks/README.md)."
+    )
+    return section
+
+
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, a few steps: checks the script")
     parser.add_argument("--time-budget", type=float, default=420, help="skip what would start after this (s)")
     parser.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--output-json", type=Path, help="also write every number here")
+    parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint of this model (with its tokenizer)")
+    parser.add_argument("--sources", type=Path, help="source sentences for --checkpoint, one per line")
     return parser.parse_args()
+
+
+def real_generation_inputs(
+    arguments: argparse.Namespace, plan: GpuPlan, stand_in_directory: Path
+) -> tuple[Path, list[str]] | None:
+    """The checkpoint and sentences of the real-sentence workloads: `--checkpoint` and the first sentences of
+    `--sources`; for a dry run without them, a stand-in made in `stand_in_directory`; otherwise None."""
+    if arguments.checkpoint is not None:
+        lines = arguments.sources.read_text(encoding="utf-8").splitlines()
+        return arguments.checkpoint, [line for line in lines if line.strip()][: plan.real_sentences]
+    if arguments.dry_run:
+        return stand_in_checkpoint(plan, stand_in_directory)
+    return None
 
 
 def main() -> None:
     arguments = parse_arguments()
+    if (arguments.checkpoint is None) != (arguments.sources is None):
+        raise SystemExit("error: --checkpoint and --sources go together (the real-sentence workloads need both)")
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not arguments.dry_run else "cpu")
     plan = dry_run_plan() if arguments.dry_run else full_plan()
@@ -314,14 +461,24 @@ def main() -> None:
         ("train_big", lambda: run_training(plan, "big", device, peak_tflops)),
         ("generate", lambda: run_generation(plan, device)),
     ]
-    for key, step in steps:
-        if time.perf_counter() - start > arguments.time_budget:
-            skipped.append(key)
-            continue
-        print(f"[{time.perf_counter() - start:.0f} s] {key}", flush=True)
-        sections[key] = step()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    with tempfile.TemporaryDirectory() as stand_in:
+        real = real_generation_inputs(arguments, plan, Path(stand_in))
+        if real is not None:
+            try:
+                import generation  # noqa: F401
+            except ImportError as error:
+                skipped.append(f"generate_real ({error})")
+            else:
+                repeats = min(plan.repeats, 3)
+                steps.append(("generate_real", lambda: run_real_generation(plan, *real, device, repeats)))
+        for key, step in steps:
+            if time.perf_counter() - start > arguments.time_budget:
+                skipped.append(f"{key} (time)")
+                continue
+            print(f"[{time.perf_counter() - start:.0f} s] {key}", flush=True)
+            sections[key] = step()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
     lines = [
@@ -330,7 +487,7 @@ def main() -> None:
         f"torch {torch.__version__}, transformers {transformers.__version__}; bf16 torch.mm {plan.matmul_size}²: "
         f"{matmul.median / 1e3:.1f} TFLOP/s measured (MFU is against {peak_tflops:g}); "
         f"attention: {', '.join(attention_implementations(device))}; total {time.perf_counter() - start:.0f} s"
-        + (f"; skipped for time: {', '.join(skipped)}" if skipped else ""),
+        + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
         *(section.markdown() for section in sections.values()),
     ]
     if arguments.output_json:

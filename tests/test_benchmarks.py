@@ -86,7 +86,16 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert "installed into" not in completed.stderr  # nothing to install: the packages as they are
     assert "| contender | tokens/s (median) |" in completed.stdout
     assert completed.stdout.rstrip().splitlines()[-1].startswith(("|", "-"))  # the table comes last
-    assert set(json.loads(output.read_text())["sections"]) == {"train_base", "train_big", "generate"}
+    sections = json.loads(output.read_text())["sections"]
+    assert set(sections) == {"train_base", "train_big", "generate", "generate_real"}
+    # The three workloads of benchmarks/run.py; at float32 on CPU the Marian twin translates exactly as this model.
+    real = sections["generate_real"]
+    workloads = ("fixed length", "sorted by length", "file order")
+    workload_names = [name for name in real if name.split(" (")[0] in workloads]
+    assert len(workload_names) == 3
+    for name in workload_names:
+        assert real[name]["MarianMT (fp32)"]["agreement"] == 1.0, name
+    assert "| workload | contender | sentences/s (median) |" in completed.stdout
 
 
 def probe_wheel(directory: Path) -> Path:

@@ -6,6 +6,7 @@ lengths, with the decoding both sides can express (beam 4, score / length ** 0.6
 
 import copy
 import json
+import math
 
 import ctranslate2
 import numpy as np
@@ -24,7 +25,7 @@ from helpers import (
     tiny_tokenizer,
     trained_tiny_translator,
 )
-from transformers import AutoTokenizer, MarianMTModel
+from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, MarianMTModel
 
 from modeling import export
 from modeling.convert import from_marian
@@ -93,6 +94,30 @@ def test_ctranslate2_float32_beam_search_equals_the_model(trained, tokenizer, tm
 
     export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     assert ct2_translations(tmp_path / "ct2", tokenizer) == ours
+
+
+class EndOfSentenceRemovedBeforeSoftmax(LogitsProcessor):
+    """CTranslate2's `min_decoding_length`, as a processor: end-of-sentence leaves the distribution, which is
+    renormalised over the other tokens."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, EOS] = -math.inf
+        return scores.log_softmax(dim=-1)
+
+
+def test_ctranslate2_at_a_forced_length_renormalises_without_end_of_sentence(trained, tokenizer, tmp_path):
+    """Why the benchmarks' fixed-length workload agrees with CTranslate2 on few sentences: at min = max length,
+    CTranslate2 removes end-of-sentence before its softmax, so each beam's distribution is renormalised, where
+    transformers' `min_new_tokens` (and so this model) masks it after; beams then rank differently wherever the model
+    would rather end. The export is exact: with CTranslate2's rule as a processor, the outputs are the same."""
+    model = trained["interleaved", False]
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    length = SETTINGS["max_new_tokens"]
+    forced = ct2_translations(tmp_path / "ct2", tokenizer, min_decoding_length=length, max_decoding_length=length)
+    assert {len(output) for output in forced} == {length}
+    renormalised = LogitsProcessorList([EndOfSentenceRemovedBeforeSoftmax()])
+    assert model_translations(model, tokenizer, logits_processor=renormalised) == forced
+    assert model_translations(model, tokenizer, min_new_tokens=length) != forced, "the two rules part ways here"
 
 
 def assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, directory) -> None:
