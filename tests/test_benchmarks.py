@@ -7,6 +7,7 @@ when ../shared is absent.
 """
 
 import argparse
+import inspect
 import json
 import subprocess
 import sys
@@ -167,6 +168,24 @@ def test_training_profile_replays_every_matrix_product_of_a_step(benchmarks_impo
     replay()
     assert flops == training_flops(**model_shape(config), batch_size=3, source_length=5, target_length=4)
     assert "| operator | self ms |" in profiled.operators
+
+
+def test_generation_parts_are_timed_per_step_and_the_loop_is_restored(benchmarks_importable, capsys):
+    from decoding import DecodingSettings
+    from fixtures import QUICK_SIZE, random_model, transformer_config
+    from profile_generation import DECODING_PARTS, print_parts
+
+    originals = [inspect.getattr_static(owner, name) for owner, name, _ in DECODING_PARTS]
+    model = random_model(transformer_config(QUICK_SIZE)).eval()
+    input_ids = torch.randint(3, model.config.vocab_size, (2, 6))
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    print_parts(model, [batch], DecodingSettings(max_new_tokens=5), passes=2)
+    printed = capsys.readouterr().out
+    # A random model runs to the cap: the first step on one beam per sentence (2 rows), then 2 x 4 beams.
+    assert "5 decoding steps a pass, 6.8 rows a step" in printed
+    for _, _, label in DECODING_PARTS:
+        assert f"| {label} |" in printed
+    assert [inspect.getattr_static(owner, name) for owner, name, _ in DECODING_PARTS] == originals
 
 
 def test_training_profile_quick_run_prints_its_tables():

@@ -2,10 +2,13 @@
 
     python benchmarks/investigations/profile_generation.py             # cached trained checkpoint, 40 sentences
     python benchmarks/investigations/profile_generation.py --top 25 --trace-dir /tmp/traces  # also Chrome traces
+    python benchmarks/investigations/profile_generation.py --parts --threads 1 --sentences 200 --batch-size 32
 
 For each model it prints the wall time, the decoding steps, the share of wall time spent inside ATen operators
 (the rest is Python: generation loop, modules, masks, cache bookkeeping), and the top operators by self time
-with their calls per decoding step. For Python-level stacks, run the generation under py-spy instead:
+with their calls per decoding step. `--parts` instead times the parts of this model's decoding loop without the
+profiler's overhead (the decoder step, the cache reordering, transformers' beam-step functions, the log-softmax),
+in ms per decoding step. For Python-level stacks, run the generation under py-spy instead:
 
     py-spy record -r 200 -f raw -o ours.txt -- \
         python benchmarks/investigations/profile_generation.py --no-profiler --models ours
@@ -14,8 +17,12 @@ with their calls per decoding step. For Python-level stacks, run the generation 
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
@@ -34,12 +41,32 @@ from fixtures import (
 )
 from generation import encode_batches, in_batches, transformers_translate
 from harness import operator_table, positive_int
+from torch.nn import functional
 from torch.profiler import ProfilerActivity, profile
+from transformers import GenerationMixin
+
+from modeling.cache_transformer import StaticBeamCache
+from modeling.generation_transformer import TransformerGenerationMixin
+
+# What `--parts` times: (owner, attribute, label).
+DECODING_PARTS = (
+    (TransformerGenerationMixin, "_decoder_step", "decoder step (layers + output projection)"),
+    (StaticBeamCache, "select", "cache reordering (StaticBeamCache.select)"),
+    (GenerationMixin, "_get_top_k_continuations", "top-k over beams x vocabulary"),
+    (functional, "log_softmax", "log-softmax"),
+    (GenerationMixin, "_update_finished_beams", "finished hypotheses"),
+    (GenerationMixin, "_get_running_beams_for_next_iteration", "running beams"),
+    (GenerationMixin, "_check_early_stop_heuristic", "early-stop check"),
+)
 
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sentences", type=positive_int, default=40, help="validation sentences, one batch")
+    parser.add_argument("--sentences", type=positive_int, default=40, help="validation sentences")
+    parser.add_argument(
+        "--batch-size", type=positive_int, help="sentences per batch, sorted by length (default: one batch)"
+    )
+    parser.add_argument("--parts", action="store_true", help="time the parts of this model's decoding loop")
     parser.add_argument(
         "--trained-steps", type=int, default=GENERATION_CHECKPOINT_STEPS, help="which cached checkpoint (see run.py)"
     )
@@ -63,7 +90,12 @@ def main() -> None:
     corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
     checkpoint = trained_checkpoint(corpus, ISSUE_SIZE, arguments.trained_steps, arguments.cache_dir)
     sources = corpus.validation_sources[: arguments.sentences]
-    batches = encode_batches(corpus.tokenizer, sources, in_batches(range(len(sources)), len(sources)))
+    if arguments.batch_size is None:
+        order, batch_size = list(range(len(sources))), len(sources)
+    else:
+        lengths = [len(ids) for ids in corpus.tokenizer(sources)["input_ids"]]
+        order, batch_size = sorted(range(len(sources)), key=lambda i: (-lengths[i], i)), arguments.batch_size
+    batches = encode_batches(corpus.tokenizer, sources, in_batches(order, batch_size))
     settings = DecodingSettings()
     models = {}
     if "ours" in arguments.models:
@@ -73,6 +105,9 @@ def main() -> None:
     for name, (model, paper_fields) in models.items():
         outputs = transformers_translate(model, batches, settings, paper_fields)  # warm-up, and the step count
         steps = max(len(ids) for ids in outputs) + 1  # + </s>
+        if arguments.parts and name == "this model":
+            print_parts(model, batches, settings, arguments.passes)
+            continue
         if arguments.no_profiler:
             for _ in range(arguments.passes):
                 transformers_translate(model, batches, settings, paper_fields)
@@ -92,6 +127,63 @@ def main() -> None:
         if arguments.trace_dir:
             arguments.trace_dir.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(arguments.trace_dir / f"{name.replace(' ', '_')}.json"))
+
+
+@contextmanager
+def timing_parts(seconds: Counter) -> Iterator[Counter]:
+    """Add the wall time of every call of each of `DECODING_PARTS` to `seconds[label]` inside the block."""
+    originals = []
+    for owner, attribute, label in DECODING_PARTS:
+        original = inspect.getattr_static(owner, attribute)
+        function = getattr(owner, attribute)
+
+        def timed(*args, _function=function, _label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _function(*args, **kwargs)
+            finally:
+                seconds[_label] += time.perf_counter() - start
+
+        originals.append((owner, attribute, original))
+        setattr(owner, attribute, staticmethod(timed) if isinstance(original, staticmethod) else timed)
+    try:
+        yield seconds
+    finally:
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
+
+
+def print_parts(model, batches, settings: DecodingSettings, passes: int) -> None:
+    """ms per decoding step of each part of this model's loop, over `passes` passes after the warm-up."""
+    counts = Counter()
+    decoder_step = TransformerGenerationMixin._decoder_step
+
+    def counted_step(self, tokens, cache):
+        counts["steps"] += 1
+        counts["rows"] += tokens.shape[0]
+        return decoder_step(self, tokens, cache)
+
+    seconds: Counter = Counter()
+    TransformerGenerationMixin._decoder_step = counted_step
+    try:
+        with timing_parts(seconds):
+            start = time.perf_counter()
+            for _ in range(passes):
+                transformers_translate(model, batches, settings, True)
+            total = time.perf_counter() - start
+    finally:
+        TransformerGenerationMixin._decoder_step = decoder_step
+    per_step = 1e3 / counts["steps"]
+    print(
+        f"### this model: {counts['steps'] // passes} decoding steps a pass, {counts['rows'] / counts['steps']:.1f} "
+        f"rows a step on average, {total * per_step:.2f} ms a step in all\n"
+    )
+    print("| part | ms / step | share |\n|---|---|---|")
+    rest = total - sum(seconds.values())
+    rows = [*seconds.most_common(), ("the rest (encoder, processors, generate() set-up, Python)", rest)]
+    for label, value in rows:
+        print(f"| {label} | {value * per_step:.2f} | {100 * value / total:.0f}% |")
+    print()
 
 
 if __name__ == "__main__":
