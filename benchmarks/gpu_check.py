@@ -217,11 +217,11 @@ def generation_inputs(plan: GpuPlan, vocab_size: int, device: torch.device) -> d
     }
 
 
-def ctranslate2_contenders(
-    ours: PreTrainedModel, inputs: dict[str, torch.Tensor], plan: GpuPlan, device: torch.device, workdir: Path
-) -> dict[str, Callable[[], int]]:
-    """CTranslate2 on the same device, if it is installed (with CUDA, on a GPU), exported from this model (still
-    float32 on the CPU) with `modeling.export.to_ctranslate2`."""
+def ctranslate2_translators(
+    ours: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: torch.device, workdir: Path
+) -> dict:
+    """{name: translator}: CTranslate2 (float16 / int8_float16 on a GPU) exported from this model (float32, on the
+    CPU), if it is installed with CUDA."""
     try:
         import ctranslate2
 
@@ -230,22 +230,34 @@ def ctranslate2_contenders(
         return {}
     if device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
         return {}
-    to_ctranslate2(ours, word_level_tokenizer(ours.config.vocab_size), workdir / "ct2")
+    to_ctranslate2(ours, tokenizer, workdir / "ct2")
+    compute_types = ("float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")
+    return {
+        f"CTranslate2 {compute_type}": ctranslate2.Translator(
+            str(workdir / "ct2"), device=device.type, compute_type=compute_type
+        )
+        for compute_type in compute_types
+    }
+
+
+def ctranslate2_contenders(
+    ours: PreTrainedModel, inputs: dict[str, torch.Tensor], plan: GpuPlan, device: torch.device, workdir: Path
+) -> dict[str, Callable[[], int]]:
+    """CTranslate2 on the same device, if it is installed (with CUDA, on a GPU), on the random sources."""
+    translators = ctranslate2_translators(ours, word_level_tokenizer(ours.config.vocab_size), device, workdir)
     sources = [
         [f"t{i}" if i > 2 else "</s>" for i in ids[mask.bool()].tolist()]
         for ids, mask in zip(inputs["input_ids"].cpu(), inputs["attention_mask"].cpu(), strict=True)
     ]
-    compute_types = ("float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")
     contenders = {}
-    for compute_type in compute_types:
-        translator = ctranslate2.Translator(str(workdir / "ct2"), device=device.type, compute_type=compute_type)
+    for name, translator in translators.items():
 
         def call(t=translator) -> int:
             length = plan.generation_new_tokens
             results = t.translate_batch(sources, beam_size=4, min_decoding_length=length, max_decoding_length=length)
             return sum(len(result.hypotheses[0]) for result in results)
 
-        contenders[f"CTranslate2 {compute_type}"] = call
+        contenders[name] = call
     return contenders
 
 
@@ -313,29 +325,6 @@ def stand_in_checkpoint(plan: GpuPlan, directory: Path) -> tuple[Path, list[str]
     lengths = torch.randint(3, 21, (plan.real_sentences,), generator=generator).tolist()
     words = [torch.randint(3, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
     return directory, [" ".join(f"t{i}" for i in sentence) for sentence in words]
-
-
-def ctranslate2_translators(
-    ours: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: torch.device, workdir: Path
-) -> dict:
-    """{name: translator}: CTranslate2 (float16 / int8_float16 on a GPU) exported from this model (float32, on the
-    CPU), if it is installed with CUDA."""
-    try:
-        import ctranslate2
-
-        from modeling.export import to_ctranslate2
-    except ImportError:
-        return {}
-    if device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
-        return {}
-    to_ctranslate2(ours, tokenizer, workdir / "ct2")
-    compute_types = ("float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")
-    return {
-        f"CTranslate2 {compute_type}": ctranslate2.Translator(
-            str(workdir / "ct2"), device=device.type, compute_type=compute_type
-        )
-        for compute_type in compute_types
-    }
 
 
 def real_contenders(
