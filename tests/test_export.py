@@ -200,6 +200,7 @@ def test_ctranslate2_export_of_a_converted_fairseq_model_is_exact(converted_fair
     not_expressed = json.loads((tmp_path / "ct2" / "export.json").read_text())["not_expressed"]
     assert [line.split(":")[0] for line in not_expressed] == [
         "max_length_a=0, max_length_b=200",
+        "min_new_tokens=1",
         "suppress_tokens=[1]",
     ]
 

@@ -165,8 +165,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     `early_stopping=True` does. `max_decoding_length` counts the end-of-sentence token, as `max_new_tokens` does:
     it is `max_new_tokens` when set, else 256 (CTranslate2's default), within the positional table.
     `min_decoding_length` is `min_new_tokens`: 0 allows an empty translation, as `generate()` does by default
-    (CTranslate2's default, 1, does not; fairseq's decoding sets 1). `max_input_length` is the positional table's
-    length.
+    (CTranslate2's default, 1, does not; fairseq's decoding sets 1); CTranslate2 removes the blocked end-of-sentence
+    before its softmax, generate() after it (listed). `max_input_length` is the positional table's length.
 
     fairseq's limit (`max_length_a`, `max_length_b`: int(a · W + b) tokens, then a forced end-of-sentence that keeps
     its log-probability) becomes `max_decoding_length` = int(a · max_input_length + b), capped as generate() caps it:
@@ -197,6 +197,12 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
             + (", where generate() forces one that keeps its log-probability" if forced else "")
             + (f", and its limit does not follow each batch's source width (a = {a})" if a else "")
             + ": the same translations while no sentence reaches the limit"
+        )
+    if options["min_decoding_length"]:
+        not_expressed.append(
+            f"min_new_tokens={options['min_decoding_length']}: CTranslate2 removes the end-of-sentence before its "
+            "softmax, renormalising each beam's distribution, where generate() masks it after the log-softmax: the "
+            "same translations while the blocked end-of-sentence is improbable"
         )
     if generation.suppress_tokens:
         not_expressed.append(
