@@ -25,7 +25,6 @@ as already tokenised and BPE-split.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pickle
 import re
@@ -35,8 +34,9 @@ from typing import Any
 
 import torch
 
+from .checkpoints import file_sha256
 from .configuration_transformer import TransformerConfig
-from .files import atomic_directory, write_json
+from .files import check_replaceable, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
 from .modeling_transformer import TransformerForConditionalGeneration
 from .tokenization_fairseq import CONTINUATION, END_OF_WORD, FairseqTokenizer
@@ -514,7 +514,7 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
     record = {
         "source": "fairseq",
         "checkpoint": Path(checkpoint).name,
-        "checkpoint_sha256": _sha256(Path(checkpoint)),
+        "checkpoint_sha256": file_sha256(checkpoint),
         "arch": args.get("_arch"),
         "source_lang": source_lang,
         "target_lang": target_lang,
@@ -533,24 +533,6 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
     return model, tokenizer, record
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _check_replaceable(output_dir: Path) -> None:
-    """Only a previous conversion (or an empty directory) is replaced, never a user's other files."""
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        if not (output_dir / CONVERSION_FILE).is_file():
-            raise FileExistsError(
-                f"{output_dir} exists and is not a converted fairseq model (no {CONVERSION_FILE}): remove it or "
-                "choose another directory."
-            )
-
-
 def convert_fairseq(
     checkpoint: str | Path,
     data_bin: str | Path,
@@ -567,9 +549,9 @@ def convert_fairseq(
     The directory appears whole or not at all (built as `OUT.partial`, then renamed), and replaces only a previous
     conversion; nothing is written when the model is refused."""
     output_dir = Path(output_dir)
-    _check_replaceable(output_dir)
+    check_replaceable(output_dir, CONVERSION_FILE, "a converted fairseq model")  # before the conversion's work
     model, tokenizer, record = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes)
-    with atomic_directory(output_dir) as directory:
+    with replacing_directory(output_dir, CONVERSION_FILE, "a converted fairseq model") as directory:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         write_json(directory / CONVERSION_FILE, record)

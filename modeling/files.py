@@ -186,6 +186,28 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
+    """Refuse, in one line, to replace `path` unless it is absent, an empty directory, or holds `marker`: the record
+    that what replaces it (`what`: "an export", ...) writes, so that a user's other files are never replaced."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise FileExistsError(f"{path} exists and is not a directory.")
+    if any(path.iterdir()) and not (path / marker).is_file():
+        raise FileExistsError(f"{path} exists and is not {what} (no {marker}): remove it or choose another directory.")
+
+
+@contextmanager
+def replacing_directory(path: str | os.PathLike, marker: str, what: str) -> Iterator[Path]:
+    """`atomic_directory`, replacing only what `check_replaceable` allows: checked before the directory is built
+    and again before it takes `path`'s place (something may have appeared there meanwhile)."""
+    check_replaceable(path, marker, what)
+    with atomic_directory(path) as partial:
+        yield partial
+        check_replaceable(path, marker, what)
+
+
 def swap_directory(new: str | os.PathLike, path: str | os.PathLike) -> None:
     """Put the complete directory `new` at `path`, replacing (then deleting) what was there; if `new` cannot be
     renamed into place, what was there comes back."""

@@ -12,6 +12,7 @@ from modeling.files import (
     atomic_directory,
     atomic_path,
     replace_files,
+    replacing_directory,
     write_files_into,
     write_json,
     write_text,
@@ -142,3 +143,28 @@ def test_files_written_by_a_saver_replace_the_old_ones_only_when_all_are_written
     moved = write_files_into(tmp_path, saver, last=("tokenizer.json",), name="tokenizer")
     assert [path.name for path in moved] == ["tokenizer_config.json", "tokenizer.json"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+
+
+def test_replacing_directory_replaces_only_what_holds_its_marker(tmp_path):
+    out = tmp_path / "out"
+    for _ in range(2):  # absent, then a previous one (it holds the marker): both replaced
+        with replacing_directory(out, "record.json", "a thing") as partial:
+            write_json(partial / "record.json", {})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    (tmp_path / "file").write_text("keep me too")
+    for path, message in ((tmp_path / "mine", "is not a thing"), (tmp_path / "file", "is not a directory")):
+        with pytest.raises(FileExistsError, match=message):
+            with replacing_directory(path, "record.json", "a thing"):
+                raise AssertionError("not reached: refused before anything is built")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert (tmp_path / "file").read_text() == "keep me too"
+    late = tmp_path / "late"
+    with pytest.raises(FileExistsError, match="is not a thing"):
+        with replacing_directory(late, "record.json", "a thing") as partial:
+            write_json(partial / "record.json", {})
+            late.mkdir()
+            (late / "notes.txt").write_text("appeared meanwhile")
+    assert sorted(path.name for path in late.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "late.partial").exists()

@@ -9,34 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration_transformer import TransformerConfig
-from ..files import atomic_directory, write_json
+from ..files import replacing_directory, write_json
 from ..modeling_transformer import TransformerForConditionalGeneration
 
 RECORD_FILE = "export.json"
 
 
-def _check_replaceable(output_dir: Path) -> None:
-    """Only a previous export (or an empty directory) may be replaced: never a user's other files."""
-    if not output_dir.exists():
-        return
-    if not output_dir.is_dir():
-        raise FileExistsError(f"{output_dir} exists and is not a directory.")
-    if any(output_dir.iterdir()) and not (output_dir / RECORD_FILE).is_file():
-        raise FileExistsError(
-            f"{output_dir} exists and is not an export (no {RECORD_FILE}): remove it or choose another directory."
-        )
-
-
 @contextmanager
 def building_directory(output_dir: str | Path) -> Iterator[Path]:
-    """Yield `NAME.partial` beside `output_dir` to fill; on success it takes `output_dir`'s place (replacing a
-    previous export there, `modeling.files.atomic_directory`), on failure it is removed and `output_dir` stays as it
-    was. Only a previous export (or an empty directory) is ever replaced."""
-    output_dir = Path(output_dir)
-    _check_replaceable(output_dir)
-    with atomic_directory(output_dir) as partial:
+    """Yield `NAME.partial` beside `output_dir` to fill; on success it takes `output_dir`'s place, on failure it is
+    removed and `output_dir` stays as it was (`modeling.files.replacing_directory`). Only a previous export (or an
+    empty directory) is ever replaced."""
+    with replacing_directory(output_dir, RECORD_FILE, "an export") as partial:
         yield partial
-        _check_replaceable(output_dir)  # again: something may have appeared there meanwhile
 
 
 def write_record(
