@@ -41,11 +41,12 @@ from .checkpoints import (
     model_differences,
     weight_files,
 )
-from .files import atomic_directory, write_json
+from .files import check_replaceable, replacing_directory, write_json
 
 logger = logging.getLogger(__name__)
 
 AVERAGING_RECORD_NAME = "checkpoint_averaging.json"
+REPLACEABLE = "an average of checkpoints"  # what a directory holding that record is
 # Not copied from the newest checkpoint: the Trainer state of one point of training (besides the pickled states of
 # PICKLED_STATE_RE), and what describes that checkpoint's own weights.
 _NOT_COPIED = {TRAINER_STATE_NAME, "training_args.bin", WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
@@ -124,13 +125,15 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     files, remote code, run identity), but not its optimizer, scheduler or Trainer state.
     `checkpoint_averaging.json` records the checkpoints averaged. Incomplete checkpoints are skipped with a
     warning; checkpoints of different runs are refused (`usable_checkpoints`). `output_dir` is built aside and
-    swapped into place whole: a failure leaves the old one intact. Returns `output_dir`.
+    swapped into place whole: a failure leaves the old one intact; only a previous average (or an empty directory)
+    is ever replaced, never a run's directory given by mistake. Returns `output_dir`.
     """
     if not checkpoint_paths:
         raise ValueError("No checkpoints to average.")
     output_dir = Path(output_dir)
     if any(output_dir.resolve() == Path(checkpoint).resolve() for checkpoint in checkpoint_paths):
         raise ValueError(f"The output directory {output_dir} is one of the checkpoints to average.")
+    check_replaceable(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE)  # before the averaging's work
     checkpoints = usable_checkpoints(checkpoint_paths)
     if not checkpoints:
         raise ValueError(f"None of the checkpoints to average is complete: {[str(p) for p in checkpoint_paths]}.")
@@ -155,7 +158,7 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     }
 
     newest = _newest(checkpoints)
-    with atomic_directory(output_dir) as staging:
+    with replacing_directory(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE) as staging:
         for path in newest.iterdir():
             copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
             if path.is_file() and path.suffix != ".safetensors" and copied:

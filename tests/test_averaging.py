@@ -100,3 +100,15 @@ def test_a_failed_average_leaves_the_previous_one_intact(tmp_path, monkeypatch):
         average_checkpoints(list_checkpoints(tmp_path)[:1], output_dir)
     assert (output_dir / "model.safetensors").read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "checkpoint-1", "checkpoint-2"]
+
+
+def test_an_average_never_replaces_a_directory_it_did_not_write(tmp_path):
+    """`--output-dir runs/base` instead of `runs/base/averaged` must not replace the run it averages."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    with pytest.raises(FileExistsError, match="is not an average of checkpoints"):
+        average_checkpoints(list_checkpoints(tmp_path), tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")  # a previous average: replaced
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "checkpoint-1", "checkpoint-2"]
