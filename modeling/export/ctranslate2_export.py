@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..configuration_transformer import TransformerConfig
 from ..files import write_json
+from ..generation_transformer import FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B
 from ..modeling_transformer import TransformerForConditionalGeneration
 from .common import (
     building_directory,
@@ -179,7 +180,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
     fairseq_limit = a is not None or b is not None
     if fairseq_limit:
-        a, b = a or 0, 200 if b is None else b  # the defaults generate() gives the one not set
+        # the defaults generate() gives the one not set
+        a, b = FAIRSEQ_MAX_LEN_A if a is None else a, FAIRSEQ_MAX_LEN_B if b is None else b
         limit = min(int(a * positions + b), positions - 1)
     options: dict[str, Any] = {
         "beam_size": int(generation.num_beams or 1),
