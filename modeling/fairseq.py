@@ -38,12 +38,10 @@ from .checkpoints import file_sha256
 from .configuration_transformer import TransformerConfig
 from .files import check_replaceable, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
+from .model_card import CONVERSION_FILE  # the record a conversion writes beside the model; the card reads it
 from .modeling_transformer import TransformerForConditionalGeneration
 from .tokenization_fairseq import CONTINUATION, END_OF_WORD, FairseqTokenizer
 
-# The record a conversion writes beside the model; the model card reads it, and a directory holding it may be
-# replaced by a new conversion.
-CONVERSION_FILE = "fairseq_conversion.json"
 # fairseq's Dictionary: these four first, then the dictionary file's tokens in order.
 SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
 BOS, PAD, EOS, UNK = range(4)

@@ -35,7 +35,8 @@ TRAINER_STATE_FILE = "trainer_state.json"
 TRAINING_ARGS_FILE = "training_args.json"
 DATA_STATS_FILE = "data_stats.json"
 CURVES_FILE = "training_curves.png"
-# Written by modeling.fairseq.convert_fairseq into a converted model's directory.
+# Written by modeling.fairseq.convert_fairseq into a converted model's directory (a directory holding it may be
+# replaced by a new conversion).
 CONVERSION_FILE = "fairseq_conversion.json"
 # What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
 # examples/scaling_nmt): BLEU with compound splitting as the paper computes it, and sacreBLEU.
