@@ -40,7 +40,7 @@ from .files import check_replaceable, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
 from .model_card import CONVERSION_FILE  # the record a conversion writes beside the model; the card reads it
 from .modeling_transformer import TransformerForConditionalGeneration
-from .tokenization_fairseq import CONTINUATION, END_OF_WORD, FairseqTokenizer
+from .tokenization_fairseq import FairseqTokenizer, converted_spelling
 
 # fairseq's Dictionary: these four first, then the dictionary file's tokens in order.
 SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -233,12 +233,7 @@ def tokenizer_vocabulary(symbols: list[str]) -> dict[str, int]:
     `x@@` is `x`, a word's last piece `x` is `x</w>`; the special symbols stay as they are."""
     vocabulary: dict[str, int] = {}
     for index, symbol in enumerate(symbols):
-        if index < len(SPECIAL_SYMBOLS):
-            token = symbol
-        elif symbol.endswith(CONTINUATION):
-            token = symbol[: -len(CONTINUATION)]
-        else:
-            token = symbol + END_OF_WORD
+        token = symbol if index < len(SPECIAL_SYMBOLS) else converted_spelling(symbol)
         if token in vocabulary:
             raise FairseqConversionError(
                 f"cannot convert this fairseq dictionary: {symbol!r} (id {index}) and id {vocabulary[token]} both "

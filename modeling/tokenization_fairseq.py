@@ -31,6 +31,11 @@ END_OF_WORD = "</w>"
 CONTINUATION = "@@"
 
 
+def converted_spelling(token: str) -> str:
+    """A fairseq dictionary token as the converted vocabulary spells it: `x@@` is `x`, `x` is `x</w>`."""
+    return token[: -len(CONTINUATION)] if token.endswith(CONTINUATION) else token + END_OF_WORD
+
+
 class FairseqTokenizer(FSMTTokenizer):
     """`FSMTTokenizer` doing exactly what fairseq's `--tokenizer moses --bpe subword_nmt` do (see the module)."""
 
@@ -83,10 +88,8 @@ class FairseqTokenizer(FSMTTokenizer):
         return [piece for word in words if word for piece in self.bpe(word).split(" ")]
 
     def _vocabulary_token(self, token: str) -> str:
-        """A dictionary token as the converted vocabulary spells it (`x@@` is `x`, `x` is `x</w>`)."""
-        if token in self.all_special_tokens:
-            return token
-        return token[: -len(CONTINUATION)] if token.endswith(CONTINUATION) else token + END_OF_WORD
+        """A dictionary token as the converted vocabulary spells it; special tokens as they are."""
+        return token if token in self.all_special_tokens else converted_spelling(token)
 
     def convert_tokens_to_string(self, tokens):
         """BPE pieces joined into words, then Moses-detokenised (target language); a special token is a word."""
@@ -111,4 +114,4 @@ class FairseqTokenizer(FSMTTokenizer):
         )
 
 
-__all__ = ["FairseqTokenizer"]
+__all__ = ["FairseqTokenizer", "converted_spelling"]
