@@ -44,6 +44,13 @@ class DiskFullError(OSError):
         return self.strerror
 
 
+class UnwritableError(OSError):
+    """A file that cannot be written where it was asked for; the message is one line naming it and why."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def _free_bytes(path: str | os.PathLike) -> int | None:
     path = Path(path)
     for candidate in (path, *path.parents):
@@ -154,6 +161,24 @@ def write_json(path: str | Path, data: dict[str, Any], **dumps: Any) -> Path:
     """Write `data` as indented UTF-8 JSON, atomically, creating parent directories."""
     settings = {"indent": 2, "ensure_ascii": False, **dumps}
     return write_text(path, json.dumps(data, **settings) + "\n")
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise `UnwritableError` now if `atomic_path` could not write `path` later: a directory there, a file where a
+    directory should be, no permission, a read-only file system. For commands whose long work ends in writing a
+    file (translating or scoring a test set), so that a mistyped or unwritable destination costs no work. Creates
+    the missing parent directories, as the write would."""
+    path = Path(path)
+    if path.is_dir():
+        raise UnwritableError(errno.EISDIR, f"cannot write {path}: it is a directory; give a file name")
+    existing = next(parent for parent in (*path.parents, Path(".")) if parent.exists())
+    if not existing.is_dir():
+        raise UnwritableError(errno.ENOTDIR, f"cannot write {path}: {existing} is a file, not a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _temporary_name(path).unlink()
+    except OSError as error:
+        raise UnwritableError(error.errno, f"cannot write {path}: {error.strerror or error}") from error
 
 
 def remove_tree(path: str | os.PathLike) -> None:

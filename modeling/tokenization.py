@@ -21,9 +21,11 @@ Choices the rest of the project relies on:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -107,7 +109,7 @@ def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzipped) without their line terminators.
+    """Yield the lines of a UTF-8 text file (plain or gzipped; `-`: standard input) without their line terminators.
 
     Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
     parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
@@ -115,10 +117,13 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     naming the file and the number of lines read.
     """
     path = os.fspath(path)
-    opener = gzip.open if path.endswith(".gz") else open
+    if path == "-":
+        path, source = "<stdin>", contextlib.nullcontext(sys.stdin.buffer)  # read, not closed
+    else:
+        source = (gzip.open if path.endswith(".gz") else open)(path, "rb")
     line_number = 0
     try:
-        with opener(path, "rb") as handle:
+        with source as handle:
             for raw in handle:
                 line_number += 1
                 yield raw.decode("utf-8").rstrip("\r\n")

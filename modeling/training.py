@@ -69,7 +69,7 @@ from .data import (
     split_source,
     tokenize_parallel_dataset,
 )
-from .files import write_files_into, write_json
+from .files import check_writable, write_files_into, write_json
 from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
@@ -168,9 +168,12 @@ def prepare_output_dir(training_args: TranslationTrainingArguments) -> str | Non
     - "last" (or "true"): the newest complete checkpoint, skipping incomplete ones with a warning; none at all
       starts a fresh run (logged), so that the first launch and every requeue are the same command.
     - A path: it must be a complete checkpoint; an incomplete one is an error naming what is missing.
-    Every process checks (they read the same directory); the main process removes files and preempted.json.
+    Every process checks (they read the same directory); the main process checks that it can write there, removes
+    files and preempted.json.
     """
     output_dir = Path(training_args.output_dir)
+    if training_args.should_save:  # a file in the way or no permission: said now, naming the directory
+        check_writable(output_dir / RUN_IDENTITY_FILE)
     value = training_args.resume_from_checkpoint
     resume = None if value is None or value.lower() in ("", "false", "none") else value
     if resume is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
-from modeling.files import write_json, write_text
+from modeling.files import check_writable, write_json, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import load_model_and_tokenizer
 
@@ -80,7 +80,13 @@ def main() -> None:
             data_dir=args.data_dir,
         )
         split = require_rows(split, split_name, where)
-    except ValueError as error:
+        metrics_path = args.metrics_json or (args.output_dir and args.output_dir / metrics_filename(split_name))
+        hypotheses_path = args.hypotheses_file or (
+            args.output_dir and args.output_dir / f"hypotheses_{split_name}.{args.target_lang}"
+        )
+        for path in filter(None, (metrics_path, hypotheses_path)):  # named now, not after the translating
+            check_writable(path)
+    except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     if args.limit is not None:
         split = split.select(range(min(args.limit, len(split))))
@@ -108,10 +114,6 @@ def main() -> None:
     print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
     for key, name, signature in SCORE_LINES:
         print(f"{name:>42}: {metrics[key]:6.2f}  {metrics[signature]}")
-    metrics_path = args.metrics_json or (args.output_dir and args.output_dir / metrics_filename(split_name))
-    hypotheses_path = args.hypotheses_file or (
-        args.output_dir and args.output_dir / f"hypotheses_{split_name}.{args.target_lang}"
-    )
     try:  # each file atomically: a failure (a full disk) leaves an earlier one as it was
         if metrics_path:
             print(f"Wrote {write_json(metrics_path, metrics)}")

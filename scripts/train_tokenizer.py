@@ -10,9 +10,10 @@ import argparse
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from modeling.data import load_parallel_dataset
-from modeling.files import write_files_into
+from modeling.files import check_writable, write_files_into
 from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
 
 
@@ -58,6 +59,7 @@ def training_texts(args: argparse.Namespace) -> Iterable[str]:
 def main() -> None:
     args = parse_args()
     try:  # a dataset loads here; plain files are read lazily, while the BPE trains
+        check_writable(Path(args.output_dir) / "tokenizer.json")  # named now, not after the training
         texts = training_texts(args)
         start = time.perf_counter()
         tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)

@@ -10,7 +10,7 @@ Decoding defaults to the model's generation config (the paper's beam 4, GNMT len
 import argparse
 import sys
 
-from modeling.files import write_text
+from modeling.files import check_writable, write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
 from modeling.translation import load_model_and_tokenizer, translate
@@ -20,7 +20,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model directory or Hub repo id")
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
-    parser.add_argument("--input-file", help="one sentence per line, plain or .gz")
+    parser.add_argument("--input-file", help="one sentence per line, plain or .gz (-: stdin)")
     parser.add_argument("--output-file", help="where to write the translations (default: stdout)")
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
@@ -34,20 +34,15 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def read_stdin_lines() -> list[str]:
-    """Lines of stdin split on "\\n" only, as `iter_lines` does for files: other line breaks stay in a sentence."""
-    text = sys.stdin.buffer.read().decode("utf-8")
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    return lines[:-1] if text.endswith("\n") or not text else lines
-
-
 def main() -> None:
     args = parse_args()
-    try:
+    try:  # the input and the destination first: a mistake in either is named before any model is loaded
+        sentences = args.text or list(iter_lines(args.input_file or "-"))
+        if args.output_file:
+            check_writable(args.output_file)
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
-        sentences = args.text or (list(iter_lines(args.input_file)) if args.input_file else read_stdin_lines())
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     translations = translate(

@@ -1,4 +1,5 @@
-"""Tests of modeling/files.py: atomic writes leave the old file intact on any failure, a full disk is one line."""
+"""Tests of modeling/files.py: atomic writes leave the old file intact on any failure, a full disk is one line,
+an unwritable destination is named before the work."""
 
 import errno
 import os
@@ -9,8 +10,10 @@ import pytest
 import modeling.files as files_module
 from modeling.files import (
     DiskFullError,
+    UnwritableError,
     atomic_directory,
     atomic_path,
+    check_writable,
     replace_files,
     replacing_directory,
     write_files_into,
@@ -168,3 +171,31 @@ def test_replacing_directory_replaces_only_what_holds_its_marker(tmp_path):
             (late / "notes.txt").write_text("appeared meanwhile")
     assert sorted(path.name for path in late.iterdir()) == ["notes.txt"]
     assert not (tmp_path / "late.partial").exists()
+
+
+def test_check_writable_names_what_stands_in_the_way_and_leaves_nothing(tmp_path, monkeypatch):
+    check_writable(tmp_path / "new" / "deeper" / "hypotheses.de")  # missing parents are made, as a write makes them
+    assert (tmp_path / "new" / "deeper").is_dir() and list((tmp_path / "new" / "deeper").iterdir()) == []
+    (tmp_path / "old.de").write_text("kept\n")
+    check_writable(tmp_path / "old.de")  # an existing file is replaced later, not now
+    assert (tmp_path / "old.de").read_text() == "kept\n"
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = (
+        (afile / "out.de", f"cannot write {afile / 'out.de'}: {afile} is a file"),
+        (afile / "sub" / "out.de", f"{afile} is a file, not a directory"),
+        (tmp_path / "new", f"cannot write {tmp_path / 'new'}: it is a directory"),
+    )
+    for path, message in cases:
+        with pytest.raises(UnwritableError) as error:
+            check_writable(path)
+        assert message in str(error.value) and "\n" not in str(error.value) and "Errno" not in str(error.value)
+
+    def refused(*args, **kwargs):  # what a read-only file system or a directory without write permission answers
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(files_module.os, "open", refused)
+    with pytest.raises(UnwritableError, match=r"^cannot write .*out\.de: Permission denied$"):
+        check_writable(tmp_path / "out.de")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile", "new", "old.de"]

@@ -1,7 +1,9 @@
 """Tests of modeling/tokenization.py: the shared BPE and the line readers."""
 
 import gzip
+import io
 import json
+import sys
 import unicodedata
 
 import datasets
@@ -143,3 +145,13 @@ def test_multi30k_val_round_trip_is_exact():
     decoded = tokenizer.batch_decode(tokenizer(val)["input_ids"], skip_special_tokens=True)
     failures = [s for s, d in zip(val, decoded, strict=True) if d != unicodedata.normalize("NFKC", s)]
     assert failures == []
+
+
+def test_iter_lines_reads_standard_input_as_it_reads_files(monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO(b"one\r\ntwo\rstill two\n\nvier"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert list(iter_lines("-")) == ["one", "two\rstill two", "", "vier"]
+    assert not stdin.closed, "standard input stays open for whoever reads it next"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("grün\n".encode("latin-1")), encoding="utf-8"))
+    with pytest.raises(ValueError, match=r"^<stdin>:1: not valid UTF-8"):
+        list(iter_lines("-"))

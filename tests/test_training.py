@@ -22,9 +22,10 @@ from helpers import (
 )
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from modeling import TransformerForConditionalGeneration
+from modeling import TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
+from modeling.files import UnwritableError
 from modeling.presets import get_preset
 from modeling.training import OutputDirectoryInUseError, _model, _without_hub_push, _write_run_records, train
 
@@ -144,6 +145,18 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     assert "removed the earlier run's checkpoint-2/" in caplog.text
     assert json.loads((run / "run_identity.json").read_text())["config"]["d_model"] == 16
     assert json.loads((run / "checkpoint-2" / "config.json").read_text())["d_model"] == 16, "started over"
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("the data was read although no checkpoint could be written")
+
+    monkeypatch.setattr(training, "load_parallel_dataset", not_reached)
+    (tmp_path / "runs").write_text("")  # a file where the directory should be
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "runs" / "base"
+    with pytest.raises(UnwritableError, match=rf"^cannot write {run / 'run_identity.json'}: .*runs is a file"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
 
 
 def test_resume_last_without_a_complete_checkpoint_starts_fresh(tmp_path, datasets_cache, caplog):

@@ -6,6 +6,7 @@ import pytest
 from helpers import run_script, script_error
 from transformers import MarianConfig
 
+from modeling import evaluation
 from modeling.scoring import corpus_scores
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
@@ -56,3 +57,20 @@ def test_evaluate_refuses_a_missing_directory_and_another_model_type(eval_data_d
     (tmp_path / "no_config").mkdir()
     message = script_error("evaluate.py", "--model", tmp_path / "no_config", *common, monkeypatch=monkeypatch)
     assert message.endswith("has no config.json: it is not a model saved with save_pretrained.")
+
+
+def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("translated although its results could not be written")
+
+    monkeypatch.setattr(evaluation, "evaluate_split", not_reached)
+    blocker = tmp_path / "runs"
+    blocker.write_text("")
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error("evaluate.py", *common, "--output-dir", blocker / "eval", monkeypatch=monkeypatch)
+    written = blocker / "eval" / "eval_results_test.json"
+    assert message == f"error: cannot write {written}: {blocker} is a file, not a directory"
+    message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path, monkeypatch=monkeypatch)
+    assert message == f"error: cannot write {tmp_path}: it is a directory; give a file name"

@@ -9,6 +9,8 @@ import pytest
 from helpers import REPO_ROOT, subprocess_env
 from transformers import AutoTokenizer
 
+from modeling import tokenization
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -52,3 +54,18 @@ def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpu
         with pytest.raises(SystemExit) as exit_info:
             runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
         assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
+
+
+def test_an_unwritable_output_directory_is_named_before_the_bpe_trains(corpus, tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("trained although the tokenizer could not be saved")
+
+    monkeypatch.setattr(tokenization, "train_shared_bpe", not_reached)
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    (tmp_path / "bpe").write_text("")  # a file where the directory should be
+    argv = ["train_tokenizer.py", "--train-files", str(tmp_path / "train.en"), "--vocab-size", "90"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(tmp_path / "bpe")])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    written = tmp_path / "bpe" / "tokenizer.json"
+    assert exit_info.value.code == f"error: cannot write {written}: {tmp_path / 'bpe'} is a file, not a directory"

@@ -62,3 +62,20 @@ def test_a_full_disk_leaves_the_old_output_file_and_says_so_in_one_line(tiny_che
     assert message.startswith(f"error: No space left on device while writing {output_file}") and "\n" not in message
     assert output_file.read_text() == "the earlier translations\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["output.de"], "no temporary file left"
+
+
+def test_the_input_and_the_destination_are_named_before_any_model_is_loaded(tmp_path, monkeypatch):
+    model = ["--model", tmp_path / "no_model_here"]  # reaching the model would fail with another message
+    blocker = tmp_path / "results"
+    blocker.write_text("")
+    destination = ["--output-file", blocker / "news.de"]
+    message = script_error("translate.py", *model, *destination, "a cat.", monkeypatch=monkeypatch)
+    assert message == f"error: cannot write {blocker / 'news.de'}: {blocker} is a file, not a directory"
+
+    message = script_error("translate.py", *model, "--input-file", tmp_path / "news.en", monkeypatch=monkeypatch)
+    assert "No such file or directory" in message and str(tmp_path / "news.en") in message
+
+    stdin = b"a cat.\n" + "grün\n".encode("latin-1")
+    with pytest.raises(SystemExit) as exit_info:
+        run_script("translate.py", *model, monkeypatch=monkeypatch, stdin=stdin)
+    assert str(exit_info.value.code).startswith("error: <stdin>:2: not valid UTF-8")
