@@ -1,12 +1,20 @@
 """Translating in bulk, and loading this project's checkpoints for it.
 
 `translate` sorts sentences by length into token-budget batches and returns one line per input line, in order;
-`load_model_and_tokenizer` loads a saved or Hub checkpoint of this model and refuses anything else. Only torch,
-transformers and tqdm are needed: deploying needs none of the training or evaluation extras.
+`translate_file` does so for a file of any length a chunk at a time, resuming after a kill; `load_model_and_tokenizer`
+loads a saved or Hub checkpoint of this model and refuses anything else. Only torch, transformers and tqdm are
+needed: deploying needs none of the training or evaluation extras.
 """
 
 import glob
+import hashlib
+import json
+import logging
 import os
+import sys
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +23,11 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 from .batching import token_budget_batches
 from .checkpoints import weights_problems
+from .files import check_writable, disk_full_error, fsync_path, write_json
 from .hub_client import naming_hub_failures, use_hub_timeouts
+from .tokenization import iter_lines
+
+logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "vaswani_transformer"
 
@@ -69,6 +81,155 @@ def translate(
     finally:
         model.train(was_training)
     return outputs
+
+
+def partial_translation_path(destination: str | os.PathLike) -> Path:
+    """Where `translate_file` keeps the translation of `destination` under way: `.NAME.partial` beside it."""
+    destination = Path(destination)
+    return destination.with_name(f".{destination.name}.partial")
+
+
+def translate_file(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    source: str | os.PathLike,
+    destination: str | os.PathLike | None = None,
+    *,
+    chunk_lines: int = 10_000,
+    max_tokens: int = 4096,
+    num_beams: int | None = None,
+    progress: bool = False,
+    **generate_kwargs: Any,
+) -> int:
+    """Translate the lines of `source` (plain, .gz, or `-`: stdin) into `destination` (None: stdout), one line
+    per line, in order, empty lines kept; return the number of lines.
+
+    The source is read and translated `chunk_lines` lines at a time (each chunk sorted into batches by
+    `translate`), so memory stays that of one chunk however long the file. To stdout each chunk is written as soon
+    as it is translated. To a file, each chunk is appended to `partial_translation_path(destination)` and flushed
+    to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
+    the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
+    only at the end, atomically. After a kill, the same call resumes after the last chunk written; a partial
+    translation of another source, model or decoding is started over (logged), never continued.
+    """
+    if chunk_lines < 1:
+        raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
+    settings = {"max_tokens": max_tokens, "num_beams": num_beams, **generate_kwargs}
+    chunks = _chunks(iter_lines(source), chunk_lines)
+    bar = tqdm(disable=not progress, unit="sent", desc="translated")
+    if destination is None:
+        count = 0
+        for chunk in chunks:
+            sys.stdout.write(as_lines(translate(model, tokenizer, chunk, **settings)))
+            sys.stdout.flush()
+            count += len(chunk)
+            bar.update(len(chunk))
+        bar.close()
+        return count
+
+    destination = Path(destination)
+    check_writable(destination)
+    partial = partial_translation_path(destination)
+    record_path = partial.with_name(partial.name + ".json")
+    identity = {
+        "source": "-" if os.fspath(source) == "-" else os.path.abspath(source),
+        "model": model_fingerprint(model),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
+    }
+    digest, lines_done, bytes_done = hashlib.sha256(), 0, 0
+    earlier = _resumable_record(record_path, partial, identity)
+    if earlier is not None:
+        for line in islice(iter_lines(source), earlier["lines"]):
+            digest.update(line.encode() + b"\n")
+        if digest.hexdigest() == earlier["source_sha256"]:
+            lines_done, bytes_done = earlier["lines"], earlier["bytes"]
+            chunks = _chunks(islice(iter_lines(source), lines_done, None), chunk_lines)
+            logger.info("Resuming the translation into %s after line %d", destination, lines_done)
+        else:
+            logger.warning("%s holds the translation of another text than %s: starting over", partial, source)
+            digest = hashlib.sha256()
+    bar.update(lines_done)
+    try:
+        with open(partial, "r+b" if bytes_done else "wb") as handle:
+            handle.truncate(bytes_done)  # a chunk written after the record's last update is written again
+            handle.seek(bytes_done)
+            for chunk in chunks:
+                text = as_lines(translate(model, tokenizer, chunk, **settings)).encode()
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+                for line in chunk:
+                    digest.update(line.encode() + b"\n")
+                lines_done, bytes_done = lines_done + len(chunk), bytes_done + len(text)
+                record = {**identity, "lines": lines_done, "bytes": bytes_done, "source_sha256": digest.hexdigest()}
+                write_json(record_path, record)
+                bar.update(len(chunk))
+        os.replace(partial, destination)
+        fsync_path(destination.parent)
+    except OSError as error:
+        full = disk_full_error(error, destination)
+        if full is not None:
+            raise full from error
+        raise
+    finally:
+        bar.close()
+    record_path.unlink(missing_ok=True)
+    return lines_done
+
+
+def model_fingerprint(model: PreTrainedModel) -> str:
+    """sha256 of the model's tensors (names, shapes, dtypes, values; int8-quantised weights left out, the float
+    ones around them still counted): what tells one set of weights from another whatever directory it came from."""
+    digest, seen = hashlib.sha256(), set()
+    for name, tensor in model.state_dict().items():
+        if not isinstance(tensor, torch.Tensor) or tensor.is_quantized or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())  # tied weights once
+        digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of the tokenizer's definition: a fast tokenizer's JSON; otherwise its class, vocabulary and the
+    arguments it was made with (fairseq's BPE codes file among them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = backend.to_str()
+    else:
+        parts = [type(tokenizer).__name__, tokenizer.get_vocab(), tokenizer.init_kwargs]
+        definition = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(definition.encode()).hexdigest()
+
+
+def _resumable_record(record_path: Path, partial: Path, identity: dict[str, str]) -> dict[str, Any] | None:
+    """The record of an earlier translation of the same source by the same model, tokenizer and decoding, if
+    its partial file holds at least what the record says; otherwise None (logged, saying why, when there was one)."""
+    if not record_path.is_file() or identity["source"] == "-":
+        return None
+    try:
+        earlier = json.loads(record_path.read_text(encoding="utf-8"))
+        differs = [key for key, value in identity.items() if earlier.get(key) != value]
+        written = partial.stat().st_size if partial.is_file() else -1
+        if not differs and int(earlier["lines"]) > 0 and 0 <= int(earlier["bytes"]) <= written:
+            return earlier
+        why = f"another {', '.join(differs)}" if differs else f"{partial.name} is shorter than its record says"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        why = f"its record {record_path.name} is unreadable: {error}"
+    logger.warning("Not resuming the translation in %s (%s): starting over", partial, why)
+    return None
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(lines)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def as_lines(translations: list[str]) -> str:
+    """One line per translation (a line break inside one would shift every later line)."""
+    return "".join(line.replace("\n", " ") + "\n" for line in translations)
 
 
 def _looks_like_local_path(name: str) -> bool:

@@ -1,19 +1,29 @@
 """Translate text with a saved or Hub model: one output line per input line, in order, empty lines kept.
 
     python scripts/translate.py --model outputs/base "The house is small." "Hello!"
-    python scripts/translate.py --model you/transformer-base --input-file news.en > news.de
+    python scripts/translate.py --model you/transformer-base --input-file news.en --output-file news.de
     echo "The house is small." | python scripts/translate.py --model outputs/base
 
-Decoding defaults to the model's generation config (the paper's beam 4, GNMT length penalty, source + 50).
+Decoding defaults to the model's generation config (the paper's beam 4, GNMT length penalty, source + 50). A file
+or stdin is translated --chunk-lines lines at a time (memory stays that of one chunk): to stdout each chunk as it is
+done; to --output-file through a hidden partial file, so that after a kill the same command resumes after the last
+chunk written (`modeling.translation.translate_file`), and the output file appears only when complete.
 """
 
 import argparse
+import logging
 import sys
 
 from modeling.files import check_writable, write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
-from modeling.translation import load_model_and_tokenizer, translate
+from modeling.translation import (
+    as_lines,
+    load_model_and_tokenizer,
+    partial_translation_path,
+    translate,
+    translate_file,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -25,10 +35,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
     parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
+    parser.add_argument("--chunk-lines", type=int, default=10_000, help="lines read, sorted and saved at a time")
     args = parser.parse_args()
     if args.text and args.input_file:
         parser.error("give sentences as arguments or --input-file, not both")
-    for flag, value in (("--max-tokens", args.max_tokens), ("--num-beams", args.num_beams)):
+    for flag, value in (
+        ("--max-tokens", args.max_tokens),
+        ("--num-beams", args.num_beams),
+        ("--chunk-lines", args.chunk_lines),
+    ):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     return args
@@ -36,8 +51,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    logging.basicConfig(format="%(levelname)s: %(message)s")
+    logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
+    source = args.input_file or "-"
     try:  # the input and the destination first: a mistake in either is named before any model is loaded
-        sentences = args.text or list(iter_lines(args.input_file or "-"))
+        if not args.text and source != "-":
+            next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:
             check_writable(args.output_file)
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
@@ -45,22 +64,33 @@ def main() -> None:
             model = quantize_int8(model)
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
-    translations = translate(
-        model,
-        tokenizer,
-        sentences,
-        max_tokens=args.max_tokens,
-        num_beams=args.num_beams,
-        progress=len(sentences) > 100,
-    )
-    output = "".join(line.replace("\n", " ") + "\n" for line in translations)
-    if args.output_file:  # atomically: a failure (a full disk) leaves the old file as it was
-        try:
-            write_text(args.output_file, output)
-        except OSError as error:
-            sys.exit(f"error: {error}")
-    else:
-        sys.stdout.write(output)
+    settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams}
+    try:
+        if args.text:
+            output = as_lines(translate(model, tokenizer, args.text, **settings))
+            if args.output_file:  # atomically: a failure (a full disk) leaves the old file as it was
+                write_text(args.output_file, output)
+            else:
+                sys.stdout.write(output)
+        else:
+            translate_file(
+                model,
+                tokenizer,
+                source,
+                args.output_file,
+                chunk_lines=args.chunk_lines,
+                progress=sys.stderr.isatty(),
+                **settings,
+            )
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    except KeyboardInterrupt:
+        if args.output_file:
+            sys.exit(
+                f"interrupted: what was translated is kept in {partial_translation_path(args.output_file)}; "
+                "the same command resumes after it"
+            )
+        raise
 
 
 if __name__ == "__main__":

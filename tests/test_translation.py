@@ -1,5 +1,9 @@
-"""Tests of modeling/translation.py: bulk translation keeps order and empty lines, batches by token budget."""
+"""Tests of modeling/translation.py: bulk translation keeps order and empty lines, batches by token budget; a file
+is translated a chunk at a time and resumed after a kill, never mixed with another text's or model's."""
 
+import errno
+import logging
+import os
 import time
 
 import huggingface_hub.utils._http as hf_http
@@ -14,8 +18,10 @@ from helpers import (
     tiny_translator,
 )
 
+from modeling import translation
+from modeling.files import DiskFullError
 from modeling.hub_client import HubError
-from modeling.translation import load_model_and_tokenizer, translate
+from modeling.translation import load_model_and_tokenizer, partial_translation_path, translate, translate_file
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +116,137 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
     expected = rf"^Could not load 'user/tiny' from the Hub: \w+ {endpoint}/.*: cannot connect"
     with pytest.raises(HubError, match=expected):
         load_model_and_tokenizer("user/tiny")
+
+
+SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def file_to_translate(tmp_path_factory, tokenizer):
+    """(source file, its lines, a tiny model, its translations of them line by line)."""
+    lines = [en for en, _ in synthetic_pairs(11, seed=5)]
+    lines[4:4] = [""]
+    source = tmp_path_factory.mktemp("text") / "news.en"
+    source.write_text("".join(line + "\n" for line in lines))
+    model = tiny_translator(len(tokenizer))
+    return source, lines, model, translate(model, tokenizer, lines, **SETTINGS)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def counting_translate(monkeypatch, interrupt_at: int | None = None) -> list[int]:
+    """Wrap `translate` where translate_file calls it: the chunk sizes it is given; `Interrupt` at call N."""
+    sizes = []
+
+    def wrapper(model, tokenizer, sentences, **kwargs):
+        if len(sizes) == interrupt_at:
+            raise Interrupt
+        sizes.append(len(sentences))
+        return translate(model, tokenizer, sentences, **kwargs)  # the module's own, imported above
+
+    monkeypatch.setattr(translation, "translate", wrapper)
+    return sizes
+
+
+def test_a_file_is_translated_a_chunk_at_a_time_as_translate_translates_it(
+    file_to_translate, tokenizer, tmp_path, capsys
+):
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "out" / "news.de"
+    assert translate_file(model, tokenizer, source, destination, chunk_lines=4, **SETTINGS) == len(lines)
+    assert destination.read_text().split("\n")[:-1] == expected
+    assert sorted(path.name for path in destination.parent.iterdir()) == ["news.de"], "no partial file left"
+
+    assert translate_file(model, tokenizer, source, None, chunk_lines=5, **SETTINGS) == len(lines)
+    assert capsys.readouterr().out.split("\n")[:-1] == expected, "to stdout, chunk after chunk"
+
+
+def test_a_killed_translation_resumes_after_its_last_chunk(file_to_translate, tokenizer, tmp_path, monkeypatch):
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    destination.write_text("an earlier translation\n")
+    sizes = counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert sizes == [3, 3]
+    assert destination.read_text() == "an earlier translation\n", "replaced only when complete"
+    assert partial_translation_path(destination).read_text().split("\n")[:-1] == expected[:6]
+
+    sizes = counting_translate(monkeypatch)
+    assert translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    assert sizes == [3, 3], "only the 6 lines not yet translated"
+    assert destination.read_text().split("\n")[:-1] == expected
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translate, tokenizer, tmp_path, monkeypatch):
+    """Killed between appending a chunk and recording it: the partial file holds more than its record says."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    with open(partial_translation_path(destination), "a", encoding="utf-8") as handle:
+        handle.write("a chunk the record does not know, longer than what is left to translate " * 100 + "\n")
+    sizes = counting_translate(monkeypatch)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert sizes == [3, 3] and destination.read_text().split("\n")[:-1] == expected
+
+
+@pytest.mark.parametrize("change", ["source", "model", "decoding", "record"])
+def test_a_partial_translation_of_another_text_model_or_decoding_is_never_continued(
+    change, file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
+):
+    source, lines, model, expected = file_to_translate
+    text = tmp_path / "news.en"
+    text.write_text(source.read_text())
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, text, destination, chunk_lines=3, **SETTINGS)
+
+    settings, now = dict(SETTINGS), expected
+    if change == "source":  # the first line, already translated, is another one now
+        text.write_text("".join(line + "\n" for line in ["a red ball.", *lines[1:]]))
+        now = [translate(model, tokenizer, ["a red ball."], **SETTINGS)[0], *expected[1:]]
+    elif change == "model":
+        model = tiny_translator(len(tokenizer), seed=1)
+        now = translate(model, tokenizer, lines, **SETTINGS)
+    elif change == "decoding":
+        settings["num_beams"] = 3
+        now = translate(model, tokenizer, lines, **settings)
+    else:
+        (tmp_path / f".{destination.name}.partial.json").write_text("{cut sh")
+    sizes = counting_translate(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="modeling.translation"):
+        translate_file(model, tokenizer, text, destination, chunk_lines=3, **settings)
+    assert sum(sizes) == len(lines), "started over"
+    assert destination.read_text().split("\n")[:-1] == now
+    expected_reason = {"source": "another text", "model": "another model", "decoding": "another decoding"}
+    assert expected_reason.get(change, "unreadable") in caplog.text
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_goes_on_from_the_chunks_kept(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    destination.write_text("an earlier translation\n")
+    real_fsync, calls = os.fsync, []
+
+    def full_at_the_third_chunk(fd):
+        calls.append(fd)
+        if len(calls) == 7:  # each chunk: the partial file, then its record and the record's directory
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_third_chunk)
+    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {destination}"):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert destination.read_text() == "an earlier translation\n"
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    sizes = counting_translate(monkeypatch)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert destination.read_text().split("\n")[:-1] == expected and sizes == [3, 3], "not the chunks written before"

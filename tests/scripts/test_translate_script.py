@@ -7,6 +7,7 @@ import os
 import pytest
 from helpers import run_script, script_error
 
+from modeling import translation
 from modeling.quantization import quantize_int8
 from modeling.translation import translate
 
@@ -75,7 +76,43 @@ def test_the_input_and_the_destination_are_named_before_any_model_is_loaded(tmp_
     message = script_error("translate.py", *model, "--input-file", tmp_path / "news.en", monkeypatch=monkeypatch)
     assert "No such file or directory" in message and str(tmp_path / "news.en") in message
 
-    stdin = b"a cat.\n" + "grün\n".encode("latin-1")
+    (tmp_path / "latin1.en").write_bytes("grün\n".encode("latin-1"))
+    message = script_error("translate.py", *model, "--input-file", tmp_path / "latin1.en", monkeypatch=monkeypatch)
+    assert message.startswith(f"error: {tmp_path / 'latin1.en'}:1: not valid UTF-8")
+
+
+def test_bad_utf8_further_on_is_named_and_what_came_before_is_kept(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    stdin = b"a cat.\nthe dog.\n" + "grün\n".encode("latin-1")
     with pytest.raises(SystemExit) as exit_info:
-        run_script("translate.py", *model, monkeypatch=monkeypatch, stdin=stdin)
-    assert str(exit_info.value.code).startswith("error: <stdin>:2: not valid UTF-8")
+        run_script("translate.py", "--model", model_dir, "--chunk-lines", "2", monkeypatch=monkeypatch, stdin=stdin)
+    assert str(exit_info.value.code).startswith("error: <stdin>:3: not valid UTF-8")
+    assert capsys.readouterr().out.split("\n")[:-1] == translate(model, tokenizer, ["a cat.", "the dog."])
+
+
+def test_an_interrupted_translation_says_where_it_is_kept_and_the_same_command_resumes(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    model_dir, model, tokenizer = tiny_checkpoint
+    lines = [f"the dog sees {n} red balls." for n in range(7)]
+    (tmp_path / "news.en").write_text("".join(line + "\n" for line in lines))
+    calls = []
+
+    def interrupted_at_the_third_chunk(model, tokenizer, sentences, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(sentences)
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation, "translate", interrupted_at_the_third_chunk)
+    command = ["--model", model_dir, "--input-file", tmp_path / "news.en", "--output-file", tmp_path / "news.de"]
+    message = script_error("translate.py", *command, "--chunk-lines", "2", monkeypatch=monkeypatch)
+    partial = tmp_path / ".news.de.partial"
+    assert message == f"interrupted: what was translated is kept in {partial}; the same command resumes after it"
+    calls.clear()
+    monkeypatch.setattr(
+        translation, "translate", lambda *args, **kwargs: calls.append(args[2]) or translate(*args, **kwargs)
+    )
+    run_script("translate.py", *command, "--chunk-lines", "2", monkeypatch=monkeypatch)
+    assert calls == [lines[4:6], lines[6:]], "the four lines translated before are not translated again"
+    assert (tmp_path / "news.de").read_text().split("\n")[:-1] == translate(model, tokenizer, lines)
