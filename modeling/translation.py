@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import weights_problems
+from .checkpoints import file_sha256, weights_problems
 from .files import check_writable, disk_full_error, fsync_path, write_json
 from .hub_client import naming_hub_failures, use_hub_timeouts
 from .tokenization import iter_lines
@@ -193,13 +193,17 @@ def model_fingerprint(model: PreTrainedModel) -> str:
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 of the tokenizer's definition: a fast tokenizer's JSON; otherwise its class, vocabulary and the
-    arguments it was made with (fairseq's BPE codes file among them)."""
+    arguments it was made with, a file among them by its content (fairseq's BPE merges), wherever it lies."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         definition = backend.to_str()
     else:
-        parts = [type(tokenizer).__name__, tokenizer.get_vocab(), tokenizer.init_kwargs]
-        definition = json.dumps(parts, sort_keys=True, default=str)
+        arguments = {
+            name: file_sha256(value) if isinstance(value, str) and os.path.isfile(value) else str(value)
+            for name, value in tokenizer.init_kwargs.items()
+            if name != "name_or_path"
+        }
+        definition = json.dumps([type(tokenizer).__name__, tokenizer.get_vocab(), arguments], sort_keys=True)
     return hashlib.sha256(definition.encode()).hexdigest()
 
 

@@ -4,6 +4,7 @@ is translated a chunk at a time and resumed after a kill, never mixed with anoth
 import errno
 import logging
 import os
+import shutil
 import time
 
 import huggingface_hub.utils._http as hf_http
@@ -11,17 +12,26 @@ import pytest
 from helpers import (
     EchoModel,
     closed_port_endpoint,
+    convert_fairseq_fixture,
     save_tiny_checkpoint,
     stalled_endpoint,
     synthetic_pairs,
     tiny_tokenizer,
     tiny_translator,
+    word_tokenizer,
 )
+from transformers import AutoTokenizer
 
 from modeling import translation
 from modeling.files import DiskFullError
 from modeling.hub_client import HubError
-from modeling.translation import load_model_and_tokenizer, partial_translation_path, translate, translate_file
+from modeling.translation import (
+    load_model_and_tokenizer,
+    partial_translation_path,
+    tokenizer_fingerprint,
+    translate,
+    translate_file,
+)
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +260,17 @@ def test_a_full_disk_is_one_line_and_the_rerun_goes_on_from_the_chunks_kept(
     sizes = counting_translate(monkeypatch)
     translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
     assert destination.read_text().split("\n")[:-1] == expected and sizes == [3, 3], "not the chunks written before"
+
+
+def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, tokenizer):
+    """Fast tokenizers by their JSON; fairseq's (a Python tokenizer) by vocabulary, arguments and file contents."""
+    assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(tiny_tokenizer())
+    assert tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(word_tokenizer())
+    _, fairseq_tokenizer = convert_fairseq_fixture("transformer_wmt_en_de")
+    fairseq_tokenizer.save_pretrained(tmp_path / "here")
+    shutil.copytree(tmp_path / "here", tmp_path / "there")
+    here, there = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("here", "there"))
+    assert tokenizer_fingerprint(here) == tokenizer_fingerprint(there)
+    with open(tmp_path / "there" / "merges.txt", "a", encoding="utf-8") as handle:
+        handle.write("x y\n")
+    assert tokenizer_fingerprint(here) != tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "there"))
