@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import (
     HUB_TOKEN,
+    convert_fairseq_fixture,
     copy_dataset,
     losses,
     make_trainer,
@@ -26,8 +27,10 @@ from modeling import TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.files import UnwritableError
+from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.presets import get_preset
 from modeling.training import OutputDirectoryInUseError, _model, _without_hub_push, _write_run_records, train
+from modeling.translation import load_model_and_tokenizer, model_fingerprint, tokenizer_fingerprint, translate
 
 
 def test_tiny_preset_loss_falls_over_50_steps(tmp_path):
@@ -220,6 +223,28 @@ def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(t
     with pytest.raises(ValueError, match=r"it is a 'bart' model; only this project's"):
         train(ModelArguments(model_name_or_path=str(bart)), nowhere, tiny_run_args(tmp_path / "bart-run"))
     assert not (tmp_path / "bart-run").exists(), "refused before anything else"
+
+
+def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(tmp_path, datasets_cache):
+    """The path of a user with fairseq's WMT weights and data of their own: convert, fine-tune, translate."""
+    model, tokenizer = convert_fairseq_fixture("transformer_wmt_en_de")
+    model.save_pretrained(tmp_path / "converted")
+    tokenizer.save_pretrained(tmp_path / "converted")
+    data = DataArguments(
+        data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)), source_lang="en", target_lang="de"
+    )
+    output_dir = train(
+        ModelArguments(model_name_or_path=str(tmp_path / "converted")), data, tiny_run_args(tmp_path / "ft")
+    )
+
+    fine_tuned, its_tokenizer = load_model_and_tokenizer(output_dir)
+    saved = AutoTokenizer.from_pretrained(tmp_path / "converted")
+    assert type(its_tokenizer).__name__ == "FairseqTokenizer"
+    assert tokenizer_fingerprint(its_tokenizer) == tokenizer_fingerprint(saved), "fairseq's BPE, not a new one"
+    for field in FAIRSEQ_DECODING_FIELDS:
+        assert getattr(fine_tuned.generation_config, field) == getattr(model.generation_config, field), field
+    assert model_fingerprint(fine_tuned) != model_fingerprint(model), "trained"
+    assert len(translate(fine_tuned, its_tokenizer, ["the small dog .", ""], max_new_tokens=4)) == 2
 
 
 def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tmp_path, datasets_cache):
