@@ -1,16 +1,21 @@
 """Evaluating a model on a split: translate it, score it (`modeling.scoring`), record how.
 
 `evaluate_split` glues translation and scoring for `scripts/evaluate.py`; the metrics it returns carry the
-decoding settings that produced them, so that every number can be reproduced.
+decoding settings that produced them, so that every number can be reproduced. With a hypotheses file the
+translation goes through `translate_file`, and so resumes after a kill.
 """
 
+import os
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .files import write_text
 from .scoring import corpus_scores
-from .translation import translate
+from .tokenization import iter_lines
+from .translation import as_lines, translate, translate_file
 
 # Recorded with every evaluation, so that its numbers can be reproduced; the last two are this model's own
 # generation config fields (GNMT length penalty, per-sentence limit of source length + offset).
@@ -34,25 +39,29 @@ def evaluate_split(
     max_tokens: int = 4096,
     num_beams: int | None = None,
     progress: bool = False,
+    hypotheses_file: str | os.PathLike | None = None,
+    chunk_lines: int = 10_000,
     **generate_kwargs: Any,
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate one split (rows of `{"translation": {src: ..., tgt: ...}}`) and score it against references.
 
     Returns the metrics (the scores plus the decoding settings that produced them, so that the numbers can be
-    reproduced) and the hypotheses in the split's order.
+    reproduced) and the hypotheses in the split's order. With `hypotheses_file` they are also written there, by
+    `translate_file` (`chunk_lines` at a time) from the sources kept in a hidden `.NAME.source` beside it until
+    the end: a killed evaluation resumes after its last chunk translated.
     """
     pairs = list(split["translation"])
     sources = [pair[source_lang] for pair in pairs]
     references = [pair[target_lang] for pair in pairs]
-    hypotheses = translate(
-        model,
-        tokenizer,
-        sources,
-        max_tokens=max_tokens,
-        num_beams=num_beams,
-        progress=progress,
-        **generate_kwargs,
-    )
+    settings = {"max_tokens": max_tokens, "num_beams": num_beams, "progress": progress, **generate_kwargs}
+    if hypotheses_file is None:
+        hypotheses = translate(model, tokenizer, sources, **settings)
+    else:
+        hypotheses_file = Path(hypotheses_file)
+        source_file = write_text(hypotheses_file.with_name(f".{hypotheses_file.name}.source"), as_lines(sources))
+        translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
+        hypotheses = list(iter_lines(hypotheses_file))
+        source_file.unlink()
     overrides = {**generate_kwargs, **({"num_beams": num_beams} if num_beams is not None else {})}
     decoding = {name: overrides.get(name, getattr(model.generation_config, name, None)) for name in DECODING_SETTINGS}
     metrics = {

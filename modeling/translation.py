@@ -116,9 +116,8 @@ def translate_file(
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
     settings = {"max_tokens": max_tokens, "num_beams": num_beams, **generate_kwargs}
     chunks = _chunks(iter_lines(source), chunk_lines)
-    bar = tqdm(disable=not progress, unit="sent", desc="translated")
     if destination is None:
-        count = 0
+        bar, count = tqdm(disable=not progress, unit="sent", desc="translated"), 0
         for chunk in chunks:
             sys.stdout.write(as_lines(translate(model, tokenizer, chunk, **settings)))
             sys.stdout.flush()
@@ -149,7 +148,7 @@ def translate_file(
         else:
             logger.warning("%s holds the translation of another text than %s: starting over", partial, source)
             digest = hashlib.sha256()
-    bar.update(lines_done)
+    bar = tqdm(disable=not progress, unit="sent", desc="translated", initial=lines_done)
     try:
         with open(partial, "r+b" if bytes_done else "wb") as handle:
             handle.truncate(bytes_done)  # a chunk written after the record's last update is written again

@@ -6,16 +6,18 @@
         --source-lang en --target-lang de --split test --output-dir outputs/multi30k/eval
 
 Prints the scores and writes `eval_results_{split}.json` (scores, sacreBLEU signature, decoding settings; read
-by `scripts/push_to_hub.py --card-from`) and `hypotheses_{split}.{target_lang}` into `--output-dir`.
+by `scripts/push_to_hub.py --card-from`) and `hypotheses_{split}.{target_lang}` into `--output-dir`. Killed while
+translating, the same command resumes after the last chunk of hypotheses written (`translate_file`).
 """
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
-from modeling.files import check_writable, write_json, write_text
+from modeling.files import check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.translation import load_model_and_tokenizer
 
@@ -41,11 +43,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
     parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
+    parser.add_argument("--chunk-lines", type=int, default=10_000, help="hypotheses translated and saved at a time")
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
     args = parser.parse_args()
-    for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens), ("--num-beams", args.num_beams)):
+    for flag, value in (
+        ("--limit", args.limit),
+        ("--max-tokens", args.max_tokens),
+        ("--num-beams", args.num_beams),
+        ("--chunk-lines", args.chunk_lines),
+    ):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     return args
@@ -53,6 +61,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    logging.basicConfig(format="%(levelname)s: %(message)s")
+    logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     try:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
@@ -91,16 +101,25 @@ def main() -> None:
     if args.limit is not None:
         split = split.select(range(min(args.limit, len(split))))
 
-    metrics, hypotheses = evaluate_split(
-        model,
-        tokenizer,
-        split,
-        source_lang=args.source_lang,
-        target_lang=args.target_lang,
-        max_tokens=args.max_tokens,
-        num_beams=args.num_beams,
-        progress=True,
-    )
+    try:  # with a hypotheses file, a killed evaluation resumes after its last chunk translated (translate_file)
+        metrics, _ = evaluate_split(
+            model,
+            tokenizer,
+            split,
+            source_lang=args.source_lang,
+            target_lang=args.target_lang,
+            max_tokens=args.max_tokens,
+            num_beams=args.num_beams,
+            progress=True,
+            hypotheses_file=hypotheses_path,
+            chunk_lines=args.chunk_lines,
+        )
+    except OSError as error:
+        sys.exit(f"error: {error}")
+    except KeyboardInterrupt:
+        if hypotheses_path:
+            sys.exit(f"interrupted: the same command resumes the translation into {hypotheses_path}")
+        raise
     metrics = {
         "model": args.model,
         "dataset": args.dataset or Path(args.data_dir).resolve().name,
@@ -114,14 +133,13 @@ def main() -> None:
     print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
     for key, name, signature in SCORE_LINES:
         print(f"{name:>42}: {metrics[key]:6.2f}  {metrics[signature]}")
-    try:  # each file atomically: a failure (a full disk) leaves an earlier one as it was
-        if metrics_path:
+    if hypotheses_path:
+        print(f"Wrote {hypotheses_path}")
+    if metrics_path:
+        try:  # atomically: a failure (a full disk) leaves an earlier one as it was
             print(f"Wrote {write_json(metrics_path, metrics)}")
-        if hypotheses_path:
-            write_text(hypotheses_path, "".join(line + "\n" for line in hypotheses))
-            print(f"Wrote {hypotheses_path}")
-    except OSError as error:
-        sys.exit(f"error: {error}")
+        except OSError as error:
+            sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

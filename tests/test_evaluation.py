@@ -1,13 +1,16 @@
-"""Tests of modeling/evaluation.py: a split translated, scored and recorded with its decoding settings."""
+"""Tests of modeling/evaluation.py: a split translated, scored and recorded with its decoding settings; into a
+hypotheses file, resumed after a kill."""
 
 import json
 
 import pytest
 from datasets import Dataset
-from helpers import EchoModel, synthetic_pairs, tiny_tokenizer
+from helpers import EchoModel, synthetic_pairs, tiny_tokenizer, tiny_translator
 
+from modeling import translation
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import write_json
+from modeling.translation import translate
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +31,34 @@ def test_evaluate_split_scores_the_split_and_records_decoding_settings(tokenizer
     path = write_json(tmp_path / "out" / metrics_filename("test"), metrics)
     assert path.name == "eval_results_test.json"
     assert json.loads(path.read_text()) == metrics
+
+
+def test_an_evaluation_into_a_hypotheses_file_resumes_after_a_kill(tokenizer, tmp_path, monkeypatch):
+    pairs = synthetic_pairs(7, seed=4)
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in pairs])
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
+    chunks = []
+
+    def killed_at_the_second_chunk(model, tokenizer, sentences, **kwargs):
+        if len(chunks) == 1 and interrupting:
+            raise KeyboardInterrupt
+        chunks.append(len(sentences))
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation, "translate", killed_at_the_second_chunk)
+    hypotheses_file, interrupting = tmp_path / "eval" / "hypotheses_test.de", True
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, chunk_lines=3, **settings)
+    assert not hypotheses_file.exists() and chunks == [3]
+
+    interrupting = False
+    metrics, hypotheses = evaluate_split(
+        model, tokenizer, split, hypotheses_file=hypotheses_file, chunk_lines=3, **settings
+    )
+    assert chunks == [3, 3, 1], "the first chunk is not translated again"
+    assert hypotheses == expected and metrics == in_memory
+    assert hypotheses_file.read_text().split("\n")[:-1] == expected
+    assert sorted(path.name for path in hypotheses_file.parent.iterdir()) == ["hypotheses_test.de"], (
+        "nothing hidden left"
+    )
