@@ -6,6 +6,7 @@ loads a saved or Hub checkpoint of this model and refuses anything else. Only to
 needed: deploying needs none of the training or evaluation extras.
 """
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -30,6 +31,10 @@ from .tokenization import iter_lines
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "vaswani_transformer"
+
+
+class TranslationInProgressError(RuntimeError):
+    """Another process is translating into the same file."""
 
 
 def translate(
@@ -110,71 +115,92 @@ def translate_file(
     to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
     only at the end, atomically. After a kill, the same call resumes after the last chunk written; a partial
-    translation of another source, model or decoding is started over (logged), never continued.
+    translation of another source, model or decoding is started over (logged), never continued; a second process
+    translating into the same file is refused (`TranslationInProgressError`).
     """
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
     settings = {"max_tokens": max_tokens, "num_beams": num_beams, **generate_kwargs}
-    chunks = _chunks(iter_lines(source), chunk_lines)
     if destination is None:
-        bar, count = tqdm(disable=not progress, unit="sent", desc="translated"), 0
-        for chunk in chunks:
-            sys.stdout.write(as_lines(translate(model, tokenizer, chunk, **settings)))
-            sys.stdout.flush()
-            count += len(chunk)
-            bar.update(len(chunk))
-        bar.close()
+        count = 0
+        with tqdm(disable=not progress, unit="sent", desc="translated") as bar:
+            for chunk in _chunks(iter_lines(source), chunk_lines):
+                sys.stdout.write(as_lines(translate(model, tokenizer, chunk, **settings)))
+                sys.stdout.flush()
+                count += len(chunk)
+                bar.update(len(chunk))
         return count
 
     destination = Path(destination)
     check_writable(destination)
-    partial = partial_translation_path(destination)
-    record_path = partial.with_name(partial.name + ".json")
     identity = {
         "source": "-" if os.fspath(source) == "-" else os.path.abspath(source),
         "model": model_fingerprint(model),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
     }
-    digest, lines_done, bytes_done = hashlib.sha256(), 0, 0
-    earlier = _resumable_record(record_path, partial, identity)
-    if earlier is not None:
-        for line in islice(iter_lines(source), earlier["lines"]):
-            digest.update(line.encode() + b"\n")
-        if digest.hexdigest() == earlier["source_sha256"]:
-            lines_done, bytes_done = earlier["lines"], earlier["bytes"]
-            chunks = _chunks(islice(iter_lines(source), lines_done, None), chunk_lines)
-            logger.info("Resuming the translation into %s after line %d", destination, lines_done)
-        else:
-            logger.warning("%s holds the translation of another text than %s: starting over", partial, source)
-            digest = hashlib.sha256()
-    bar = tqdm(disable=not progress, unit="sent", desc="translated", initial=lines_done)
+    partial = _PartialTranslation(destination, identity)
     try:
-        with open(partial, "r+b" if bytes_done else "wb") as handle:
-            handle.truncate(bytes_done)  # a chunk written after the record's last update is written again
-            handle.seek(bytes_done)
-            for chunk in chunks:
-                text = as_lines(translate(model, tokenizer, chunk, **settings)).encode()
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-                for line in chunk:
-                    digest.update(line.encode() + b"\n")
-                lines_done, bytes_done = lines_done + len(chunk), bytes_done + len(text)
-                record = {**identity, "lines": lines_done, "bytes": bytes_done, "source_sha256": digest.hexdigest()}
-                write_json(record_path, record)
-                bar.update(len(chunk))
-        os.replace(partial, destination)
+        with open(partial.path, "ab") as handle:  # appends; cut below to what the record vouches for
+            _lock_or_refuse(handle, destination)
+            partial.resume(source, handle)
+            lines = islice(iter_lines(source), partial.lines, None)
+            with tqdm(disable=not progress, unit="sent", desc="translated", initial=partial.lines) as bar:
+                for chunk in _chunks(lines, chunk_lines):
+                    partial.append(handle, chunk, as_lines(translate(model, tokenizer, chunk, **settings)))
+                    bar.update(len(chunk))
+            os.replace(partial.path, destination)  # still locked: no other process appends meanwhile
         fsync_path(destination.parent)
     except OSError as error:
         full = disk_full_error(error, destination)
         if full is not None:
             raise full from error
         raise
-    finally:
-        bar.close()
-    record_path.unlink(missing_ok=True)
-    return lines_done
+    partial.record_path.unlink(missing_ok=True)
+    return partial.lines
+
+
+class _PartialTranslation:
+    """A translation under way into `destination`: its lines so far in `.NAME.partial`, and the record of what
+    they are (`.NAME.partial.json`: lines, bytes, sha256 of the source lines translated, and `identity`: source,
+    model, tokenizer and decoding)."""
+
+    def __init__(self, destination: Path, identity: dict[str, str]):
+        self.destination, self.path = destination, partial_translation_path(destination)
+        self.record_path = self.path.with_name(self.path.name + ".json")
+        self.identity = identity
+        self.digest, self.lines, self.bytes = hashlib.sha256(), 0, 0
+
+    def resume(self, source: str | os.PathLike, handle: IO[bytes]) -> None:
+        """Continue after the recorded lines if the record is of this identity and the source still begins with
+        the lines it translated; otherwise start over. Cuts the file to what is kept."""
+        earlier = _resumable_record(self.record_path, self.path, self.identity)
+        if earlier is not None:
+            self._hash(islice(iter_lines(source), earlier["lines"]))
+            if self.digest.hexdigest() == earlier["source_sha256"]:
+                self.lines, self.bytes = earlier["lines"], earlier["bytes"]
+                logger.info("Resuming the translation into %s after line %d", self.destination, self.lines)
+            else:
+                logger.warning("%s holds the translation of another text than %s: starting over", self.path, source)
+                self.digest = hashlib.sha256()
+        handle.truncate(self.bytes)  # a chunk written after the record's last update is written again
+
+    def append(self, handle: IO[bytes], chunk: list[str], translations: str) -> None:
+        """Write a chunk's translations to disk, then record them."""
+        text = translations.encode()
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+        self._hash(chunk)
+        self.lines, self.bytes = self.lines + len(chunk), self.bytes + len(text)
+        write_json(
+            self.record_path,
+            {**self.identity, "lines": self.lines, "bytes": self.bytes, "source_sha256": self.digest.hexdigest()},
+        )
+
+    def _hash(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.digest.update(line.encode() + b"\n")
 
 
 def model_fingerprint(model: PreTrainedModel) -> str:
@@ -204,6 +230,17 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
         }
         definition = json.dumps([type(tokenizer).__name__, tokenizer.get_vocab(), arguments], sort_keys=True)
     return hashlib.sha256(definition.encode()).hexdigest()
+
+
+def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:
+    """Hold an exclusive lock on the partial file, or refuse at once: a second process translating into the same
+    file (a job requeued while the first still runs) would interleave their chunks."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TranslationInProgressError(
+            f"another process is translating into {destination} (it holds {handle.name}): wait for it or stop it"
+        ) from None
 
 
 def _resumable_record(record_path: Path, partial: Path, identity: dict[str, str]) -> dict[str, Any] | None:

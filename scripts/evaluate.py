@@ -19,7 +19,7 @@ from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_writable, write_json
 from modeling.quantization import quantize_int8
-from modeling.translation import load_model_and_tokenizer
+from modeling.translation import TranslationInProgressError, load_model_and_tokenizer
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
@@ -114,7 +114,7 @@ def main() -> None:
             hypotheses_file=hypotheses_path,
             chunk_lines=args.chunk_lines,
         )
-    except OSError as error:
+    except (OSError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if hypotheses_path:

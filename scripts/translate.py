@@ -18,6 +18,7 @@ from modeling.files import check_writable, write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
 from modeling.translation import (
+    TranslationInProgressError,
     as_lines,
     load_model_and_tokenizer,
     partial_translation_path,
@@ -82,7 +83,7 @@ def main() -> None:
                 progress=sys.stderr.isatty(),
                 **settings,
             )
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if args.output_file:

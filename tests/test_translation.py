@@ -26,6 +26,7 @@ from modeling import translation
 from modeling.files import DiskFullError
 from modeling.hub_client import HubError
 from modeling.translation import (
+    TranslationInProgressError,
     load_model_and_tokenizer,
     partial_translation_path,
     tokenizer_fingerprint,
@@ -274,3 +275,27 @@ def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, token
     with open(tmp_path / "there" / "merges.txt", "a", encoding="utf-8") as handle:
         handle.write("x y\n")
     assert tokenizer_fingerprint(here) != tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "there"))
+
+
+def test_a_second_translation_into_the_same_file_is_refused_while_the_first_runs(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A job requeued while the first still runs: its chunks must not interleave with the first one's."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    refusals = []
+
+    def a_second_run_starts_meanwhile(model, tokenizer, sentences, **kwargs):
+        if not refusals:
+            with pytest.raises(TranslationInProgressError) as error:
+                translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+            refusals.append(str(error.value))
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation, "translate", a_second_run_starts_meanwhile)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert refusals == [
+        f"another process is translating into {destination} (it holds {partial_translation_path(destination)}): "
+        "wait for it or stop it"
+    ]
+    assert destination.read_text().split("\n")[:-1] == expected, "the first run's translation, whole"
