@@ -174,11 +174,12 @@ class _PartialTranslation:
     def resume(self, source: str | os.PathLike, handle: IO[bytes]) -> None:
         """Continue after the recorded lines if the record is of this identity and the source still begins with
         the lines it translated; otherwise start over. Cuts the file to what is kept."""
-        earlier = _resumable_record(self.record_path, self.path, self.identity)
+        earlier = self._earlier_record() if os.fspath(source) != "-" else None
         if earlier is not None:
-            self._hash(islice(iter_lines(source), earlier["lines"]))
-            if self.digest.hexdigest() == earlier["source_sha256"]:
-                self.lines, self.bytes = earlier["lines"], earlier["bytes"]
+            lines, size, source_sha256 = earlier
+            self._hash(islice(iter_lines(source), lines))
+            if self.digest.hexdigest() == source_sha256:
+                self.lines, self.bytes = lines, size
                 logger.info("Resuming the translation into %s after line %d", self.destination, self.lines)
             else:
                 logger.warning("%s holds the translation of another text than %s: starting over", self.path, source)
@@ -197,6 +198,23 @@ class _PartialTranslation:
             self.record_path,
             {**self.identity, "lines": self.lines, "bytes": self.bytes, "source_sha256": self.digest.hexdigest()},
         )
+
+    def _earlier_record(self) -> tuple[int, int, str] | None:
+        """(lines, bytes, sha256 of the source lines) of an earlier run with this identity whose partial file holds
+        at least what its record says; otherwise None (logged, saying why, when there was a record)."""
+        if not self.record_path.is_file():
+            return None
+        try:
+            earlier = json.loads(self.record_path.read_text(encoding="utf-8"))
+            differs = [key for key, value in self.identity.items() if earlier.get(key) != value]
+            lines, size, source_sha256 = int(earlier["lines"]), int(earlier["bytes"]), str(earlier["source_sha256"])
+            if not differs and lines > 0 and 0 <= size <= self.path.stat().st_size:
+                return lines, size, source_sha256
+            why = f"another {', '.join(differs)}" if differs else f"{self.path.name} is shorter than its record says"
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            why = f"its record {self.record_path.name} is unreadable: {error!r}"
+        logger.warning("Not resuming the translation in %s (%s): starting over", self.path, why)
+        return None
 
     def _hash(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -241,24 +259,6 @@ def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:
         raise TranslationInProgressError(
             f"another process is translating into {destination} (it holds {handle.name}): wait for it or stop it"
         ) from None
-
-
-def _resumable_record(record_path: Path, partial: Path, identity: dict[str, str]) -> dict[str, Any] | None:
-    """The record of an earlier translation of the same source by the same model, tokenizer and decoding, if
-    its partial file holds at least what the record says; otherwise None (logged, saying why, when there was one)."""
-    if not record_path.is_file() or identity["source"] == "-":
-        return None
-    try:
-        earlier = json.loads(record_path.read_text(encoding="utf-8"))
-        differs = [key for key, value in identity.items() if earlier.get(key) != value]
-        written = partial.stat().st_size if partial.is_file() else -1
-        if not differs and int(earlier["lines"]) > 0 and 0 <= int(earlier["bytes"]) <= written:
-            return earlier
-        why = f"another {', '.join(differs)}" if differs else f"{partial.name} is shorter than its record says"
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        why = f"its record {record_path.name} is unreadable: {error}"
-    logger.warning("Not resuming the translation in %s (%s): starting over", partial, why)
-    return None
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
