@@ -259,6 +259,8 @@ def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:
         raise TranslationInProgressError(
             f"another process is translating into {destination} (it holds {handle.name}): wait for it or stop it"
         ) from None
+    except OSError as error:  # a file system without locks (some NFS mounts): translate, unguarded
+        logger.warning("Cannot lock %s (%s): a second run into %s is not refused", handle.name, error, destination)
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:

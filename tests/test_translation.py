@@ -305,3 +305,18 @@ def test_a_second_translation_into_the_same_file_is_refused_while_the_first_runs
         "wait for it or stop it"
     ]
     assert destination.read_text().split("\n")[:-1] == expected, "the first run's translation, whole"
+
+
+def test_a_file_system_without_locks_still_translates_saying_what_it_cannot_guard(
+    file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
+):
+    source, lines, model, expected = file_to_translate
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(translation.fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="modeling.translation"):
+        translate_file(model, tokenizer, source, tmp_path / "news.de", chunk_lines=5, **SETTINGS)
+    assert (tmp_path / "news.de").read_text().split("\n")[:-1] == expected
+    assert "No locks available" in caplog.text and "is not refused" in caplog.text
