@@ -114,9 +114,10 @@ def translate_file(
     as it is translated. To a file, each chunk is appended to `partial_translation_path(destination)` and flushed
     to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
-    only at the end, atomically. After a kill, the same call resumes after the last chunk written; a partial
-    translation of another source, model or decoding is started over (logged), never continued; a second process
-    translating into the same file is refused (`TranslationInProgressError`).
+    only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
+    stdin, read once, starts over); a partial translation of another source, model or decoding is started over
+    (logged), never continued; a second process translating into the same file is refused
+    (`TranslationInProgressError`).
     """
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
