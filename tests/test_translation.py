@@ -320,3 +320,11 @@ def test_a_file_system_without_locks_still_translates_saying_what_it_cannot_guar
         translate_file(model, tokenizer, source, tmp_path / "news.de", chunk_lines=5, **SETTINGS)
     assert (tmp_path / "news.de").read_text().split("\n")[:-1] == expected
     assert "No locks available" in caplog.text and "is not refused" in caplog.text
+
+
+def test_an_empty_file_translates_into_an_empty_file(tokenizer, tmp_path):
+    (tmp_path / "empty.en").write_text("")
+    model = tiny_translator(len(tokenizer))
+    assert translate_file(model, tokenizer, tmp_path / "empty.en", tmp_path / "empty.de") == 0
+    assert (tmp_path / "empty.de").read_text() == ""
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty.de", "empty.en"]
