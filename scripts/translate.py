@@ -12,6 +12,7 @@ chunk written (`modeling.translation.translate_file`), and the output file appea
 
 import argparse
 import logging
+import os
 import sys
 
 from modeling.files import check_writable, write_text
@@ -83,6 +84,9 @@ def main() -> None:
                 progress=sys.stderr.isatty(),
                 **settings,
             )
+    except BrokenPipeError:  # the reader stopped (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit cannot fail
+        sys.exit(1)
     except (OSError, ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:

@@ -3,9 +3,11 @@
 import errno
 import gzip
 import os
+import subprocess
+import sys
 
 import pytest
-from helpers import run_script, script_error
+from helpers import SCRIPTS, run_script, script_error, subprocess_env
 
 from modeling import translation
 from modeling.quantization import quantize_int8
@@ -116,3 +118,16 @@ def test_an_interrupted_translation_says_where_it_is_kept_and_the_same_command_r
     run_script("translate.py", *command, "--chunk-lines", "2", monkeypatch=monkeypatch)
     assert calls == [lines[4:6], lines[6:]], "the four lines translated before are not translated again"
     assert (tmp_path / "news.de").read_text().split("\n")[:-1] == translate(model, tokenizer, lines)
+
+
+def test_a_reader_that_stops_early_stops_the_translation_quietly(tiny_checkpoint, tmp_path):
+    """`translate.py ... | head -1`: no traceback and no error line once the pipe is closed."""
+    (tmp_path / "news.en").write_text("the dog sees a red ball.\n" * 40)
+    command = [sys.executable, str(SCRIPTS / "translate.py"), "--model", str(tiny_checkpoint[0])]
+    command += ["--input-file", str(tmp_path / "news.en"), "--chunk-lines", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    assert process.stdout.readline()
+    process.stdout.close()  # as `head -1` does
+    stderr = process.communicate(timeout=120)[1].decode()
+    assert process.returncode == 1
+    assert "Traceback" not in stderr and "error" not in stderr.lower() and "Exception ignored" not in stderr
