@@ -144,8 +144,7 @@ def translate_file(
     try:
         with open(partial.path, "ab") as handle:  # appends; cut below to what the record vouches for
             _lock_or_refuse(handle, destination)
-            partial.resume(source, handle)
-            lines = islice(iter_lines(source), partial.lines, None)
+            lines = partial.resume(source, handle)
             with tqdm(disable=not progress, unit="sent", desc="translated", initial=partial.lines) as bar:
                 for chunk in _chunks(lines, chunk_lines):
                     partial.append(handle, chunk, as_lines(translate(model, tokenizer, chunk, **settings)))
@@ -172,20 +171,23 @@ class _PartialTranslation:
         self.identity = identity
         self.digest, self.lines, self.bytes = hashlib.sha256(), 0, 0
 
-    def resume(self, source: str | os.PathLike, handle: IO[bytes]) -> None:
-        """Continue after the recorded lines if the record is of this identity and the source still begins with
-        the lines it translated; otherwise start over. Cuts the file to what is kept."""
-        earlier = self._earlier_record() if os.fspath(source) != "-" else None
+    def resume(self, source: str | os.PathLike, handle: IO[bytes]) -> Iterator[str]:
+        """The source lines still to translate: those after the recorded ones if the record is of this identity
+        and the source still begins with the lines it translated (read once, hashed on the way), else all of them.
+        Cuts the file to what is kept."""
+        lines = iter_lines(source)
+        earlier = self._earlier_record() if self.identity["source"] != "-" else None
         if earlier is not None:
-            lines, size, source_sha256 = earlier
-            self._hash(islice(iter_lines(source), lines))
+            done, size, source_sha256 = earlier
+            self._hash(islice(lines, done))
             if self.digest.hexdigest() == source_sha256:
-                self.lines, self.bytes = lines, size
+                self.lines, self.bytes = done, size
                 logger.info("Resuming the translation into %s after line %d", self.destination, self.lines)
             else:
                 logger.warning("%s holds the translation of another text than %s: starting over", self.path, source)
-                self.digest = hashlib.sha256()
+                self.digest, lines = hashlib.sha256(), iter_lines(source)
         handle.truncate(self.bytes)  # a chunk written after the record's last update is written again
+        return lines
 
     def append(self, handle: IO[bytes], chunk: list[str], translations: str) -> None:
         """Write a chunk's translations to disk, then record them."""
