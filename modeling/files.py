@@ -32,23 +32,20 @@ PARTIAL_SUFFIX = ".partial"
 NEARLY_FULL_BYTES = 16 * 2**20
 
 
-class DiskFullError(OSError):
+class UnwritableError(OSError):
+    """A file that cannot be written where it was asked for; the message is one line naming it and why."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class DiskFullError(UnwritableError):
     """A write failed for lack of space; the message is one line naming the path."""
 
     def __init__(self, path: str | os.PathLike, free: int | None = None):
         where = f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
         super().__init__(errno.ENOSPC, f"No space left on device while writing {os.fspath(path)}{where}")
         self.path = os.fspath(path)
-
-    def __str__(self) -> str:
-        return self.strerror
-
-
-class UnwritableError(OSError):
-    """A file that cannot be written where it was asked for; the message is one line naming it and why."""
-
-    def __str__(self) -> str:
-        return self.strerror
 
 
 def _free_bytes(path: str | os.PathLike) -> int | None:
