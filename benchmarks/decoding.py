@@ -51,21 +51,27 @@ class DecodingSettings:
         }
 
 
-def load_translator(model_dir: Path, compute_type: str, threads: int) -> ctranslate2.Translator:
-    """A CPU translator with one batch at a time on `threads` threads (as torch gets)."""
+def load_translator(
+    model_dir: Path, compute_type: str, threads: int, batches_at_once: int = 1
+) -> ctranslate2.Translator:
+    """A CPU translator on `threads` threads (as torch gets): one batch at a time on all of them, or
+    `batches_at_once` batches side by side on an equal share each (CTranslate2's inter_threads)."""
     import ctranslate2
 
     return ctranslate2.Translator(
-        str(model_dir), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+        str(model_dir),
+        device="cpu",
+        compute_type=compute_type,
+        inter_threads=batches_at_once,
+        intra_threads=max(1, threads // batches_at_once),
     )
 
 
 def ctranslate2_translate(
     translator: ctranslate2.Translator, token_batches: list[list[list[str]]], settings: DecodingSettings
 ) -> list[list[str]]:
-    """Best hypothesis (tokens, without </s>) of every sentence, batch by batch as given."""
-    outputs = []
-    for batch in token_batches:
-        for result in translator.translate_batch(batch, **settings.ctranslate2_kwargs()):
-            outputs.append(result.hypotheses[0])
-    return outputs
+    """Best hypothesis (tokens, without </s>) of every sentence, batch by batch as given: every batch is submitted
+    at once, so that a translator with several `inter_threads` decodes that many side by side."""
+    kwargs = settings.ctranslate2_kwargs()
+    pending = [translator.translate_batch(batch, asynchronous=True, **kwargs) for batch in token_batches]
+    return [result.result().hypotheses[0] for batch in pending for result in batch]

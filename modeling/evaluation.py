@@ -38,6 +38,7 @@ def evaluate_split(
     target_lang: str,
     max_tokens: int = 4096,
     num_beams: int | None = None,
+    workers: int = 1,
     progress: bool = False,
     hypotheses_file: str | os.PathLike | None = None,
     chunk_lines: int = 10_000,
@@ -46,14 +47,15 @@ def evaluate_split(
     """Translate one split (rows of `{"translation": {src: ..., tgt: ...}}`) and score it against references.
 
     Returns the metrics (the scores plus the decoding settings that produced them, so that the numbers can be
-    reproduced) and the hypotheses in the split's order. With `hypotheses_file` they are also written there, by
-    `translate_file` (`chunk_lines` at a time) from the sources kept in a hidden `.NAME.source` beside it until
-    the end: a killed evaluation resumes after its last chunk translated.
+    reproduced) and the hypotheses in the split's order; `workers` as in `translate`. With `hypotheses_file` they
+    are also written there, by `translate_file` (`chunk_lines` at a time) from the sources kept in a hidden
+    `.NAME.source` beside it until the end: a killed evaluation resumes after its last chunk translated.
     """
     pairs = list(split["translation"])
     sources = [pair[source_lang] for pair in pairs]
     references = [pair[target_lang] for pair in pairs]
-    settings = {"max_tokens": max_tokens, "num_beams": num_beams, "progress": progress, **generate_kwargs}
+    settings = {"max_tokens": max_tokens, "num_beams": num_beams, "workers": workers, "progress": progress}
+    settings |= generate_kwargs
     if hypotheses_file is None:
         hypotheses = translate(model, tokenizer, sources, **settings)
     else:

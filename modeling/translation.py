@@ -1,8 +1,9 @@
 """Translating in bulk, and loading this project's checkpoints for it.
 
 `translate` sorts sentences by length into token-budget batches and returns one line per input line, in order;
-`translate_file` does so for a file of any length a chunk at a time, resuming after a kill; `load_model_and_tokenizer`
-loads a saved or Hub checkpoint of this model and refuses anything else. Only torch, transformers and tqdm are
+`translate_file` does so for a file of any length a chunk at a time, resuming after a kill; `generate_batches` runs
+`generate()` on several batches at once on a CPU's cores; `load_model_and_tokenizer` loads a saved or Hub checkpoint
+of this model and refuses anything else. Only torch, transformers and tqdm are
 needed: deploying needs none of the training or evaluation extras.
 """
 
@@ -13,7 +14,10 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +48,7 @@ def translate(
     *,
     max_tokens: int = 4096,
     num_beams: int | None = None,
+    workers: int = 1,
     progress: bool = False,
     **generate_kwargs: Any,
 ) -> list[str]:
@@ -55,7 +60,7 @@ def translate(
     memory). Sorting wastes far less compute on padding than fixed-size batches. Empty (or blank) lines are never sent
     to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
     to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
-    `generate_kwargs` override them.
+    `generate_kwargs` override them. `workers` > 1 translates that many batches at once (`generate_batches`).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
@@ -72,13 +77,18 @@ def translate(
     lengths = [len(ids) for ids in input_ids]
     order = sorted(range(len(todo)), key=lambda k: -lengths[k])
 
+    batches = list(token_budget_batches(lengths, order, source_budget))
+    features = (
+        tokenizer.pad({"input_ids": [input_ids[k] for k in batch]}, return_tensors="pt").to(model.device)
+        for batch in batches
+    )
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), tqdm(total=len(todo), disable=not progress, unit="sent") as bar:
-            for batch in token_budget_batches(lengths, order, source_budget):
-                features = tokenizer.pad({"input_ids": [input_ids[k] for k in batch]}, return_tensors="pt")
-                generated = model.generate(**features.to(model.device), **generate_kwargs)
+        generated_batches = generate_batches(model, features, workers=workers, **generate_kwargs)
+        # closing: on an error here the workers stop now, not when the traceback lets the generator go
+        with closing(generated_batches), tqdm(total=len(todo), disable=not progress, unit="sent") as bar:
+            for batch, generated in zip(batches, generated_batches, strict=True):
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for k, text in zip(batch, texts, strict=True):
                     outputs[todo[k]] = text.strip()
@@ -86,6 +96,63 @@ def translate(
     finally:
         model.train(was_training)
     return outputs
+
+
+def generate_batches(
+    model: PreTrainedModel,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    workers: int = 1,
+    **generate_kwargs: Any,
+) -> Iterator[torch.Tensor]:
+    """`model.generate(**batch, **generate_kwargs)` of each batch, in order, under `torch.inference_mode`.
+
+    With `workers` > 1 (a model on the CPU), that many batches are decoded at once, each on its own thread with an
+    equal share of torch's threads, which are set to `torch.get_num_threads() // workers` (at least 1) meanwhile:
+    CTranslate2's `inter_threads`. A decoding step of a small model is many small operators, which a second core
+    hardly speeds up; a second batch beside it keeps that core busy (most of the time is spent in ATen, which
+    releases the GIL). Each thread holds a batch's activations and cache. `batches` is read at most `2 * workers`
+    ahead.
+    """
+    check_workers(model, workers)
+    if workers == 1:
+        return (_generate(model, batch, generate_kwargs) for batch in batches)
+    return _generate_side_by_side(model, batches, workers, generate_kwargs)
+
+
+def check_workers(model: PreTrainedModel, workers: int) -> None:
+    """Refuse a `workers` that `generate_batches` cannot use, before any work."""
+    if workers < 1:
+        raise ValueError(f"workers must be positive, got {workers}.")
+    if workers > 1 and model.device.type != "cpu":
+        raise ValueError(
+            f"workers={workers} decodes batches side by side on CPU cores; the model is on {model.device}, where "
+            "one batch at a time (a larger one) fills the device: use 1 worker."
+        )
+
+
+def _generate_side_by_side(
+    model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], workers: int, generate_kwargs: dict
+) -> Iterator[torch.Tensor]:
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads_before // workers))  # process-wide: every worker takes its share
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="generate")
+    pending: deque[Future] = deque()
+    try:
+        for batch in batches:
+            pending.append(pool.submit(_generate, model, batch, generate_kwargs))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(threads_before)
+
+
+def _generate(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], generate_kwargs: dict) -> torch.Tensor:
+    with torch.inference_mode():  # per thread: a worker does not inherit its caller's mode
+        return model.generate(**batch, **generate_kwargs)
 
 
 def partial_translation_path(destination: str | os.PathLike) -> Path:
@@ -103,6 +170,7 @@ def translate_file(
     chunk_lines: int = 10_000,
     max_tokens: int = 4096,
     num_beams: int | None = None,
+    workers: int = 1,
     progress: bool = False,
     **generate_kwargs: Any,
 ) -> int:
@@ -116,17 +184,19 @@ def translate_file(
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
     only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
     stdin, read once, starts over); a partial translation of another source, model or decoding is started over
-    (logged), never continued; a second process translating into the same file is refused
+    (logged), never continued (`workers`, like torch's thread count, is not part of the decoding: a rerun with
+    another number resumes); a second process translating into the same file is refused
     (`TranslationInProgressError`).
     """
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
+    check_workers(model, workers)
     settings = {"max_tokens": max_tokens, "num_beams": num_beams, **generate_kwargs}
     if destination is None:
         count = 0
         with tqdm(disable=not progress, unit="sent", desc="translated") as bar:
             for chunk in _chunks(iter_lines(source), chunk_lines):
-                sys.stdout.write(as_lines(translate(model, tokenizer, chunk, **settings)))
+                sys.stdout.write(as_lines(translate(model, tokenizer, chunk, workers=workers, **settings)))
                 sys.stdout.flush()
                 count += len(chunk)
                 bar.update(len(chunk))
@@ -147,7 +217,8 @@ def translate_file(
             lines = partial.resume(source, handle)
             with tqdm(disable=not progress, unit="sent", desc="translated", initial=partial.lines) as bar:
                 for chunk in _chunks(lines, chunk_lines):
-                    partial.append(handle, chunk, as_lines(translate(model, tokenizer, chunk, **settings)))
+                    translations = translate(model, tokenizer, chunk, workers=workers, **settings)
+                    partial.append(handle, chunk, as_lines(translations))
                     bar.update(len(chunk))
             os.replace(partial.path, destination)  # still locked: no other process appends meanwhile
         fsync_path(destination.parent)

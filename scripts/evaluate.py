@@ -19,7 +19,7 @@ from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_writable, write_json
 from modeling.quantization import quantize_int8
-from modeling.translation import TranslationInProgressError, load_model_and_tokenizer
+from modeling.translation import TranslationInProgressError, check_workers, load_model_and_tokenizer
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
@@ -43,6 +43,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
     parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="CPU: batches decoded at once, sharing torch's threads (default 1)"
+    )
     parser.add_argument("--chunk-lines", type=int, default=10_000, help="hypotheses translated and saved at a time")
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
@@ -53,6 +56,7 @@ def parse_args() -> argparse.Namespace:
         ("--max-tokens", args.max_tokens),
         ("--num-beams", args.num_beams),
         ("--chunk-lines", args.chunk_lines),
+        ("--workers", args.workers),
     ):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
@@ -67,6 +71,7 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
+        check_workers(model, args.workers)
         splits = load_parallel_dataset(
             source_lang=args.source_lang,
             target_lang=args.target_lang,
@@ -110,6 +115,7 @@ def main() -> None:
             target_lang=args.target_lang,
             max_tokens=args.max_tokens,
             num_beams=args.num_beams,
+            workers=args.workers,
             progress=True,
             hypotheses_file=hypotheses_path,
             chunk_lines=args.chunk_lines,

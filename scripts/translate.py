@@ -21,6 +21,7 @@ from modeling.tokenization import iter_lines
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,
+    check_workers,
     load_model_and_tokenizer,
     partial_translation_path,
     translate,
@@ -37,6 +38,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
     parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="CPU: batches decoded at once, sharing torch's threads (default 1)"
+    )
     parser.add_argument("--chunk-lines", type=int, default=10_000, help="lines read, sorted and saved at a time")
     args = parser.parse_args()
     if args.text and args.input_file:
@@ -45,6 +49,7 @@ def parse_args() -> argparse.Namespace:
         ("--max-tokens", args.max_tokens),
         ("--num-beams", args.num_beams),
         ("--chunk-lines", args.chunk_lines),
+        ("--workers", args.workers),
     ):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
@@ -64,9 +69,10 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
+        check_workers(model, args.workers)
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
-    settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams}
+    settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams, "workers": args.workers}
     try:
         if args.text:
             output = as_lines(translate(model, tokenizer, args.text, **settings))

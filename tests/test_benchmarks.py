@@ -31,10 +31,10 @@ TABLE_HEADERS = {
 }
 
 
-def run_quick(tmp_path: Path, *arguments: str) -> tuple[str, dict]:
+def run_quick(tmp_path: Path, *arguments: str, generation_threads: str = "1") -> tuple[str, dict]:
     output = tmp_path / "results.json"
     command = [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--cache-dir", str(tmp_path / "cache")]
-    command += ["--threads", "1", "--generation-threads", "1"]
+    command += ["--threads", "1", "--generation-threads", generation_threads]
     command += ["--output-json", str(output), *arguments]
     completed = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -56,6 +56,24 @@ def test_quick_run_prints_every_table_on_synthetic_data(tmp_path):
         contenders = generation[workload]["1"]
         assert contenders["MarianMT"]["agreement"] == 1.0 and contenders["CTranslate2 float32"]["agreement"] == 1.0
         assert {"this model int8", "CTranslate2 int8"} <= set(contenders)
+
+
+def test_at_two_threads_this_model_and_ctranslate2_also_decode_two_batches_at_once(tmp_path):
+    arguments = ["--only", "generate", "--data-dir", str(tmp_path / "no-data")]
+    stdout, results = run_quick(tmp_path, *arguments, generation_threads="2")
+    side_by_side = {"this model", "this model int8", "CTranslate2 float32", "CTranslate2 int8"}
+    for workload, by_threads in results["sections"]["generate"].items():
+        if not workload.startswith(("sorted", "file order")):
+            continue
+        contenders = by_threads["2"]
+        assert {f"{name} (2 batches at once)" for name in side_by_side} <= set(contenders), workload
+        assert contenders["this model (2 batches at once)"]["agreement"] == 1.0, "the same translations"
+    fixed = next(by_threads for name, by_threads in results["sections"]["generate"].items() if "fixed" in name)
+    assert not any("at once" in name for name in fixed["2"]), "one batch: nothing to decode beside it"
+    best_table = stdout[stdout.index(TABLE_HEADERS["generate_best"]) :]
+    best_rows = [line.split(" | ") for line in best_table.splitlines() if line.startswith("| sorted")]
+    assert len(best_rows) == 5, "one row per contender, whichever way it ran best"
+    assert all("at once" not in row[1] and row[2].startswith("2") for row in best_rows)
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared Multi30k data not present")

@@ -6,10 +6,12 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 
 import huggingface_hub.utils._http as hf_http
 import pytest
+import torch
 from helpers import (
     EchoModel,
     closed_port_endpoint,
@@ -28,6 +30,7 @@ from modeling.files import DiskFullError
 from modeling.hub_client import HubError
 from modeling.translation import (
     TranslationInProgressError,
+    generate_batches,
     load_model_and_tokenizer,
     partial_translation_path,
     tokenizer_fingerprint,
@@ -95,6 +98,81 @@ def test_the_token_budget_counts_every_beam(tokenizer):
     model = EchoModel()  # its generation config's beam 4: 60 source tokens per batch of a 240 budget
     translate(model, tokenizer, sentences, max_tokens=240)
     assert all(call["input_ids"].numel() <= 60 for call in model.calls) and len(model.calls) > 1
+
+
+class SideBySideEchoModel(EchoModel):
+    """An `EchoModel` whose calls wait for one another: it records how many run at once, on how many of torch's
+    threads, and fails at call `fail_at`."""
+
+    def __init__(self, fail_at: int | None = None):
+        super().__init__()
+        self.fail_at, self.started, self.running, self.most_at_once, self.threads = fail_at, 0, 0, 0, set()
+        self.lock = threading.Lock()
+
+    def generate(self, input_ids, attention_mask, **kwargs):
+        with self.lock:
+            self.started += 1
+            if self.started - 1 == self.fail_at:
+                raise RuntimeError("batch failed")
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            self.threads.add(torch.get_num_threads())
+            assert torch.is_inference_mode_enabled(), "each worker decodes in inference mode"
+        time.sleep(0.05)  # long enough for the other worker to start its batch meanwhile
+        with self.lock:
+            self.running -= 1
+        return super().generate(input_ids, attention_mask, **kwargs)
+
+
+@pytest.fixture
+def two_torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_two_workers_decode_two_batches_at_once_and_keep_the_order(tokenizer, two_torch_threads):
+    sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
+    model = SideBySideEchoModel()
+
+    outputs = translate(model, tokenizer, sentences, max_tokens=40, workers=2)
+
+    assert outputs == [s.strip() for s in sentences]
+    assert len(model.calls) > 4 and model.most_at_once == 2
+    assert model.threads == {1}, "the two workers share torch's two threads"
+    assert torch.get_num_threads() == 2, "and give them back"
+
+
+def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):
+    model = tiny_translator(len(tokenizer))
+    sentences = [en for en, _ in synthetic_pairs(12, seed=2)]
+    settings = {"num_beams": 2, "max_new_tokens": 6, "max_tokens": 24}
+    assert translate(model, tokenizer, sentences, workers=3, **settings) == translate(
+        model, tokenizer, sentences, **settings
+    )
+
+
+def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch_threads):
+    sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
+    model = SideBySideEchoModel(fail_at=2)
+    with pytest.raises(RuntimeError, match="batch failed"):
+        translate(model, tokenizer, sentences, max_tokens=40, workers=2)
+    one_by_one = EchoModel()
+    translate(one_by_one, tokenizer, sentences, max_tokens=40)
+    # submitted when the failure is met: the 4 read ahead, and one more for each of the 2 results taken
+    assert model.started <= 6 < len(one_by_one.calls), "batches not yet begun are never decoded"
+    assert model.training and torch.get_num_threads() == 2, "the model's mode and torch's threads given back"
+
+
+def test_workers_are_refused_where_they_cannot_help(tokenizer):
+    on_gpu = EchoModel()
+    on_gpu.device = torch.device("meta")  # stands for a GPU: not a CPU
+    with pytest.raises(ValueError, match="the model is on meta.*use 1 worker"):
+        translate(on_gpu, tokenizer, ["a cat."], workers=2)
+    with pytest.raises(ValueError, match="workers must be positive, got 0"):
+        list(generate_batches(EchoModel(), [], workers=0))
+    assert on_gpu.calls == []
 
 
 def test_truncated_weights_are_named_before_loading(tmp_path):
@@ -191,6 +269,18 @@ def test_a_killed_translation_resumes_after_its_last_chunk(file_to_translate, to
     assert sizes == [3, 3], "only the 6 lines not yet translated"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_a_translation_killed_with_one_worker_resumes_with_two(file_to_translate, tokenizer, tmp_path, monkeypatch):
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    sizes = counting_translate(monkeypatch)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, workers=2, **SETTINGS)
+    assert sizes == [3, 3], "workers are not part of what was translated"
+    assert destination.read_text().split("\n")[:-1] == expected
 
 
 def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translate, tokenizer, tmp_path, monkeypatch):

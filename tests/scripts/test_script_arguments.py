@@ -1,6 +1,5 @@
 """Counts that make no sense are refused by every script before it loads anything."""
 
-
 import pytest
 from helpers import run_script
 
@@ -14,8 +13,10 @@ pytestmark = pytest.mark.usefixtures("datasets_cache")
         ("evaluate.py", "--limit"),
         ("evaluate.py", "--max-tokens"),
         ("evaluate.py", "--num-beams"),
+        ("evaluate.py", "--workers"),
         ("translate.py", "--max-tokens"),
         ("translate.py", "--num-beams"),
+        ("translate.py", "--workers"),
     ],
 )
 def test_scripts_refuse_counts_below_one_before_loading_anything(script, flag, tmp_path, monkeypatch, capsys):

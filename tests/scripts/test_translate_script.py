@@ -52,6 +52,15 @@ def test_translate_with_int8_gives_what_the_quantised_model_gives(tiny_checkpoin
     assert capsys.readouterr().out.split("\n")[:-1] == translate(quantize_int8(model), tokenizer, sentences)
 
 
+def test_translate_with_two_workers_gives_what_one_gives(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    sentences = ["a cat likes the ball.", "", "the dog.", "big house today.", "the small dog sees a red ball."]
+    (tmp_path / "input.en").write_text("".join(s + "\n" for s in sentences))
+    args = ["--model", model_dir, "--input-file", tmp_path / "input.en", "--max-tokens", "40", "--workers", "2"]
+    run_script("translate.py", *args, monkeypatch=monkeypatch)
+    assert capsys.readouterr().out.split("\n")[:-1] == translate(model, tokenizer, sentences, max_tokens=40)
+
+
 def test_a_full_disk_leaves_the_old_output_file_and_says_so_in_one_line(tiny_checkpoint, tmp_path, monkeypatch):
     output_file = tmp_path / "output.de"
     output_file.write_text("the earlier translations\n")
