@@ -253,7 +253,11 @@ def test_a_file_is_translated_a_chunk_at_a_time_as_translate_translates_it(
     assert capsys.readouterr().out.split("\n")[:-1] == expected, "to stdout, chunk after chunk"
 
 
-def test_a_killed_translation_resumes_after_its_last_chunk(file_to_translate, tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2], ids=["same command", "with 2 workers"])
+def test_a_killed_translation_resumes_after_its_last_chunk(
+    workers, file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """Resumed by the same command, or with another number of workers (not part of what was translated)."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
     destination.write_text("an earlier translation\n")
@@ -265,22 +269,11 @@ def test_a_killed_translation_resumes_after_its_last_chunk(file_to_translate, to
     assert partial_translation_path(destination).read_text().split("\n")[:-1] == expected[:6]
 
     sizes = counting_translate(monkeypatch)
-    assert translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    resumed = translate_file(model, tokenizer, source, destination, chunk_lines=3, workers=workers, **SETTINGS)
+    assert resumed == len(lines)
     assert sizes == [3, 3], "only the 6 lines not yet translated"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
-
-
-def test_a_translation_killed_with_one_worker_resumes_with_two(file_to_translate, tokenizer, tmp_path, monkeypatch):
-    source, lines, model, expected = file_to_translate
-    destination = tmp_path / "news.de"
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
-    sizes = counting_translate(monkeypatch)
-    translate_file(model, tokenizer, source, destination, chunk_lines=3, workers=2, **SETTINGS)
-    assert sizes == [3, 3], "workers are not part of what was translated"
-    assert destination.read_text().split("\n")[:-1] == expected
 
 
 def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translate, tokenizer, tmp_path, monkeypatch):
