@@ -34,6 +34,19 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
         assert metrics[key] == pytest.approx(rescored[key])
 
 
+def test_evaluate_with_two_workers_scores_the_same_hypotheses(tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch):
+    model_dir, _, _ = tiny_checkpoint
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    common += ["--num-beams", "2", "--max-tokens", "16"]  # several batches of the 6 sentences
+    for workers in ("1", "2"):
+        run_script(
+            "evaluate.py", *common, "--workers", workers, "--output-dir", tmp_path / workers, monkeypatch=monkeypatch
+        )
+    one, two = (json.loads((tmp_path / w / "eval_results_test.json").read_text()) for w in ("1", "2"))
+    assert (tmp_path / "1" / "hypotheses_test.de").read_text() == (tmp_path / "2" / "hypotheses_test.de").read_text()
+    assert one["sacrebleu"] == two["sacrebleu"] and one["num_sentences"] == two["num_sentences"] == 6
+
+
 def test_evaluate_lists_the_available_splits_for_an_unknown_one(tiny_checkpoint, eval_data_dir, monkeypatch):
     model_dir, _, _ = tiny_checkpoint
     message = script_error(
