@@ -3,8 +3,8 @@
 `translate` sorts sentences by length into token-budget batches and returns one line per input line, in order;
 `translate_file` does so for a file of any length a chunk at a time, resuming after a kill; `generate_batches` runs
 `generate()` on several batches at once on a CPU's cores; `load_model_and_tokenizer` loads a saved or Hub checkpoint
-of this model and refuses anything else. Only torch, transformers and tqdm are
-needed: deploying needs none of the training or evaluation extras.
+of this model and refuses anything else. Only torch, transformers and tqdm are needed: deploying needs none of the
+training or evaluation extras.
 """
 
 import fcntl
