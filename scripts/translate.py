@@ -21,7 +21,6 @@ from modeling.tokenization import iter_lines
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,
-    check_workers,
     load_model_and_tokenizer,
     partial_translation_path,
     translate,
@@ -69,7 +68,6 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
-        check_workers(model, args.workers)
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams, "workers": args.workers}

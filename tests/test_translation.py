@@ -165,11 +165,15 @@ def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch
     assert model.training and torch.get_num_threads() == 2, "the model's mode and torch's threads given back"
 
 
-def test_workers_are_refused_where_they_cannot_help(tokenizer):
+def test_workers_are_refused_where_they_cannot_help(tokenizer, tmp_path):
     on_gpu = EchoModel()
     on_gpu.device = torch.device("meta")  # stands for a GPU: not a CPU
     with pytest.raises(ValueError, match="the model is on meta.*use 1 worker"):
         translate(on_gpu, tokenizer, ["a cat."], workers=2)
+    (tmp_path / "news.en").write_text("a cat.\n")
+    with pytest.raises(ValueError, match="the model is on meta.*use 1 worker"):
+        translate_file(on_gpu, tokenizer, tmp_path / "news.en", tmp_path / "news.de", workers=2)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.en"], "refused before any file is made"
     with pytest.raises(ValueError, match="workers must be positive, got 0"):
         list(generate_batches(EchoModel(), [], workers=0))
     assert on_gpu.calls == []
