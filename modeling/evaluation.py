@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .files import write_text
 from .scoring import corpus_scores
 from .tokenization import iter_lines
-from .translation import as_lines, translate, translate_file
+from .translation import as_lines, check_workers, translate, translate_file
 
 # Recorded with every evaluation, so that its numbers can be reproduced; the last two are this model's own
 # generation config fields (GNMT length penalty, per-sentence limit of source length + offset).
@@ -60,6 +60,7 @@ def evaluate_split(
         hypotheses = translate(model, tokenizer, sources, **settings)
     else:
         hypotheses_file = Path(hypotheses_file)
+        check_workers(model, workers)  # before the hidden source file is written, so a refusal leaves nothing
         source_file = write_text(hypotheses_file.with_name(f".{hypotheses_file.name}.source"), as_lines(sources))
         translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
         hypotheses = list(iter_lines(hypotheses_file))

@@ -62,3 +62,19 @@ def test_an_evaluation_into_a_hypotheses_file_resumes_after_a_kill(tokenizer, tm
     assert sorted(path.name for path in hypotheses_file.parent.iterdir()) == ["hypotheses_test.de"], (
         "nothing hidden left"
     )
+
+
+def test_a_refused_workers_leaves_no_hidden_source_file(tokenizer, tmp_path):
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=5)])
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+    with pytest.raises(ValueError, match="workers must be positive, got 0"):
+        evaluate_split(
+            EchoModel(),
+            tokenizer,
+            split,
+            source_lang="en",
+            target_lang="de",
+            hypotheses_file=hypotheses_file,
+            workers=0,
+        )
+    assert list(tmp_path.iterdir()) == []
