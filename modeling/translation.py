@@ -183,7 +183,8 @@ def translate_file(
     to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
     only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
-    stdin, read once, starts over); a partial translation of another source, model or decoding is started over
+    stdin, read once, starts over; the source is known by its lines, so the same file at another path resumes); a
+    partial translation of another text, model or decoding is started over
     (logged), never continued (`workers`, like torch's thread count, is not part of the decoding: a rerun with
     another number resumes); a second process translating into the same file is refused
     (`TranslationInProgressError`).
@@ -204,17 +205,16 @@ def translate_file(
 
     destination = Path(destination)
     check_writable(destination)
-    identity = {
-        "source": "-" if os.fspath(source) == "-" else os.path.abspath(source),
+    identity = {  # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
         "model": model_fingerprint(model),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
     }
-    partial = _PartialTranslation(destination, identity)
+    partial = _PartialTranslation(destination, identity, source)
     try:
         with open(partial.path, "ab") as handle:  # appends; cut below to what the record vouches for
             _lock_or_refuse(handle, destination)
-            lines = partial.resume(source, handle)
+            lines = partial.resume(handle)
             with tqdm(disable=not progress, unit="sent", desc="translated", initial=partial.lines) as bar:
                 for chunk in _chunks(lines, chunk_lines):
                     translations = translate(model, tokenizer, chunk, workers=workers, **settings)
@@ -233,21 +233,21 @@ def translate_file(
 
 class _PartialTranslation:
     """A translation under way into `destination`: its lines so far in `.NAME.partial`, and the record of what
-    they are (`.NAME.partial.json`: lines, bytes, sha256 of the source lines translated, and `identity`: source,
-    model, tokenizer and decoding)."""
+    they are (`.NAME.partial.json`: lines, bytes, sha256 of the source lines translated, `identity`: model,
+    tokenizer and decoding, and the source's path, for whoever reads the record)."""
 
-    def __init__(self, destination: Path, identity: dict[str, str]):
+    def __init__(self, destination: Path, identity: dict[str, str], source: str | os.PathLike):
         self.destination, self.path = destination, partial_translation_path(destination)
         self.record_path = self.path.with_name(self.path.name + ".json")
-        self.identity = identity
+        self.identity, self.source = identity, "-" if os.fspath(source) == "-" else os.path.abspath(source)
         self.digest, self.lines, self.bytes = hashlib.sha256(), 0, 0
 
-    def resume(self, source: str | os.PathLike, handle: IO[bytes]) -> Iterator[str]:
+    def resume(self, handle: IO[bytes]) -> Iterator[str]:
         """The source lines still to translate: those after the recorded ones if the record is of this identity
         and the source still begins with the lines it translated (read once, hashed on the way), else all of them.
         Cuts the file to what is kept."""
-        lines = iter_lines(source)
-        earlier = self._earlier_record() if self.identity["source"] != "-" else None
+        lines = iter_lines(self.source)
+        earlier = self._earlier_record() if self.source != "-" else None
         if earlier is not None:
             done, size, source_sha256 = earlier
             self._hash(islice(lines, done))
@@ -255,8 +255,10 @@ class _PartialTranslation:
                 self.lines, self.bytes = done, size
                 logger.info("Resuming the translation into %s after line %d", self.destination, self.lines)
             else:
-                logger.warning("%s holds the translation of another text than %s: starting over", self.path, source)
-                self.digest, lines = hashlib.sha256(), iter_lines(source)
+                logger.warning(
+                    "%s holds the translation of another text than %s: starting over", self.path, self.source
+                )
+                self.digest, lines = hashlib.sha256(), iter_lines(self.source)
         handle.truncate(self.bytes)  # a chunk written after the record's last update is written again
         return lines
 
@@ -270,7 +272,13 @@ class _PartialTranslation:
         self.lines, self.bytes = self.lines + len(chunk), self.bytes + len(text)
         write_json(
             self.record_path,
-            {**self.identity, "lines": self.lines, "bytes": self.bytes, "source_sha256": self.digest.hexdigest()},
+            {
+                **self.identity,
+                "source": self.source,
+                "lines": self.lines,
+                "bytes": self.bytes,
+                "source_sha256": self.digest.hexdigest(),
+            },
         )
 
     def _earlier_record(self) -> tuple[int, int, str] | None:

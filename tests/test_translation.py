@@ -2,6 +2,7 @@
 is translated a chunk at a time and resumed after a kill, never mixed with another text's or model's."""
 
 import errno
+import gzip
 import json
 import logging
 import os
@@ -292,6 +293,25 @@ def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translat
     sizes = counting_translate(monkeypatch)
     translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
     assert sizes == [3, 3] and destination.read_text().split("\n")[:-1] == expected
+
+
+def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp_path, monkeypatch, caplog):
+    """A requeued job that sees its data elsewhere (another mount, a copy, gzipped): the lines decide, not the path."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    elsewhere = tmp_path / "mounted elsewhere" / "news.en.gz"
+    elsewhere.parent.mkdir()
+    with gzip.open(elsewhere, "wt", encoding="utf-8") as handle:
+        handle.write(source.read_text(encoding="utf-8"))
+    sizes = counting_translate(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="modeling.translation"):
+        translate_file(model, tokenizer, elsewhere, destination, chunk_lines=3, **SETTINGS)
+    assert sum(sizes) == len(lines) - 6, "the two chunks done are not translated again"
+    assert "Resuming the translation" in caplog.text
+    assert destination.read_text().split("\n")[:-1] == expected
 
 
 @pytest.mark.parametrize("change", ["source", "model", "decoding", "cut record", "record without its hash"])
