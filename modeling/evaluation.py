@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .files import write_text
 from .scoring import corpus_scores
 from .tokenization import iter_lines
-from .translation import as_lines, check_workers, translate, translate_file
+from .translation import as_lines, translate, translate_file
 
 # Recorded with every evaluation, so that its numbers can be reproduced; the last two are this model's own
 # generation config fields (GNMT length penalty, per-sentence limit of source length + offset).
@@ -48,8 +48,8 @@ def evaluate_split(
 
     Returns the metrics (the scores plus the decoding settings that produced them, so that the numbers can be
     reproduced) and the hypotheses in the split's order; `workers` as in `translate`. With `hypotheses_file` they
-    are also written there, by `translate_file` (`chunk_lines` at a time) from the sources kept in a hidden
-    `.NAME.source` beside it until the end: a killed evaluation resumes after its last chunk translated.
+    are also written there, by `translate_file` (`chunk_lines` at a time) from the sources written to a hidden
+    `.NAME.source` beside it for the call: a killed evaluation resumes after its last chunk translated.
     """
     pairs = list(split["translation"])
     sources = [pair[source_lang] for pair in pairs]
@@ -60,11 +60,12 @@ def evaluate_split(
         hypotheses = translate(model, tokenizer, sources, **settings)
     else:
         hypotheses_file = Path(hypotheses_file)
-        check_workers(model, workers)  # before the hidden source file is written, so a refusal leaves nothing
         source_file = write_text(hypotheses_file.with_name(f".{hypotheses_file.name}.source"), as_lines(sources))
-        translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
+        try:
+            translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
+        finally:  # written again from the split by every run, resumed or not; another run's may be gone already
+            source_file.unlink(missing_ok=True)
         hypotheses = list(iter_lines(hypotheses_file))
-        source_file.unlink()
     overrides = {**generate_kwargs, **({"num_beams": num_beams} if num_beams is not None else {})}
     decoding = {name: overrides.get(name, getattr(model.generation_config, name, None)) for name in DECODING_SETTINGS}
     metrics = {

@@ -64,10 +64,21 @@ def test_an_evaluation_into_a_hypotheses_file_resumes_after_a_kill(tokenizer, tm
     )
 
 
-def test_a_refused_workers_leaves_no_hidden_source_file(tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "workers, hypotheses_is_a_directory, error, message",
+    [
+        (0, False, ValueError, "workers must be positive, got 0"),
+        (1, True, OSError, "cannot write .*hypotheses_test.de: it is a directory"),
+    ],
+)
+def test_a_refused_evaluation_leaves_no_hidden_source_file(
+    workers, hypotheses_is_a_directory, error, message, tokenizer, tmp_path
+):
     split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=5)])
     hypotheses_file = tmp_path / "hypotheses_test.de"
-    with pytest.raises(ValueError, match="workers must be positive, got 0"):
+    if hypotheses_is_a_directory:
+        hypotheses_file.mkdir()
+    with pytest.raises(error, match=message):
         evaluate_split(
             EchoModel(),
             tokenizer,
@@ -75,6 +86,6 @@ def test_a_refused_workers_leaves_no_hidden_source_file(tokenizer, tmp_path):
             source_lang="en",
             target_lang="de",
             hypotheses_file=hypotheses_file,
-            workers=0,
+            workers=workers,
         )
-    assert list(tmp_path.iterdir()) == []
+    assert [path.name for path in tmp_path.iterdir()] == (["hypotheses_test.de"] if hypotheses_is_a_directory else [])
