@@ -97,7 +97,6 @@ def set_fairseq_decoding(
     generation_config._from_model_config = False
 
 
-
 class GNMTLengthPenalty(float):
     """alpha of the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper.
 
@@ -470,7 +469,7 @@ class TransformerGenerationMixin(GenerationMixin):
                 cache=cache,
             )
         cache.advance()
-        return self.lm_head(hidden_states)[:, -1]  # (rows, V)
+        return self.project_to_vocabulary(hidden_states[:, -1])  # (rows, V)
 
     def _beam_search_dropping_finished(
         self,

@@ -11,8 +11,9 @@ import torch
 from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from modeling import TransformerForConditionalGeneration, TransformerModel
+from modeling import TransformerForConditionalGeneration, TransformerModel, modeling_transformer
 from modeling.modeling_transformer import sinusoidal_positional_encoding
+from modeling.quantization import quantize_int8
 
 VOCAB = 50
 
@@ -359,6 +360,46 @@ def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head()
     head.weight = model.lm_head.weight
     model.set_output_embeddings(head)
     assert model(**inputs).logits.shape == (2, 4, VOCAB)
+
+
+def onednn_linear_calls(function) -> int:
+    """How many times `function()` ran oneDNN's linear kernel, as torch's profiler records it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        function()
+    return sum(event.count for event in profiler.key_averages() if event.key == "mkldnn::_linear_pointwise")
+
+
+needs_onednn_linear = pytest.mark.skipif(
+    not modeling_transformer._ONEDNN_LINEAR, reason="oneDNN's linear kernel is taken on x86 CPUs only"
+)
+# A forward of the tiny model: 2 encoder layers x 6 linear layers (q, k, v, out, fc1, fc2), 2 decoder layers x 10
+# (four of self-attention, four of cross-attention, two of the feed-forward), and the output projection.
+TINY_FORWARD_LINEAR_LAYERS = 2 * 6 + 2 * 10 + 1
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_float32_inference_on_an_x86_cpu_runs_every_linear_layer_on_onednn_with_the_same_logits():
+    model = tiny_model()
+    assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS
+    with torch.backends.mkldnn.flags(enabled=False):  # torch's own switch turns it off
+        assert onednn_linear_calls(lambda: model(**batch())) == 0
+        with_mkl = model(**batch()).logits
+    assert torch.allclose(model(**batch()).logits, with_mkl, atol=1e-5)
+
+
+@needs_onednn_linear
+def test_onednn_is_not_taken_under_gradients_hooks_replaced_layers_or_other_dtypes():
+    model = tiny_model()
+    assert onednn_linear_calls(lambda: model(**batch())) == 0  # gradients on: autograd needs nn.Linear
+    with torch.no_grad():
+        seen = []
+        handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+        assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS - 1
+        assert seen == [(2, 4, VOCAB)]  # the hook ran: lm_head was called as a module
+        handle.remove()
+        assert onednn_linear_calls(lambda: tiny_model().double()(**batch())) == 0
+        assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
