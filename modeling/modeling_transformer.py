@@ -141,8 +141,8 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products) picks them
     by instruction set. At a decoding step's shapes it ran 1.7-2.3x MKL on this project's AMD EPYC (docs/results.md);
     CTranslate2 makes the same choice off Intel CPUs. The two agree to float32 rounding, not bit for bit. Gradients,
-    torch.compile and export, tensor subclasses, modules with hooks or replaced (int8, adapters), other devices and
-    dtypes keep `module(...)`, and so does everything after `torch.backends.mkldnn.enabled = False`.
+    autocast, torch.compile and export, tensor subclasses, modules with hooks or replaced (int8, adapters), other
+    devices and dtypes keep `module(...)`, and so does everything after `torch.backends.mkldnn.enabled = False`.
     """
     if (
         _ONEDNN_LINEAR
@@ -151,6 +151,7 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         and hidden_states.device.type == "cpu"
         and hidden_states.dtype == module.weight.dtype == torch.float32
         and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
         and not (module._forward_hooks or module._forward_pre_hooks)
         and not is_torchdynamo_compiling()

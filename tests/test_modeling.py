@@ -389,7 +389,7 @@ def test_float32_inference_on_an_x86_cpu_runs_every_linear_layer_on_onednn_with_
 
 
 @needs_onednn_linear
-def test_onednn_is_not_taken_under_gradients_hooks_replaced_layers_or_other_dtypes():
+def test_onednn_is_not_taken_under_gradients_autocast_hooks_replaced_layers_or_other_dtypes():
     model = tiny_model()
     assert onednn_linear_calls(lambda: model(**batch())) == 0  # gradients on: autograd needs nn.Linear
     with torch.no_grad():
@@ -399,6 +399,8 @@ def test_onednn_is_not_taken_under_gradients_hooks_replaced_layers_or_other_dtyp
         assert seen == [(2, 4, VOCAB)]  # the hook ran: lm_head was called as a module
         handle.remove()
         assert onednn_linear_calls(lambda: tiny_model().double()(**batch())) == 0
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bfloat16 products, not float32 ones
+            assert onednn_linear_calls(lambda: model(**batch())) == 0
         assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
 
 
