@@ -134,31 +134,78 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
 _ONEDNN_LINEAR = platform.machine().lower() in ("x86_64", "amd64") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """`module(hidden_states)`, except that a float32 `nn.Linear` at inference on an x86 CPU is computed by oneDNN.
+def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether products of these float32 CPU tensors are computed by oneDNN rather than MKL.
 
-    PyTorch's CPU `nn.Linear` calls MKL, which picks its kernels by processor vendor and runs well below oneDNN on
-    AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products) picks them
-    by instruction set. At a decoding step's shapes it ran 1.7-2.3x MKL on this project's AMD EPYC (docs/results.md);
-    CTranslate2 makes the same choice off Intel CPUs. The two agree to float32 rounding, not bit for bit. Gradients,
-    autocast, torch.compile and export, tensor subclasses, modules with hooks or replaced (int8, adapters), other
-    devices and dtypes keep `module(...)`, and so does everything after `torch.backends.mkldnn.enabled = False`.
+    PyTorch's CPU `nn.Linear` and `@` call MKL, which picks its kernels by processor vendor and runs well below
+    oneDNN on AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products)
+    picks them by instruction set. At this model's shapes it ran 1.5-2.3x MKL on this project's AMD EPYC, forward
+    and backward (docs/results.md); CTranslate2 makes the same choice off Intel CPUs. The two agree to float32
+    rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses, other devices and dtypes keep
+    MKL, and so does everything after `torch.backends.mkldnn.enabled = False`.
     """
-    if (
+    return (
         _ONEDNN_LINEAR
-        and type(module) is nn.Linear
         and type(hidden_states) is torch.Tensor
         and hidden_states.device.type == "cpu"
-        and hidden_states.dtype == module.weight.dtype == torch.float32
-        and not torch.is_grad_enabled()
+        and hidden_states.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
-        and not (module._forward_hooks or module._forward_pre_hooks)
         and not is_torchdynamo_compiling()
         and not torch.compiler.is_exporting()
+    )
+
+
+def _onednn_linear(
+    hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """hidden_states @ weight.T + bias by oneDNN, outside autograd: (..., D_in) x (D_out, D_in) -> (..., D_out)."""
+    return torch.ops.mkldnn._linear_pointwise(hidden_states, weight, bias, "none", [], "")
+
+
+def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T, by oneDNN where `takes_onednn` says so (for autograd functions' own products)."""
+    return _onednn_linear(a, b) if takes_onednn(a, b) else a @ b.T
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """`F.linear`'s value and gradients, every product computed by oneDNN."""
+
+    @staticmethod
+    def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(hidden_states, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_linear(hidden_states, weight, bias)  # (..., D_out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        hidden_states, weight = ctx.saved_tensors
+        grad_rows = grad_output.reshape(-1, grad_output.shape[-1])  # (N, D_out)
+        grad_hidden_states = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden_states = _onednn_linear(grad_output, weight.T)  # grad @ W: (..., D_in)
+        if ctx.needs_input_grad[1]:
+            rows = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, D_in)
+            grad_weight = _onednn_linear(grad_rows.T, rows.T)  # grad^T @ x: (D_out, D_in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_rows.sum(dim=0)  # (D_out,)
+        return grad_hidden_states, grad_weight, grad_bias
+
+
+def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`module(hidden_states)`, computed by oneDNN for a float32 `nn.Linear` where `takes_onednn` says so, with
+    gradients when autograd needs them. A module with hooks or replaced (int8, adapters) is called as it is."""
+    if (
+        type(module) is not nn.Linear
+        or module._forward_hooks
+        or module._forward_pre_hooks
+        or not takes_onednn(hidden_states, module.weight)
     ):
-        return torch.ops.mkldnn._linear_pointwise(hidden_states, module.weight, module.bias, "none", [], "")
-    return module(hidden_states)
+        return module(hidden_states)
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or module.weight.requires_grad):
+        return OneDNNLinear.apply(hidden_states, module.weight, module.bias)
+    return _onednn_linear(hidden_states, module.weight, module.bias)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -622,7 +669,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden_states.shape[0], rows_per_chunk):
             hidden = hidden_states[start : start + rows_per_chunk]  # (C, D)
             target = labels[start : start + rows_per_chunk, None]  # (C, 1)
-            logits = (hidden @ weight.T).float()  # (C, V)
+            logits = matmul_transposed(hidden, weight).float()  # (C, V)
             target_logits = logits.gather(1, target)  # (C, 1)
             mean_logits = logits.mean(dim=-1, keepdim=True)  # (C, 1)
             max_logits = logits.amax(dim=-1, keepdim=True)  # (C, 1)
@@ -638,8 +685,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 grad_logits.sub_(smoothing_epsilon / vocab_size)
             grad_logits.scatter_add_(1, target, grad_logits.new_full(target.shape, smoothing_epsilon - 1))
             grad_logits = grad_logits.to(weight.dtype)
-            grad_hidden_states[start : start + rows_per_chunk] = grad_logits @ weight  # (C, D)
-            grad_weight_chunk = grad_logits.T @ hidden  # (V, D)
+            grad_hidden_states[start : start + rows_per_chunk] = matmul_transposed(grad_logits, weight.T)  # (C, D)
+            grad_weight_chunk = matmul_transposed(grad_logits.T, hidden.T)  # (V, D)
             # Summed in float32 across chunks, so that bf16 weights round once, as in the unfused loss.
             grad_weight = grad_weight_chunk.float() if grad_weight is None else grad_weight.add_(grad_weight_chunk)
         if grad_weight is None:  # no labelled position

@@ -130,8 +130,8 @@ def test_feed_forward_is_relu_and_projections_follow_the_paper():
     model = tiny_model()
     layer = model.model.encoder.layers[0]
     x = torch.randn(3, 32)
-    expected = layer.ffn.fc2(torch.relu(layer.ffn.fc1(x)))
-    assert torch.allclose(layer.ffn(x), expected)
+    expected = layer.ffn.fc2(torch.relu(layer.ffn.fc1(x)))  # nn.Linear: MKL's products, oneDNN's in the layer
+    assert torch.allclose(layer.ffn(x), expected, atol=1e-6)
     assert layer.self_attn.q_proj.bias is None and layer.self_attn.out_proj.bias is None  # Sec. 3.2.2: W^Q, W^O
     assert layer.ffn.fc1.bias is not None  # Eq. 2: x W_1 + b_1
 
@@ -389,19 +389,42 @@ def test_float32_inference_on_an_x86_cpu_runs_every_linear_layer_on_onednn_with_
 
 
 @needs_onednn_linear
-def test_onednn_is_not_taken_under_gradients_autocast_hooks_replaced_layers_or_other_dtypes():
+def test_training_on_an_x86_cpu_runs_forward_and_backward_on_onednn_with_the_same_loss_and_gradients():
+    def loss_and_gradients(model):
+        torch.manual_seed(0)  # the same dropout masks
+        loss = model(**labelled_batch()).loss
+        loss.backward()
+        return loss.detach(), [parameter.grad for parameter in model.parameters()]
+
+    model = tiny_model().train()
+    # Forward: 32 linear layers, and the fused loss's product with the output projection; backward: two products
+    # for each linear layer (input and weight gradients), two for the fused loss's.
+    assert onednn_linear_calls(lambda: loss_and_gradients(model)) == (32 + 1) + (32 * 2 + 2)
+    model.zero_grad()
+    with_onednn = loss_and_gradients(model)
+    model.zero_grad()
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert onednn_linear_calls(lambda: loss_and_gradients(model)) == 0
+        model.zero_grad()
+        with_mkl = loss_and_gradients(model)
+    assert torch.allclose(with_onednn[0], with_mkl[0], atol=1e-6)
+    for ours, reference in zip(with_onednn[1], with_mkl[1], strict=True):
+        assert torch.allclose(ours, reference, atol=1e-6)
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtypes():
     model = tiny_model()
-    assert onednn_linear_calls(lambda: model(**batch())) == 0  # gradients on: autograd needs nn.Linear
-    with torch.no_grad():
-        seen = []
-        handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
-        assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS - 1
-        assert seen == [(2, 4, VOCAB)]  # the hook ran: lm_head was called as a module
-        handle.remove()
-        assert onednn_linear_calls(lambda: tiny_model().double()(**batch())) == 0
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bfloat16 products, not float32 ones
-            assert onednn_linear_calls(lambda: model(**batch())) == 0
-        assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS - 1
+    assert seen == [(2, 4, VOCAB)]  # the hook ran: lm_head was called as a module
+    handle.remove()
+    assert onednn_linear_calls(lambda: tiny_model().double()(**batch())) == 0
+    assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bfloat16 products, not float32 ones
+        assert onednn_linear_calls(lambda: model(**batch())) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
