@@ -8,12 +8,16 @@ one unit of work) and hand them to `measure_alternating`.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch.utils import flop_counter
+
+from modeling.modeling_transformer import matmul_transposed, takes_onednn
 
 
 @dataclass(frozen=True)
@@ -103,9 +107,10 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def matmul_contender(
-    size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, kernel: str = "torch.mm"
 ) -> tuple[Callable[[], None], float]:
-    """A contender doing one `size` × `size` matrix product, and its FLOP count (2 size³).
+    """A contender doing one `size` × `size` matrix product, and its FLOP count (2 size³): `torch.mm` (MKL on a
+    CPU), or `"oneDNN"`, the kernel this model's linear layers take on x86 CPUs (`matmul_transposed`).
 
     Run inside `measure_alternating` with the models, it gives the peak that the models could reach under the same
     load, in the same process and with the same number of threads."""
@@ -115,28 +120,35 @@ def matmul_contender(
     out = torch.empty(size, size, device=device, dtype=dtype)
 
     def call() -> None:
-        torch.mm(a, b, out=out)
+        if kernel == "oneDNN":
+            matmul_transposed(a, b)
+        else:
+            torch.mm(a, b, out=out)
         synchronize(device)
 
     return call, 2.0 * size**3
 
 
-def matmul_peak_name(size: int) -> str:
-    return f"fp32 torch.mm {size}×{size}"
+def matmul_peak_name(size: int, kernel: str = "torch.mm") -> str:
+    return f"fp32 {kernel} {size}×{size}"
 
 
-def add_matmul_peak_contenders(contenders: dict[str, Callable[[], object]], sizes: Sequence[int]) -> dict[int, float]:
-    """Add a `matmul_contender` per size to `contenders` (named by `matmul_peak_name`), to be timed in the same
-    alternating loop as the models; returns each one's FLOP count by size, for `peak_gflops`."""
+def add_matmul_peak_contenders(contenders: dict[str, Callable[[], object]], sizes: Sequence[int]) -> dict[str, float]:
+    """Add a `matmul_contender` per size and kernel (oneDNN where this CPU takes it) to `contenders`, to be timed in
+    the same alternating loop as the models; returns each one's FLOP count by name, for `peak_gflops`."""
+    float32 = torch.ones(1)
+    kernels = ["torch.mm"] + (["oneDNN"] if takes_onednn(float32, float32) else [])
     flops = {}
     for size in sizes:
-        contenders[matmul_peak_name(size)], flops[size] = matmul_contender(size)
+        for kernel in kernels:
+            name = matmul_peak_name(size, kernel)
+            contenders[name], flops[name] = matmul_contender(size, kernel=kernel)
     return flops
 
 
-def peak_gflops(timings: Mapping[str, Timing], matmul_flops: Mapping[int, float]) -> float:
+def peak_gflops(timings: Mapping[str, Timing], matmul_flops: Mapping[str, float]) -> float:
     """The best median GFLOP/s of the matmul contenders that `add_matmul_peak_contenders` added."""
-    return max(timings[matmul_peak_name(size)].rate(flops / 1e9).median for size, flops in matmul_flops.items())
+    return max(timings[name].rate(flops / 1e9).median for name, flops in matmul_flops.items())
 
 
 def measure_matmul_peak(
@@ -153,6 +165,16 @@ def measure_matmul_peak(
 # --------------------------------------------------------------------------------------------------------------
 # Analytic FLOP counts
 # --------------------------------------------------------------------------------------------------------------
+
+
+# On x86 CPUs the model's linear layers run oneDNN's kernel (`modeling_transformer.linear`), whose FLOPs torch's
+# counter does not know: counted as the product it computes, input (..., K) times weight (N, K) transposed.
+ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+if ONEDNN_LINEAR is not None and ONEDNN_LINEAR not in flop_counter.flop_registry:
+
+    @flop_counter.register_flop_formula(ONEDNN_LINEAR)
+    def onednn_linear_flops(input_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * math.prod(input_shape[:-1]) * input_shape[-1] * weight_shape[0]
 
 
 def forward_flops(

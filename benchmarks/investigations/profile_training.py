@@ -8,8 +8,9 @@ First, one profiled pass over the batches (its top operators are printed last) a
 of its matrix products. Then contenders, alternating in one loop as in `run.py`: the training step of the
 `train_step` benchmark (forward + backward + fused AdamW on the same fixed 32 × 24 batches, dropout 0.1); the same
 step with dropout 0 (same initial weights): what the dropout masks cost; the step's own matrix products alone,
-replayed on preallocated, contiguous operands of the recorded shapes (`aten::mm`, `addmm`, `bmm`, `baddbmm`),
-which is about as fast as they run on this machine; and `torch.mm` at the peak sizes. Each step is put as a share
+replayed on preallocated, contiguous operands of the recorded shapes (`aten::mm`, `addmm`, `bmm`, `baddbmm`, and
+oneDNN's linear kernel on x86 CPUs), which is about as fast as they run on this machine; and `torch.mm` (and oneDNN)
+at the peak sizes. Each step is put as a share
 of the peak with the FLOPs the benchmark credits it (`harness.training_flops`), and the time a step may take at
 0.7 of the peak is set against the matrix products alone.
 """
@@ -43,8 +44,12 @@ from torch.profiler import ProfilerActivity, profile
 from train_step import BATCH_SIZE, SEQUENCE_LENGTH, padded_batches, step_contender, step_flops
 
 from modeling import TransformerForConditionalGeneration
+from modeling.modeling_transformer import matmul_transposed
 
-MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# ATen's products, and oneDNN's linear kernel that the model's linear layers take on x86 CPUs (input (..., K), weight
+# (N, K)).
+ONEDNN_LINEAR = "mkldnn::_linear_pointwise"
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", ONEDNN_LINEAR)
 PEAK_FRACTION_GOAL = 0.7  # the issue's goal for the training step on CPU
 
 
@@ -89,20 +94,29 @@ def profile_steps(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]
 def replay_contender(products: list[tuple[str, list[list[int]]]]) -> tuple[Callable[[], None], float]:
     """A contender running `products` one after the other on fixed random operands, and their FLOP count.
 
-    addmm and baddbmm replay as mm and bmm: their bias is an elementwise add, not part of the product."""
+    addmm and baddbmm replay as mm and bmm: their bias is an elementwise add, not part of the product; oneDNN's
+    linear kernel replays as itself (`matmul_transposed`), without its bias."""
     generator = torch.Generator().manual_seed(0)
-    operands = []
+    aten_operands, onednn_operands = [], []
     flops = 0.0
     for name, shapes in products:
+        if name == ONEDNN_LINEAR:
+            first, weight = shapes[:2]  # (..., K), (N, K)
+            rows = torch.randn(math.prod(first[:-1]), first[-1], generator=generator)  # (M, K)
+            onednn_operands.append((rows, torch.randn(weight, generator=generator)))
+            flops += 2.0 * math.prod(first) * weight[0]
+            continue
         first, second = shapes[1:3] if name in ("aten::addmm", "aten::baddbmm") else shapes[:2]
         a = torch.randn(first, generator=generator)  # (M, K) or (B, M, K)
         b = torch.randn(second, generator=generator)  # (K, N) or (B, K, N)
-        operands.append((a, b, torch.empty(*first[:-1], second[-1])))
+        aten_operands.append((a, b, torch.empty(*first[:-1], second[-1])))
         flops += 2.0 * math.prod(first) * second[-1]
 
     def call() -> None:
-        for a, b, out in operands:
+        for a, b, out in aten_operands:
             torch.matmul(a, b, out=out)
+        for rows, weight in onednn_operands:
+            matmul_transposed(rows, weight)
 
     return call, flops
 
@@ -167,7 +181,7 @@ def main() -> None:
         f"replay executes {replay_flops / 1e9:.1f} GFLOP in {len(profiled.matrix_products)} products (the fused "
         "loss computes the output projection on labelled positions only; products inside sdpa's kernel are not "
         "recorded). "
-        f"fp32 peak: {peak:.0f} GFLOP/s, best median of torch.mm at {peak_sizes}.\n"
+        f"fp32 peak: {peak:.0f} GFLOP/s, best median of torch.mm and (x86) oneDNN at {peak_sizes}.\n"
         f"- At {PEAK_FRACTION_GOAL} of the peak a step may take {budget:.1f} ms. Its matrix products alone take "
         f"{products_ms:.1f} ms, which leaves {budget - products_ms:.1f} ms for everything else; the step spends "
         f"{step_ms - products_ms:.1f} ms on it now, {step_ms - no_dropout_ms:.1f} ms of it on dropout.\n"
