@@ -149,6 +149,7 @@ def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
         and type(hidden_states) is torch.Tensor
         and hidden_states.device.type == "cpu"
         and hidden_states.dtype == weight.dtype == torch.float32
+        and hidden_states.numel() > 0  # oneDNN has no product over an empty dimension (a backward's over 0 rows)
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
         and not is_torchdynamo_compiling()

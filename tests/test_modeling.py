@@ -413,6 +413,14 @@ def test_training_on_an_x86_cpu_runs_forward_and_backward_on_onednn_with_the_sam
 
 
 @needs_onednn_linear
+def test_a_linear_layer_over_no_rows_has_gradients():
+    layer = torch.nn.Linear(4, 8)
+    no_rows = torch.randn(0, 4, requires_grad=True)
+    modeling_transformer.linear(layer, no_rows).sum().backward()
+    assert no_rows.grad.shape == (0, 4) and torch.equal(layer.weight.grad, torch.zeros(8, 4))
+
+
+@needs_onednn_linear
 @torch.no_grad()
 def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtypes():
     model = tiny_model()
