@@ -31,7 +31,12 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils import (
+    TransformersKwargs,
+    can_return_tuple,
+    is_torchdynamo_compiling,
+    is_torchdynamo_exporting,
+)
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -127,7 +132,7 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Linear layers at inference on x86 CPUs
+# Linear layers on oneDNN (x86 CPUs)
 # --------------------------------------------------------------------------------------------------------------
 
 # oneDNN's linear kernel, as PyTorch ships it (what torch.compile's CPU backend calls), where this CPU can run it.
@@ -153,7 +158,7 @@ def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
         and not is_torchdynamo_compiling()
-        and not torch.compiler.is_exporting()
+        and not is_torchdynamo_exporting()
     )
 
 
@@ -165,12 +170,15 @@ def _onednn_linear(
 
 
 def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b.T, by oneDNN where `takes_onednn` says so (for autograd functions' own products)."""
-    return _onednn_linear(a, b) if takes_onednn(a, b) else a @ b.T
+    """a @ b.T, by oneDNN where `takes_onednn` says so and no gradient is asked of it (the products of autograd
+    functions, such as the fused loss's)."""
+    if takes_onednn(a, b) and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return _onednn_linear(a, b)
+    return a @ b.T
 
 
 class OneDNNLinear(torch.autograd.Function):
-    """`F.linear`'s value and gradients, every product computed by oneDNN."""
+    """`F.linear`'s value and gradients (input, weight, bias), each of its three products computed by oneDNN."""
 
     @staticmethod
     def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
