@@ -366,3 +366,9 @@ def test_train_peers_times_this_project_and_prints_the_table(tmp_path):
         "eole",
         "fairseq",
     ]
+
+
+def test_the_peers_worker_imports_without_this_project():
+    """`train_peers.py` runs as the worker inside eole's and fairseq's environments, where `modeling` is absent."""
+    code = f"import sys; sys.modules['modeling'] = None; sys.path.insert(0, {str(BENCHMARKS)!r}); import train_peers"
+    subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env())
