@@ -169,10 +169,21 @@ def _onednn_linear(
     return torch.ops.mkldnn._linear_pointwise(hidden_states, weight, bias, "none", [], "")
 
 
+def _records_gradient(*tensors: torch.Tensor) -> bool:
+    """Whether autograd would record an operation on `tensors`."""
+    return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """An `nn.Linear` itself (not a subclass, an adapter or a quantised layer) without hooks: code that uses its
+    weight directly computes what calling it would."""
+    return type(module) is nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
+
+
 def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b.T, by oneDNN where `takes_onednn` says so and no gradient is asked of it (the products of autograd
     functions, such as the fused loss's)."""
-    if takes_onednn(a, b) and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+    if takes_onednn(a, b) and not _records_gradient(a, b):
         return _onednn_linear(a, b)
     return a @ b.T
 
@@ -205,14 +216,9 @@ class OneDNNLinear(torch.autograd.Function):
 def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """`module(hidden_states)`, computed by oneDNN for a float32 `nn.Linear` where `takes_onednn` says so, with
     gradients when autograd needs them. A module with hooks or replaced (int8, adapters) is called as it is."""
-    if (
-        type(module) is not nn.Linear
-        or module._forward_hooks
-        or module._forward_pre_hooks
-        or not takes_onednn(hidden_states, module.weight)
-    ):
+    if not (is_plain_linear(module) and takes_onednn(hidden_states, module.weight)):
         return module(hidden_states)
-    if torch.is_grad_enabled() and (hidden_states.requires_grad or module.weight.requires_grad):
+    if _records_gradient(hidden_states, module.weight):
         return OneDNNLinear.apply(hidden_states, module.weight, module.bias)
     return _onednn_linear(hidden_states, module.weight, module.bias)
 
@@ -852,10 +858,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
     def _lm_head_is_plain_linear(self) -> bool:
         """The fused loss multiplies by `lm_head.weight` itself: only right for a bias-free `nn.Linear` with no
         hooks, never for an adapter, a quantised layer or a hook that the projection's forward would run."""
-        head = self.lm_head
-        return (
-            type(head) is nn.Linear and head.bias is None and not head._forward_hooks and not head._forward_pre_hooks
-        )
+        return is_plain_linear(self.lm_head) and self.lm_head.bias is None
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
