@@ -8,7 +8,9 @@
   a · source width + b, an end-of-sentence forced at the limit that keeps its log-probability, and beam search
   that keeps the first `num_beams` finished hypotheses;
 - a beam-search loop that drops each sentence from the batch once its result is final and runs the first step on
-  one beam per sentence (CTranslate2's two economies), with the outputs of transformers' own loop.
+  one beam per sentence (CTranslate2's two economies), with the outputs of transformers' own loop;
+- on x86 CPUs, decoding steps that multiply by weights laid out once per call for oneDNN (the model file's
+  `prepacked_for_decoding`), as CTranslate2 lays out its weights once at loading.
 
 This file travels with every checkpoint as remote code, beside the model file that imports it: it imports only
 torch, transformers and its sibling `cache_transformer.py` (`StaticBeamCache`, where the loop keeps the decoder's
@@ -226,6 +228,10 @@ class TransformerGenerationMixin(GenerationMixin):
         An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
         no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
         decodes a translation of nothing).
+
+        On x86 CPUs in float32 the decoder's and the output projection's weights are laid out for oneDNN once per
+        call, for every step to use (the model's `prepacked_for_decoding`): the same outputs, faster steps, and a
+        second copy of those weights while the call runs.
         """
         self._check_sources(inputs, kwargs)
         base_config = generation_config if generation_config is not None else self.generation_config
@@ -280,9 +286,10 @@ class TransformerGenerationMixin(GenerationMixin):
             logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score))
             if not self._length_cap_given(base_config, kwargs):
                 kwargs["max_new_tokens"] = int(max_lengths.max())
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
+        with self.prepacked_for_decoding():
+            return super().generate(
+                inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+            )
 
     @staticmethod
     def _fairseq_max_length(a, b) -> tuple[float, int | float] | None:

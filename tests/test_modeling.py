@@ -2,6 +2,7 @@
 (saving, loading, tying, attention implementations, gradient checkpointing, compile)."""
 
 import base64
+import contextlib
 import json
 import math
 
@@ -433,6 +434,78 @@ def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtype
     assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bfloat16 products, not float32 ones
         assert onednn_linear_calls(lambda: model(**batch())) == 0
+
+
+def weight_layouts_of_onednn_calls(monkeypatch) -> list[torch.layout]:
+    """The layout of the weight of every oneDNN product from now on: strided (plain) or torch._mkldnn (prepacked)."""
+    layouts = []
+    kernel = modeling_transformer._onednn_linear
+
+    def recording(hidden_states, weight, bias=None):
+        layouts.append(weight.layout)
+        return kernel(hidden_states, weight, bias)
+
+    monkeypatch.setattr(modeling_transformer, "_onednn_linear", recording)
+    return layouts
+
+
+@needs_onednn_linear
+@pytest.mark.parametrize("loop", ["beam search (this model's loop)", "greedy, with scores (transformers' loop)"])
+def test_generate_decodes_with_prepacked_weights_and_the_same_outputs_bit_for_bit(monkeypatch, loop):
+    model = tiny_model()
+    sources = {name: batch()[name] for name in ("input_ids", "attention_mask")}
+
+    def generate() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        if loop.startswith("beam"):
+            return model.generate(**sources, num_beams=4, max_new_tokens=6), ()
+        out = model.generate(**sources, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+        return out.sequences, out.scores
+
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    prepacked = generate()
+    encoder_calls = 2 * 6
+    assert layouts[:encoder_calls] == [torch.strided] * encoder_calls  # the encoder runs once, on plain weights
+    assert len(layouts) > encoder_calls and set(layouts[encoder_calls:]) == {torch._mkldnn}  # every decoding step
+    assert modeling_transformer._PREPACKED_WEIGHTS.get() is None  # the copies are dropped with the call
+    layouts.clear()
+    monkeypatch.setattr(model, "prepacked_for_decoding", contextlib.nullcontext)
+    plain = generate()
+    assert set(layouts) == {torch.strided}
+    assert torch.equal(prepacked[0], plain[0])
+    for ours, reference in zip(prepacked[1], plain[1], strict=True):
+        assert torch.equal(ours, reference)
+
+
+@needs_onednn_linear
+def test_prepacked_weights_leave_out_what_onednn_does_not_run_and_go_with_the_block(monkeypatch):
+    model = tiny_model()
+    decoder_layers = [*model.model.decoder.modules(), model.lm_head]
+    with model.prepacked_for_decoding():
+        prepacked = modeling_transformer._PREPACKED_WEIGHTS.get()
+        assert set(prepacked) == {module for module in decoder_layers if isinstance(module, torch.nn.Linear)}
+        assert len(prepacked) == 2 * 10 + 1
+    assert modeling_transformer._PREPACKED_WEIGHTS.get() is None
+    for other in (quantize_int8(model), tiny_model().double()):
+        with other.prepacked_for_decoding():
+            assert modeling_transformer._PREPACKED_WEIGHTS.get() == {}
+    with torch.backends.mkldnn.flags(enabled=False), model.prepacked_for_decoding():
+        assert modeling_transformer._PREPACKED_WEIGHTS.get() is None
+    with pytest.raises(RuntimeError, match="a failing step"), model.prepacked_for_decoding():
+        raise RuntimeError("a failing step")
+    assert modeling_transformer._PREPACKED_WEIGHTS.get() is None
+
+
+@needs_onednn_linear
+def test_a_layer_that_records_gradients_inside_the_block_uses_its_own_weight(monkeypatch):
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(8, 16), torch.randn(3, 8)
+    layer(inputs).square().sum().backward()
+    expected, layer.weight.grad = layer.weight.grad, None
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with modeling_transformer.onednn_prepacked([layer]):
+        modeling_transformer.linear(layer, inputs).square().sum().backward()
+    assert layouts and set(layouts) == {torch.strided}
+    assert torch.allclose(layer.weight.grad, expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
