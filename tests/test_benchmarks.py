@@ -206,6 +206,21 @@ def test_generation_parts_are_timed_per_step_and_the_loop_is_restored(benchmarks
     assert [inspect.getattr_static(owner, name) for owner, name, _ in DECODING_PARTS] == originals
 
 
+def test_prepacked_decoding_compares_both_ways_on_the_three_workloads_and_restores_the_model(benchmarks_importable):
+    from fixtures import QUICK_SIZE, random_model, transformer_config
+    from helpers import tiny_tokenizer
+    from prepacked_decoding import compare
+
+    tokenizer = tiny_tokenizer()
+    model = random_model(transformer_config(QUICK_SIZE, vocab_size=len(tokenizer))).eval()
+    sources = ["the cat sat on the mat", "a dog runs", "two birds sing in the old tree today", "hello"]
+    lines = compare(model, tokenizer, sources, batch_size=2, repeats=1)
+    assert [line.split(":")[0] for line in lines][1:] == ["sorted by length", "file order"]
+    assert lines[0].startswith("fixed length") and len(lines) == 3
+    assert all(line.endswith("same outputs: True") for line in lines)  # prepacking changes no token
+    assert "prepacked_for_decoding" not in vars(model)  # the class's method again
+
+
 def test_training_profile_quick_run_prints_its_tables():
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / "investigations" / "profile_training.py"), "--quick", "--threads", "1"],
