@@ -15,6 +15,7 @@ import contextvars
 import math
 import platform
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -33,12 +34,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
-from transformers.utils import (
-    TransformersKwargs,
-    can_return_tuple,
-    is_torchdynamo_compiling,
-    is_torchdynamo_exporting,
-)
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -142,13 +138,14 @@ _ONEDNN_LINEAR = platform.machine().lower() in ("x86_64", "amd64") and hasattr(t
 
 
 def _onednn_on() -> bool:
-    """What `takes_onednn` asks of the context (CPU, autocast, torch's switch, compilation), whatever the tensors."""
+    """What `takes_onednn` asks of the context (CPU, autocast, torch's switch, compilation), whatever the tensors.
+    Asked for every linear layer: torch's own checks, not transformers' wrappers, which import at every call."""
     return (
         _ONEDNN_LINEAR
+        and not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
-        and not is_torchdynamo_compiling()
-        and not is_torchdynamo_exporting()
     )
 
 
@@ -175,7 +172,7 @@ def _onednn_linear(
     hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """hidden_states @ weight.T + bias by oneDNN, outside autograd: (..., D_in) x (D_out, D_in) -> (..., D_out)."""
-    return torch.ops.mkldnn._linear_pointwise(hidden_states, weight, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise.default(hidden_states, weight, bias, "none", [], "")
 
 
 def _records_gradient(*tensors: torch.Tensor) -> bool:
@@ -222,11 +219,19 @@ class OneDNNLinear(torch.autograd.Function):
         return grad_hidden_states, grad_weight, grad_bias
 
 
-# The weights of `onednn_prepacked`'s block, by the layer they copy (None outside one). A context variable: each
-# thread's decoding loop has its own.
-_PREPACKED_WEIGHTS: contextvars.ContextVar[dict[nn.Module, torch.Tensor] | None] = contextvars.ContextVar(
-    "prepacked_weights", default=None
-)
+class FusedLinear(NamedTuple):
+    """Linear layers that read the same input, as one: their weights stacked and laid out for oneDNN, their biases
+    stacked (or None), and each layer's share of the output."""
+
+    weight: torch.Tensor  # laid out by `_reorder_linear_weight`: (sum of D_out, D_in) before
+    bias: torch.Tensor | None
+    widths: list[int]
+
+
+# The weights of `onednn_prepacked`'s block (None outside one): laid-out copies by the layer they copy, and
+# `FusedLinear`s by the tuple of layers they stand for. A context variable: each thread's decoding loop has its own.
+_PREPACKED_WEIGHTS: contextvars.ContextVar[dict[nn.Module | tuple[nn.Module, ...], torch.Tensor | FusedLinear] | None]
+_PREPACKED_WEIGHTS = contextvars.ContextVar("prepacked_weights", default=None)
 
 
 def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -242,22 +247,59 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     return _onednn_linear(hidden_states, weight, module.bias)
 
 
+def linears(modules: tuple[nn.Module, ...], hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`linear(module, hidden_states)` for each of `modules`; in one product where `onednn_prepacked` fused them
+    (the same values bit for bit, one call where there were several: the queries, keys and values of a decoding
+    step's self-attention). The outputs are then views into that product's."""
+    if (
+        all(map(is_plain_linear, modules))  # hooks and replaced layers are called as they are, as in `linear`
+        and takes_onednn(hidden_states, modules[0].weight)
+        and not _records_gradient(hidden_states, *(module.weight for module in modules))
+    ):
+        prepacked = _PREPACKED_WEIGHTS.get()
+        fused = prepacked.get(modules) if prepacked else None
+        if fused is not None:
+            return _onednn_linear(hidden_states, fused.weight, fused.bias).split(fused.widths, dim=-1)
+    return tuple(linear(module, hidden_states) for module in modules)
+
+
+def _prepackable(module: nn.Module) -> bool:
+    return is_plain_linear(module) and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32
+
+
+def _fusable(group: tuple[nn.Module, ...]) -> bool:
+    """Layers that one oneDNN product can stand for: plain float32 CPU layers of one input width, all with a bias
+    or none."""
+    return (
+        all(_prepackable(module) for module in group)
+        and len({module.in_features for module in group}) == 1
+        and len({module.bias is None for module in group}) == 1
+    )
+
+
 @contextlib.contextmanager
-def onednn_prepacked(modules: Iterable[nn.Module]) -> Iterator[None]:
+def onednn_prepacked(modules: Iterable[nn.Module], fused: Iterable[tuple[nn.Module, ...]] = ()) -> Iterator[None]:
     """Within the block, `linear` multiplies by copies of these layers' weights laid out once for oneDNN's kernel
     (where it runs them on oneDNN, without gradients), instead of the plain weights, which oneDNN lays out anew at
     every call. That costs most when few rows are multiplied, as in decoding steps: at 4 rows a step of the
     benchmarks' d_model 256 model took 2.8 ms instead of 4.3, one of the base model 12 instead of 18
-    (docs/results.md). The results are the same bit for bit. The copies hold the layers' weights a second time
-    until the block ends (about the decoder's size); the weights must not change inside it."""
+    (docs/results.md). Each group of `fused` (layers that read the same input) becomes one product for `linears`,
+    its layers' weights stacked, instead of one copy each. The results are the same bit for bit. The copies hold the
+    layers' weights a second time until the block ends (about the decoder's size); the weights must not change
+    inside it."""
     if not _onednn_on() or _PREPACKED_WEIGHTS.get() is not None:
         yield
         return
-    prepacked = {
-        module: torch.ops.mkldnn._reorder_linear_weight(module.weight.detach())
-        for module in modules
-        if is_plain_linear(module) and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32
-    }
+    prepacked: dict[nn.Module | tuple[nn.Module, ...], torch.Tensor | FusedLinear] = {}
+    for group in filter(_fusable, map(tuple, fused)):
+        weight = torch.cat([module.weight.detach() for module in group])  # (sum of D_out, D_in)
+        bias = torch.cat([module.bias.detach() for module in group]) if group[0].bias is not None else None
+        widths = [module.out_features for module in group]
+        prepacked[group] = FusedLinear(torch.ops.mkldnn._reorder_linear_weight(weight), bias, widths)
+    in_fused_groups = {module for key in prepacked for module in key}
+    for module in modules:
+        if _prepackable(module) and module not in in_fused_groups:
+            prepacked[module] = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach())
     token = _PREPACKED_WEIGHTS.set(prepacked)
     try:
         yield
@@ -324,22 +366,25 @@ class TransformerAttention(nn.Module):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross_attention = key_value_states is not None
-        query_states = self._split_heads(linear(self.q_proj, hidden_states))  # (B, H, Tq, Dh)
-
         layer_cache = None
         if cache is not None:
             layer_cache = cache.cross_attention_cache if is_cross_attention else cache.self_attention_cache
-        if is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
-            # The encoder output does not change while decoding: reuse its projections.
-            key_states = layer_cache.layers[self.layer_idx].keys
-            value_states = layer_cache.layers[self.layer_idx].values
-        else:
-            source = key_value_states if is_cross_attention else hidden_states
-            key_states = self._split_heads(linear(self.k_proj, source))  # (B, H, Tk, Dh)
-            value_states = self._split_heads(linear(self.v_proj, source))  # (B, H, Tk, Dh)
+        if not is_cross_attention:  # the three projections in one product while decoding (`linears`)
+            projections = linears((self.q_proj, self.k_proj, self.v_proj), hidden_states)
+            query_states, key_states, value_states = map(self._split_heads, projections)  # (B, H, T, Dh)
             if layer_cache is not None:
                 key_states, value_states = layer_cache.update(key_states, value_states, self.layer_idx)
-                if is_cross_attention:
+        else:
+            query_states = self._split_heads(linear(self.q_proj, hidden_states))  # (B, H, Tq, Dh)
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                # The encoder output does not change while decoding: reuse its projections.
+                key_states = layer_cache.layers[self.layer_idx].keys  # (B, H, S, Dh)
+                value_states = layer_cache.layers[self.layer_idx].values
+            else:
+                key_states = self._split_heads(linear(self.k_proj, key_value_states))  # (B, H, S, Dh)
+                value_states = self._split_heads(linear(self.v_proj, key_value_states))
+                if layer_cache is not None:
+                    key_states, value_states = layer_cache.update(key_states, value_states, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -900,7 +945,11 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
     def prepacked_for_decoding(self) -> contextlib.AbstractContextManager:
         """The block where generate() decodes: the decoder's and the output projection's weights laid out once for
         oneDNN (`onednn_prepacked`), for every decoding step to use."""
-        return onednn_prepacked([*self.model.decoder.modules(), self.lm_head])
+        self_attentions = [layer.self_attn for layer in self.model.decoder.layers]
+        return onednn_prepacked(
+            [*self.model.decoder.modules(), self.lm_head],
+            fused=[(attention.q_proj, attention.k_proj, attention.v_proj) for attention in self_attentions],
+        )
 
     def _lm_head_is_plain_linear(self) -> bool:
         """The fused loss multiplies by `lm_head.weight` itself: only right for a bias-free `nn.Linear` with no

@@ -480,10 +480,17 @@ def test_generate_decodes_with_prepacked_weights_and_the_same_outputs_bit_for_bi
 def test_prepacked_weights_leave_out_what_onednn_does_not_run_and_go_with_the_block(monkeypatch):
     model = tiny_model()
     decoder_layers = [*model.model.decoder.modules(), model.lm_head]
+    self_attentions = [
+        (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+        for layer in model.model.decoder.layers
+    ]
     with model.prepacked_for_decoding():
         prepacked = modeling_transformer._PREPACKED_WEIGHTS.get()
-        assert set(prepacked) == {module for module in decoder_layers if isinstance(module, torch.nn.Linear)}
-        assert len(prepacked) == 2 * 10 + 1
+        fused = {key for key in prepacked if isinstance(key, tuple)}
+        assert fused == set(self_attentions)  # each self-attention's queries, keys and values: one product
+        alone = {module for module in decoder_layers if isinstance(module, torch.nn.Linear)} - set(sum(fused, ()))
+        assert set(prepacked) - fused == alone
+        assert len(prepacked) == 2 * (1 + 7) + 1
     assert modeling_transformer._PREPACKED_WEIGHTS.get() is None
     for other in (quantize_int8(model), tiny_model().double()):
         with other.prepacked_for_decoding():
@@ -493,6 +500,31 @@ def test_prepacked_weights_leave_out_what_onednn_does_not_run_and_go_with_the_bl
     with pytest.raises(RuntimeError, match="a failing step"), model.prepacked_for_decoding():
         raise RuntimeError("a failing step")
     assert modeling_transformer._PREPACKED_WEIGHTS.get() is None
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_fused_layers_give_each_layer_s_output_bit_for_bit_in_one_product(monkeypatch):
+    torch.manual_seed(0)
+    group = tuple(torch.nn.Linear(16, width) for width in (16, 16, 8))
+    unfusable = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 16, bias=False))  # one with a bias, one without
+    inputs = torch.randn(5, 1, 16)
+    expected = [modeling_transformer.linear(layer, inputs) for layer in group]  # oneDNN, each on its plain weight
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with modeling_transformer.onednn_prepacked([*group, *unfusable], fused=[group, unfusable]):
+        prepacked = modeling_transformer._PREPACKED_WEIGHTS.get()
+        assert set(prepacked) == {group, *unfusable}  # the group's layers have no copies of their own
+        outputs = modeling_transformer.linears(group, inputs)
+        assert layouts == [torch._mkldnn]  # one product
+        assert [output.shape for output in outputs] == [(5, 1, 16), (5, 1, 16), (5, 1, 8)]
+        assert all(torch.equal(output, reference) for output, reference in zip(outputs, expected, strict=True))
+        layouts.clear()
+        modeling_transformer.linears(unfusable, inputs)
+        assert layouts == [torch._mkldnn, torch._mkldnn]  # each alone, prepacked
+    layouts.clear()
+    outside = modeling_transformer.linears(group, inputs)  # outside the block: each layer on its plain weight
+    assert layouts == [torch.strided] * 3
+    assert all(torch.equal(output, reference) for output, reference in zip(outside, expected, strict=True))
 
 
 @needs_onednn_linear
