@@ -510,7 +510,9 @@ class TransformerGenerationMixin(GenerationMixin):
         is_top_k_candidate = torch.arange(candidates_per_sentence, device=device) < num_beams
         fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
 
-        logits_processor = LogitsProcessorList(map(EndOfSentenceBlockedLogitsProcessor.replacing, logits_processor))
+        # Called one by one, as `LogitsProcessorList` calls two-argument processors, without its signature inspection
+        # of each at every step.
+        processors = [EndOfSentenceBlockedLogitsProcessor.replacing(processor) for processor in logits_processor]
         running_sequences = torch.full(
             (batch_size, num_beams, max_length), fill_value, dtype=torch.long, device=device
         )
@@ -545,7 +547,9 @@ class TransformerGenerationMixin(GenerationMixin):
         logits = logits.to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
         while True:
             flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
-            log_probs = logits_processor(flat_sequences, F.log_softmax(logits, dim=-1))
+            log_probs = F.log_softmax(logits, dim=-1)
+            for processor in processors:
+                log_probs = processor(flat_sequences, log_probs)
             running = len(sentences)
             log_probs = log_probs.view(running, num_beams, -1).add_(running_beam_scores[:, :, None]).view(running, -1)
 
@@ -613,10 +617,10 @@ class TransformerGenerationMixin(GenerationMixin):
                 # rows of the batch before the removal: the self-attention cache is reordered and cut in one go
                 beam_rows = beam_rows.view(-1, num_beams)[stay].flatten()
                 cache.select(beam_rows, rows)
-                logits_processor = LogitsProcessorList(
+                processors = [
                     p.for_sentences(stay) if isinstance(p, PerSentenceMaxLengthLogitsProcessor) else p
-                    for p in logits_processor
-                )
+                    for p in processors
+                ]
             else:
                 cache.select(beam_rows)
 
