@@ -521,6 +521,13 @@ def test_fused_layers_give_each_layer_s_output_bit_for_bit_in_one_product(monkey
         layouts.clear()
         modeling_transformer.linears(unfusable, inputs)
         assert layouts == [torch._mkldnn, torch._mkldnn]  # each alone, prepacked
+        seen = []
+        handle = group[0].register_forward_hook(lambda module, args, output: seen.append(output.shape))
+        hooked = modeling_transformer.linears(group, inputs)  # a hook added inside the block: each layer called
+        handle.remove()
+        assert seen == [(5, 1, 16)]
+        for output, reference in zip(hooked, expected, strict=True):  # the hooked one by nn.Linear itself (MKL)
+            torch.testing.assert_close(output, reference)
     layouts.clear()
     outside = modeling_transformer.linears(group, inputs)  # outside the block: each layer on its plain weight
     assert layouts == [torch.strided] * 3
