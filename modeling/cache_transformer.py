@@ -32,49 +32,49 @@ class _CrossAttention:
 
 
 class _SelfAttention:
-    """Self-attention keys and values of every layer, in buffers of `max_rows` rows written in place. Their room for
-    steps starts at `FIRST_STEPS` and doubles when it is full (up to `max_steps`): most sentences end long before
-    the length limit, and a buffer for the limit would hold memory they never use."""
+    """Self-attention keys and values of every layer, in one buffer of `max_rows` rows written in place, laid out
+    (rows, steps, layers, keys/values, H, Dh): the steps a row has written are one contiguous block, so that beam
+    search's reordering is a single copy of whole blocks rather than a strided copy per layer, keys and values.
+    The room for steps starts at `FIRST_STEPS` and doubles when it is full (up to `max_steps`): most sentences end
+    long before the length limit, and a buffer for the limit would hold memory they never use."""
 
     FIRST_STEPS = 16
 
-    def __init__(self, max_rows: int, max_steps: int):
-        self.max_rows, self.max_steps = max_rows, max_steps
+    def __init__(self, max_rows: int, max_steps: int, num_layers: int):
+        self.max_rows, self.max_steps, self.num_layers = max_rows, max_steps, num_layers
         self.length = self.rows = 0  # steps written; hypotheses held
-        self.buffers: list[list[torch.Tensor]] = []  # a layer's [keys, values], each (max_rows, H, room, Dh)
-        self.spares: list[list[torch.Tensor]] = []  # the same shapes: where the next selection is copied to
+        self.buffer: torch.Tensor | None = None  # (max_rows, room, layers, 2, H, Dh)
+        self.spare: torch.Tensor | None = None  # the same shape: where the next selection is copied to
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
-        """Write a step's (rows, H, 1, Dh) at position `length`; return the layer's keys and values so far."""
-        if layer_idx == len(self.buffers):  # the first step allocates
+        """Write a step's (rows, H, 1, Dh) at position `length`; return the layer's keys and values so far, each
+        (rows, H, length + 1, Dh)."""
+        if self.buffer is None:  # the first step allocates
             self.rows = key_states.shape[0]
-            shape = (self.max_rows, key_states.shape[1], min(self.FIRST_STEPS, self.max_steps), key_states.shape[3])
-            self.buffers.append([key_states.new_empty(shape), key_states.new_empty(shape)])
-            self.spares.append([key_states.new_empty(shape), key_states.new_empty(shape)])
-        if self.length == self.buffers[layer_idx][0].shape[2]:
-            self._grow(layer_idx)
-        keys, values = (buffer[: self.rows] for buffer in self.buffers[layer_idx])
-        keys[:, :, self.length], values[:, :, self.length] = key_states[:, :, 0], value_states[:, :, 0]
-        return keys[:, :, : self.length + 1], values[:, :, : self.length + 1]
+            room = min(self.FIRST_STEPS, self.max_steps)
+            shape = (self.max_rows, room, self.num_layers, 2, key_states.shape[1], key_states.shape[3])
+            self.buffer, self.spare = key_states.new_empty(shape), key_states.new_empty(shape)
+        if self.length == self.buffer.shape[1]:
+            self._grow()
+        layer = self.buffer[: self.rows, :, layer_idx]  # (rows, room, 2, H, Dh)
+        layer[:, self.length, 0], layer[:, self.length, 1] = key_states[:, :, 0], value_states[:, :, 0]
+        written = layer[:, : self.length + 1].transpose(1, 3)  # (rows, H, 2, length + 1, Dh)
+        return written[:, :, 0], written[:, :, 1]
 
-    def _grow(self, layer_idx: int) -> None:
+    def _grow(self) -> None:
         """Twice the room for steps (at most `max_steps`), keeping the steps written."""
-        old = self.buffers[layer_idx][0]
-        shape = (old.shape[0], old.shape[1], min(2 * old.shape[2], self.max_steps), old.shape[3])
-        grown = [old.new_empty(shape), old.new_empty(shape)]
-        for buffer, new in zip(self.buffers[layer_idx], grown, strict=True):
-            new[:, :, : self.length] = buffer[:, :, : self.length]
-        self.buffers[layer_idx] = grown
-        self.spares[layer_idx] = [old.new_empty(shape), old.new_empty(shape)]
+        shape = list(self.buffer.shape)
+        shape[1] = min(2 * shape[1], self.max_steps)
+        grown = self.buffer.new_empty(shape)
+        grown[:, : self.length] = self.buffer[:, : self.length]
+        self.buffer, self.spare = grown, self.buffer.new_empty(shape)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the histories of `rows` (indices into the current rows, repeats allowed), copying only the steps
-        written, into the spare buffers, which then take the place of the current ones."""
+        written, into the spare buffer, which then takes the place of the current one."""
         count, written = rows.shape[0], slice(0, self.length)
-        for layer, (buffers, spares) in enumerate(zip(self.buffers, self.spares, strict=True)):
-            for buffer, spare in zip(buffers, spares, strict=True):
-                torch.index_select(buffer[: self.rows, :, written], 0, rows, out=spare[:count, :, written])
-            self.buffers[layer], self.spares[layer] = spares, buffers
+        torch.index_select(self.buffer[: self.rows, written], 0, rows, out=self.spare[:count, written])
+        self.buffer, self.spare = self.spare, self.buffer
         self.rows = count
 
 
@@ -92,10 +92,11 @@ class StaticBeamCache:
         self,
         max_rows: int,
         max_steps: int,
+        num_layers: int,
         encoder_hidden_states: torch.Tensor,
         cross_attention_mask: torch.Tensor | None,
     ):
-        self.self_attention_cache = _SelfAttention(max_rows, max_steps)
+        self.self_attention_cache = _SelfAttention(max_rows, max_steps, num_layers)
         self.cross_attention_cache = _CrossAttention()
         self.is_updated: dict[int, bool] = {}  # set by each layer's cross-attention once it has stored its keys
         self.encoder_hidden_states = encoder_hidden_states  # (B, S, D): projected at the first step only

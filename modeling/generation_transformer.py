@@ -540,7 +540,13 @@ class TransformerGenerationMixin(GenerationMixin):
             attention_mask=attention_mask.index_select(0, first_beams) if attention_mask is not None else None,
             encoder_hidden_states=encoder_hidden_states,
         )
-        cache = StaticBeamCache(batch_size * num_beams, max_length, encoder_hidden_states, cross_attention_mask)
+        cache = StaticBeamCache(
+            batch_size * num_beams,
+            max_length,
+            len(self.model.decoder.layers),
+            encoder_hidden_states,
+            cross_attention_mask,
+        )
         logits = self._decoder_step(input_ids[first_beams, -1], cache)  # (B, V)
         every_beam = torch.arange(batch_size, device=device).repeat_interleave(num_beams)  # (B·K,)
         cache.select(every_beam, every_beam)
