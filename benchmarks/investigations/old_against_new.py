@@ -1,0 +1,110 @@
+"""The model code at a git revision against the working tree's, decoding the generation benchmark's workloads.
+
+    python benchmarks/investigations/old_against_new.py --old HEAD~1 --threads 1 --repeats 6
+
+A change to the decoding loop gains a few percent, less than this project's machine drifts between two runs
+(±15%), so separate runs of the benchmark cannot tell it. This script takes `modeling/` as it was at `--old`
+(`git archive`, into a temporary directory, imported as `modeling_old`) beside the installed package, loads the
+cached trained checkpoint into both, and times them alternately in one process (`harness.measure_alternating`) on the
+three workloads of `generation.workloads`, in run.py's batches. Prints sentences/s (medians of the repeats), their
+ratio, and whether the two decoded the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
+
+import datasets
+import torch
+import transformers
+from decoding import DecodingSettings
+from fixtures import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_DATA_DIR,
+    GENERATION_CHECKPOINT_STEPS,
+    ISSUE_SIZE,
+    load_corpus,
+    trained_checkpoint,
+)
+from generation import Workload, encode_batches, transformers_translate, workloads
+from harness import measure_alternating, positive_int
+from run import FULL
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def import_old_package(revision: str, directory: Path):
+    """`modeling/` at `revision`, imported as `modeling_old` (its modules import each other relatively)."""
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision, "modeling"], cwd=REPOSITORY, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    (directory / "modeling").rename(directory / "modeling_old")
+    sys.path.insert(0, str(directory))
+    return importlib.import_module("modeling_old")
+
+
+def compare(
+    models: dict[str, PreTrainedModel], workload: Workload, tokenizer: PreTrainedTokenizerBase, repeats: int
+) -> tuple[dict[str, float], bool]:
+    """Sentences/s of each model on `workload` (medians, timed alternately), and whether their outputs agree."""
+    batches = encode_batches(tokenizer, workload.sources, workload.batches)
+    outputs: dict[str, list[list[int]]] = {}
+
+    def translate(name: str) -> int:
+        outputs[name] = transformers_translate(models[name], batches, workload.settings, paper_fields=True)
+        return len(workload.sources)
+
+    timings = measure_alternating({name: functools.partial(translate, name) for name in models}, repeats)
+    rates = {name: timing.rate().median for name, timing in timings.items()}
+    return rates, len({str(output) for output in outputs.values()}) == 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", required=True, help="git revision of the code to compare with the working tree's")
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed passes of each, alternating")
+    parser.add_argument("--sentences", type=positive_int, default=FULL.sentences, help="validation sentences")
+    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    arguments = parser.parse_args()
+
+    torch.set_num_threads(arguments.threads)
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
+    checkpoint = trained_checkpoint(corpus, ISSUE_SIZE, GENERATION_CHECKPOINT_STEPS, arguments.cache_dir)
+    with tempfile.TemporaryDirectory() as directory:
+        old_package = import_old_package(arguments.old, Path(directory))
+        models = {
+            "old": old_package.TransformerForConditionalGeneration.from_pretrained(
+                checkpoint.ours, attn_implementation=arguments.attention
+            ).eval(),
+            "new": checkpoint.load_ours(arguments.attention),
+        }
+        sources = corpus.validation_sources[: arguments.sentences]
+        for workload in workloads(corpus.tokenizer, sources, None, FULL.batch_size, DecodingSettings()):
+            rates, same = compare(models, workload, corpus.tokenizer, arguments.repeats)
+            print(
+                f"{arguments.threads} thread(s), {workload.name}: old ({arguments.old}) {rates['old']:.1f}, "
+                f"new {rates['new']:.1f} sentences/s, new/old {rates['new'] / rates['old']:.3f}; same outputs: {same}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
