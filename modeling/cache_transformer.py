@@ -65,9 +65,11 @@ class _SelfAttention:
         """Twice the room for steps (at most `max_steps`), keeping the steps written."""
         shape = list(self.buffer.shape)
         shape[1] = min(2 * shape[1], self.max_steps)
+        self.spare = None  # freed first: at no point more memory than the grown pair holds
         grown = self.buffer.new_empty(shape)
         grown[:, : self.length] = self.buffer[:, : self.length]
-        self.buffer, self.spare = grown, self.buffer.new_empty(shape)
+        self.buffer = grown
+        self.spare = grown.new_empty(shape)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the histories of `rows` (indices into the current rows, repeats allowed), copying only the steps
@@ -81,8 +83,8 @@ class _SelfAttention:
 class StaticBeamCache:
     """The decoder's keys and values during beam search, where `TransformerAttention` reads them from a transformers
     `EncoderDecoderCache` (`self_attention_cache.update`, `cross_attention_cache.layers`, `is_updated`), without that
-    cache's copies: self-attention keys and values are written in place into buffers with room for several steps (a
-    `DynamicCache` concatenates, copying all earlier steps at every one), and beam search's reordering copies only
+    cache's copies: self-attention keys and values are written in place into one buffer with room for several steps
+    (a `DynamicCache` concatenates, copying all earlier steps at every one), and beam search's reordering copies only
     the steps written so far; cross-attention keys and values are computed once per sentence, at the first step, then
     repeated for its beams. (On this project's 2-core CPU the decoding speed is the same as with `DynamicCache`:
     docs/results.md says where a step's time goes.)
