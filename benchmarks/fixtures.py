@@ -8,6 +8,7 @@ benchmarks still run end to end; every report then says "synthetic".
 
 from __future__ import annotations
 
+import argparse
 import random
 import shutil
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import datasets
 import torch
+import transformers
+from harness import positive_int
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, MarianMTModel, PreTrainedModel, PreTrainedTokenizerFast
 
@@ -298,3 +301,24 @@ def random_checkpoint(size: ModelSize, cache_dir: Path) -> Checkpoint:
     if not checkpoint.exists():
         checkpoint.save(random_model(transformer_config(size)).eval())
     return checkpoint
+
+
+def add_decoding_comparison_arguments(parser: argparse.ArgumentParser, sentences: int) -> None:
+    """The options of the investigations that time two ways of decoding against each other on the cached trained
+    checkpoint: threads, repeats, validation sentences, attention, where the data and the caches are."""
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed passes of each way, alternating")
+    parser.add_argument("--sentences", type=positive_int, default=sentences, help="validation sentences")
+    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+
+
+def decoding_comparison_setup(arguments: argparse.Namespace) -> tuple[Corpus, Checkpoint]:
+    """For those options: torch on `--threads` threads, quiet libraries, the corpus and the generation benchmark's
+    trained checkpoint (trained once if it is not cached)."""
+    torch.set_num_threads(arguments.threads)
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
+    return corpus, trained_checkpoint(corpus, ISSUE_SIZE, GENERATION_CHECKPOINT_STEPS, arguments.cache_dir)

@@ -22,20 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
-import datasets
-import torch
-import transformers
 from decoding import DecodingSettings
-from fixtures import (
-    DEFAULT_CACHE_DIR,
-    DEFAULT_DATA_DIR,
-    GENERATION_CHECKPOINT_STEPS,
-    ISSUE_SIZE,
-    load_corpus,
-    trained_checkpoint,
-)
+from fixtures import add_decoding_comparison_arguments, decoding_comparison_setup
 from generation import encode_batches, transformers_translate, workloads
-from harness import positive_int
 from run import FULL
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -70,19 +59,10 @@ def compare(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=positive_int, default=1)
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timed passes of each way, alternating")
-    parser.add_argument("--sentences", type=positive_int, default=FULL.sentences, help="validation sentences")
-    parser.add_argument("--attention", default="sdpa")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    add_decoding_comparison_arguments(parser, sentences=FULL.sentences)
     arguments = parser.parse_args()
 
-    torch.set_num_threads(arguments.threads)
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    corpus = load_corpus(arguments.data_dir, arguments.cache_dir, ISSUE_SIZE.vocab_size)
-    checkpoint = trained_checkpoint(corpus, ISSUE_SIZE, GENERATION_CHECKPOINT_STEPS, arguments.cache_dir)
+    corpus, checkpoint = decoding_comparison_setup(arguments)
     model = checkpoint.load_ours(arguments.attention)
     sources = corpus.validation_sources[: arguments.sentences]
     for line in compare(model, corpus.tokenizer, sources, FULL.batch_size, arguments.repeats):
