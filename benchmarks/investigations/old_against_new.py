@@ -35,11 +35,15 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def import_old_package(revision: str, directory: Path):
-    """`modeling/` at `revision`, imported as `modeling_old` (its modules import each other relatively)."""
+    """`modeling/` at `revision`, imported as `modeling_old` (its modules import each other relatively); exits
+    with git's own message when `revision` has no `modeling/`."""
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", revision, "modeling"], cwd=REPOSITORY, capture_output=True, check=True
-    ).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        ["git", "archive", "--format=tar", revision, "modeling"], cwd=REPOSITORY, capture_output=True
+    )
+    if archive.returncode != 0:
+        message = archive.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(no message)"]
+        raise SystemExit(f"old_against_new.py: no modeling/ at --old {revision!r} in {REPOSITORY}: {message[0]}")
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(directory, filter="data")
     (directory / "modeling").rename(directory / "modeling_old")
     sys.path.insert(0, str(directory))
@@ -59,7 +63,8 @@ def compare(
 
     timings = measure_alternating({name: functools.partial(translate, name) for name in models}, repeats)
     rates = {name: timing.rate().median for name, timing in timings.items()}
-    return rates, len({str(output) for output in outputs.values()}) == 1
+    first, *others = outputs.values()
+    return rates, all(other == first for other in others)
 
 
 def main() -> None:
