@@ -20,8 +20,9 @@ do not. Agreement of the others with this model is reported, and so is the sacre
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -112,6 +113,22 @@ def transformers_translate(
     kwargs = settings.transformers_kwargs(paper_fields)
     generated = generate_batches(model, batches, workers=batches_at_once, **kwargs)
     return [strip_output(row, model.config.eos_token_id) for output in generated for row in output.tolist()]
+
+
+def alternating_translations(
+    translations: Mapping[str, Callable[[], list[list[int]]]], sentences: int, repeats: int
+) -> tuple[dict[str, float], bool]:
+    """Sentences/s of each way of translating the same `sentences` sentences (medians, timed alternately by
+    `measure_alternating`), and whether every way gave the same outputs token for token."""
+    outputs: dict[str, list[list[int]]] = {}
+
+    def translate(name: str) -> int:
+        outputs[name] = translations[name]()
+        return sentences
+
+    timings = measure_alternating({name: functools.partial(translate, name) for name in translations}, repeats)
+    first, *others = outputs.values()
+    return {name: timing.rate().median for name, timing in timings.items()}, all(other == first for other in others)
 
 
 def generation_contenders(

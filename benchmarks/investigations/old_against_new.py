@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark
 
 from decoding import DecodingSettings
 from fixtures import add_decoding_comparison_arguments, decoding_comparison_setup
-from generation import Workload, encode_batches, transformers_translate, workloads
-from harness import measure_alternating
+from generation import Workload, alternating_translations, encode_batches, transformers_translate, workloads
 from run import FULL
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -55,16 +54,11 @@ def compare(
 ) -> tuple[dict[str, float], bool]:
     """Sentences/s of each model on `workload` (medians, timed alternately), and whether their outputs agree."""
     batches = encode_batches(tokenizer, workload.sources, workload.batches)
-    outputs: dict[str, list[list[int]]] = {}
-
-    def translate(name: str) -> int:
-        outputs[name] = transformers_translate(models[name], batches, workload.settings, paper_fields=True)
-        return len(workload.sources)
-
-    timings = measure_alternating({name: functools.partial(translate, name) for name in models}, repeats)
-    rates = {name: timing.rate().median for name, timing in timings.items()}
-    first, *others = outputs.values()
-    return rates, all(other == first for other in others)
+    translations = {
+        name: functools.partial(transformers_translate, model, batches, workload.settings, paper_fields=True)
+        for name, model in models.items()
+    }
+    return alternating_translations(translations, len(workload.sources), repeats)
 
 
 def main() -> None:

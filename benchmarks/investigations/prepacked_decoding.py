@@ -15,46 +15,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
+import functools
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
 from decoding import DecodingSettings
 from fixtures import add_decoding_comparison_arguments, decoding_comparison_setup
-from generation import encode_batches, transformers_translate, workloads
+from generation import Workload, alternating_translations, encode_batches, transformers_translate, workloads
 from run import FULL
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def compare(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sources: list[str], batch_size: int, repeats: int
-) -> list[str]:
-    """A line per workload: sentences/s of the plain and the prepacked way (medians), their ratio, and whether
-    their outputs are the same token for token. `model.prepacked_for_decoding` is restored afterwards."""
+    model: PreTrainedModel, workload: Workload, tokenizer: PreTrainedTokenizerBase, repeats: int
+) -> tuple[dict[str, float], bool]:
+    """Sentences/s of the plain and the prepacked way on `workload` (medians, timed alternately), and whether their
+    outputs are the same token for token. `model.prepacked_for_decoding` is restored afterwards."""
+    batches = encode_batches(tokenizer, workload.sources, workload.batches)
+
+    def translate(block: Callable[[], contextlib.AbstractContextManager]) -> list[list[int]]:
+        model.prepacked_for_decoding = block
+        return transformers_translate(model, batches, workload.settings, paper_fields=True)
+
     ways = {"plain": contextlib.nullcontext, "prepacked": model.prepacked_for_decoding}
-    lines = []
     try:
-        for workload in workloads(tokenizer, sources, None, batch_size, DecodingSettings()):
-            batches = encode_batches(tokenizer, workload.sources, workload.batches)
-            rates: dict[str, list[float]] = {way: [] for way in ways}
-            outputs = {}
-            for _ in range(repeats + 1):  # the first pass of each way warms up, untimed
-                for way, block in ways.items():
-                    model.prepacked_for_decoding = block
-                    start = time.perf_counter()
-                    outputs[way] = transformers_translate(model, batches, workload.settings, paper_fields=True)
-                    rates[way].append(len(workload.sources) / (time.perf_counter() - start))
-            plain, prepacked = (statistics.median(rates[way][1:]) for way in ways)
-            lines.append(
-                f"{workload.name}: plain {plain:.1f}, prepacked {prepacked:.1f} sentences/s, "
-                f"{prepacked / plain:.2f}x; same outputs: {outputs['plain'] == outputs['prepacked']}"
-            )
+        translations = {way: functools.partial(translate, block) for way, block in ways.items()}
+        return alternating_translations(translations, len(workload.sources), repeats)
     finally:
         del model.prepacked_for_decoding  # the instance attribute set above: the class's method again
-    return lines
 
 
 def main() -> None:
@@ -65,8 +56,13 @@ def main() -> None:
     corpus, checkpoint = decoding_comparison_setup(arguments)
     model = checkpoint.load_ours(arguments.attention)
     sources = corpus.validation_sources[: arguments.sentences]
-    for line in compare(model, corpus.tokenizer, sources, FULL.batch_size, arguments.repeats):
-        print(f"{arguments.threads} thread(s), {line}")
+    for workload in workloads(corpus.tokenizer, sources, None, FULL.batch_size, DecodingSettings()):
+        rates, same = compare(model, workload, corpus.tokenizer, arguments.repeats)
+        print(
+            f"{arguments.threads} thread(s), {workload.name}: plain {rates['plain']:.1f}, prepacked "
+            f"{rates['prepacked']:.1f} sentences/s, {rates['prepacked'] / rates['plain']:.2f}x; same outputs: {same}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
