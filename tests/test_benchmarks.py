@@ -201,24 +201,56 @@ def test_generation_parts_are_timed_per_step_and_the_loop_is_restored(benchmarks
     printed = capsys.readouterr().out
     # A random model runs to the cap: the first step on one beam per sentence (2 rows), then 2 x 4 beams.
     assert "5 decoding steps a pass, 6.8 rows a step" in printed
+    assert "5.0 steps a sentence for 5.0 tokens out (1.00x)" in printed  # at the cap, no step beyond the output
     for _, _, label in DECODING_PARTS:
         assert f"| {label} |" in printed
     assert [inspect.getattr_static(owner, name) for owner, name, _ in DECODING_PARTS] == originals
 
 
-def test_prepacked_decoding_compares_both_ways_on_the_three_workloads_and_restores_the_model(benchmarks_importable):
+def test_prepacked_decoding_compares_both_ways_on_a_workload_and_restores_the_model(benchmarks_importable):
+    from decoding import DecodingSettings
     from fixtures import QUICK_SIZE, random_model, transformer_config
+    from generation import workloads
     from helpers import tiny_tokenizer
     from prepacked_decoding import compare
 
     tokenizer = tiny_tokenizer()
     model = random_model(transformer_config(QUICK_SIZE, vocab_size=len(tokenizer))).eval()
     sources = ["the cat sat on the mat", "a dog runs", "two birds sing in the old tree today", "hello"]
-    lines = compare(model, tokenizer, sources, batch_size=2, repeats=1)
-    assert [line.split(":")[0] for line in lines][1:] == ["sorted by length", "file order"]
-    assert lines[0].startswith("fixed length") and len(lines) == 3
-    assert all(line.endswith("same outputs: True") for line in lines)  # prepacking changes no token
+    workload = workloads(tokenizer, sources, None, 2, DecodingSettings())[1]  # sorted by length
+    rates, same = compare(model, workload, tokenizer, repeats=1)
+    assert set(rates) == {"plain", "prepacked"} and all(rate > 0 for rate in rates.values())
+    assert same  # prepacking changes no token
     assert "prepacked_for_decoding" not in vars(model)  # the class's method again
+
+
+def test_alternating_translations_times_every_way_and_compares_their_outputs(benchmarks_importable):
+    from generation import alternating_translations
+
+    calls = []
+
+    def way(name: str, outputs: list[list[int]]):
+        return lambda: calls.append(name) or outputs
+
+    rates, same = alternating_translations({"a": way("a", [[1, 2]]), "b": way("b", [[1, 2]])}, 3, repeats=2)
+    assert set(rates) == {"a", "b"} and all(rate > 0 for rate in rates.values())
+    assert same and calls.count("a") == calls.count("b") == 3  # one warm-up and two timed calls each
+    _, same = alternating_translations({"a": way("a", [[1, 2]]), "b": way("b", [[1, 3]])}, 3, repeats=1)
+    assert not same
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the static step multiplies by oneDNN")
+def test_static_shape_step_computes_what_the_decoding_step_does(benchmarks_importable):
+    from compiled_decoder_step import StaticShapeStep, StepInputs, decode_as_generate, decode_static
+    from fixtures import QUICK_SIZE, random_model, transformer_config
+
+    model = random_model(transformer_config(QUICK_SIZE)).eval()
+    with torch.inference_mode(), model.prepacked_for_decoding():
+        inputs = StepInputs.random(model, rows=3, steps=5, cache_steps=8)  # room beyond the steps: masked
+        expected = decode_as_generate(model, inputs)
+        static = decode_static(StaticShapeStep(model, cache_steps=8), inputs)
+    assert expected.shape == static.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(static, expected, rtol=0, atol=1e-4)
 
 
 def test_training_profile_quick_run_prints_its_tables():

@@ -154,13 +154,17 @@ def timing_parts(seconds: Counter) -> Iterator[Counter]:
 
 
 def print_parts(model, batches, settings: DecodingSettings, passes: int) -> None:
-    """ms per decoding step of each part of this model's loop, over `passes` passes after the warm-up."""
+    """ms per decoding step of each part of this model's loop, over `passes` passes after the warm-up; and how many
+    steps each sentence stayed in the batch against the tokens it generated (its end-of-sentence token included):
+    what a stopping rule that ended each sentence with its best hypothesis could save."""
     counts = Counter()
     decoder_step = TransformerGenerationMixin._decoder_step
 
     def counted_step(self, tokens, cache):
         counts["steps"] += 1
         counts["rows"] += tokens.shape[0]
+        # the first step runs one row per sentence, the others one per beam
+        counts["sentence steps"] += tokens.shape[0] / (1 if cache.length == 0 else settings.num_beams)
         return decoder_step(self, tokens, cache)
 
     seconds: Counter = Counter()
@@ -169,14 +173,18 @@ def print_parts(model, batches, settings: DecodingSettings, passes: int) -> None
         with timing_parts(seconds):
             start = time.perf_counter()
             for _ in range(passes):
-                transformers_translate(model, batches, settings, True)
+                outputs = transformers_translate(model, batches, settings, True)
             total = time.perf_counter() - start
     finally:
         TransformerGenerationMixin._decoder_step = decoder_step
     per_step = 1e3 / counts["steps"]
+    # an output shorter than the cap ended with an end-of-sentence token, which `transformers_translate` strips
+    generated = sum(min(len(output) + 1, settings.max_new_tokens) for output in outputs)
+    sentence_steps = counts["sentence steps"] / passes
     print(
         f"### this model: {counts['steps'] // passes} decoding steps a pass, {counts['rows'] / counts['steps']:.1f} "
-        f"rows a step on average, {total * per_step:.2f} ms a step in all\n"
+        f"rows a step on average, {total * per_step:.2f} ms a step in all; {sentence_steps / len(outputs):.1f} "
+        f"steps a sentence for {generated / len(outputs):.1f} tokens out ({sentence_steps / generated:.2f}x)\n"
     )
     print("| part | ms / step | share |\n|---|---|---|")
     rest = total - sum(seconds.values())
