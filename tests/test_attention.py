@@ -1,6 +1,5 @@
 """Tests of modeling/attention.py: attention maps of a trained model."""
 
-
 import pytest
 from transformers import AutoModelForSeq2SeqLM
 

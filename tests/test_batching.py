@@ -1,7 +1,6 @@
 """Tests of modeling/batching.py: token-budget batches for training, evaluation and translation, and the number of
 micro-batches per update."""
 
-
 import numpy as np
 import pytest
 

@@ -1,7 +1,6 @@
 """Tests of modeling/callbacks.py: checkpoints every N minutes, a wall-clock budget, the sampler's epoch when
 resuming, stopping on a signal."""
 
-
 import signal
 import time
 from types import SimpleNamespace

@@ -1,6 +1,5 @@
 """Tests of modeling/configuration_transformer.py: the paper's sizes and refused settings."""
 
-
 import pytest
 from helpers import tiny_config
 

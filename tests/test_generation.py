@@ -209,16 +209,21 @@ def fairseq_model(seed: int, vocab_size: int = 12, max_length_b: int = 3) -> Tra
     model = TransformerForConditionalGeneration(tiny_config(vocab_size)).eval()
     with torch.no_grad():
         model.model.shared.weight[EOS] *= 2
-    set_fairseq_decoding(model.generation_config, pad_token_id=PAD, num_beams=4, length_penalty=0.6,
-                         max_length_b=max_length_b)
+    set_fairseq_decoding(
+        model.generation_config, pad_token_id=PAD, num_beams=4, length_penalty=0.6, max_length_b=max_length_b
+    )
     return model
 
 
 def generated_hypotheses(model, source: list[int], **settings) -> tuple[list[list[int]], list[float]]:
     input_ids = torch.tensor([source])
     out = model.generate(
-        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), num_return_sequences=4,
-        output_scores=True, return_dict_in_generate=True, **settings,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        num_return_sequences=4,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **settings,
     )
     hypotheses = [row[1:][: row[1:].index(EOS) + 1] for row in out.sequences.tolist()]
     return hypotheses, out.sequences_scores.tolist()
@@ -284,7 +289,11 @@ def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_
     for num_beams in (1, 4):
         for a, b in ((0, 3), (0.5, 2), (1.2, 0)):
             out = model.generate(
-                **inputs, num_beams=num_beams, max_length_offset=None, max_length_a=a, max_length_b=b,
+                **inputs,
+                num_beams=num_beams,
+                max_length_offset=None,
+                max_length_a=a,
+                max_length_b=b,
                 forced_eos_keeps_log_prob=True,
             )
             limit = int(a * 6 + b)  # tokens before the end-of-sentence, the same for both rows

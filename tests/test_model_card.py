@@ -1,7 +1,6 @@
 """Tests of modeling/model_card.py: the card holds measured numbers only, its model-index validates, the curves
 plot."""
 
-
 import pytest
 from helpers import LOG_HISTORY
 from hub_server import card_metadata_errors

@@ -1,6 +1,5 @@
 """Tests of modeling/schedule.py: the learning rate of Sec. 5.3, exactly."""
 
-
 import pytest
 import torch
 

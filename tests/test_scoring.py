@@ -1,7 +1,6 @@
 """Tests of modeling/scoring.py: sacreBLEU, the paper's tokenised BLEU with compound splitting, lowercased BLEU and
 chrF."""
 
-
 import math
 
 import pytest

@@ -156,8 +156,6 @@ def test_push_without_a_token_fails_before_training(hub, tmp_path):
     assert len(requests_made(root)) == requests_before, "nothing reached the Hub"
 
 
-
-
 def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_path, datasets_cache):
     """The requeue loop: SIGTERM mid-run → exit 75, preempted.json, a complete checkpoint holding every update
     made; the same command with --resume_from_checkpoint last then finishes with the uninterrupted run's losses."""
