@@ -245,6 +245,8 @@ def test_static_shape_step_computes_what_the_decoding_step_does(benchmarks_impor
     from fixtures import QUICK_SIZE, random_model, transformer_config
 
     model = random_model(transformer_config(QUICK_SIZE)).eval()
+    with pytest.raises(RuntimeError, match="build it in prepacked_for_decoding"):
+        StaticShapeStep(model, cache_steps=8)  # outside the block there are no laid-out weights to share
     with torch.inference_mode(), model.prepacked_for_decoding():
         inputs = StepInputs.random(model, rows=3, steps=5, cache_steps=8)  # room beyond the steps: masked
         expected = decode_as_generate(model, inputs)

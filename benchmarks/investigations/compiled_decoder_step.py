@@ -40,7 +40,12 @@ from torch import nn
 from torch.nn import functional
 
 from modeling.cache_transformer import StaticBeamCache
-from modeling.modeling_transformer import TransformerForConditionalGeneration, _onednn_linear, linear
+from modeling.modeling_transformer import (
+    _PREPACKED_WEIGHTS,
+    TransformerForConditionalGeneration,
+    _onednn_linear,
+    linear,
+)
 
 SOURCE_LENGTH = 20
 
@@ -62,32 +67,26 @@ class StaticShapeStep(nn.Module):
     tensors only (no Python state that changes between steps), so that inductor compiles it once."""
 
     def __init__(self, model: TransformerForConditionalGeneration, cache_steps: int):
+        """Built inside `model.prepacked_for_decoding()`, whose laid-out weights (the self-attention's three
+        projections as one `FusedLinear`) it multiplies by, as generate()'s steps do."""
         super().__init__()
+        prepacked = _PREPACKED_WEIGHTS.get()
+        if prepacked is None:
+            raise RuntimeError("StaticShapeStep multiplies by prepacked weights: build it in prepacked_for_decoding()")
         decoder = model.model.decoder
         self.layers, self.embed_tokens, self.embed_scale = decoder.layers, decoder.embed_tokens, decoder.embed_scale
         self.register_buffer("positions", decoder.embed_positions.table[:cache_steps].clone())  # (S, D)
         self.num_heads = decoder.layers[0].self_attn.num_heads
-        self.prepacked: dict[nn.Module | int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for index, layer in enumerate(decoder.layers):
-            attention = layer.self_attn
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            weight = torch.cat([projection.weight.detach() for projection in projections])  # (3D, D)
-            bias = None if attention.q_proj.bias is None else torch.cat([p.bias.detach() for p in projections])
-            self.prepacked[index] = (torch.ops.mkldnn._reorder_linear_weight(weight), bias)
-            for module in (
-                attention.out_proj,
-                layer.encoder_attn.q_proj,
-                layer.encoder_attn.out_proj,
-                layer.ffn.fc1,
-                layer.ffn.fc2,
-            ):
-                self.prepacked[module] = (torch.ops.mkldnn._reorder_linear_weight(module.weight.detach()), module.bias)
         self.lm_head = model.lm_head
-        self.prepacked[self.lm_head] = (torch.ops.mkldnn._reorder_linear_weight(self.lm_head.weight.detach()), None)
+        self.prepacked = prepacked  # layer -> laid-out weight; (q_proj, k_proj, v_proj) -> FusedLinear
 
-    def product(self, key: nn.Module | int, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.prepacked[key]
-        return onednn_linear(hidden_states, weight, bias)
+    def product(self, layer: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(hidden_states, self.prepacked[layer], layer.bias)
+
+    def projections(self, attention: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The queries, keys and values of a self-attention in one product: (R, 3D)."""
+        fused = self.prepacked[(attention.q_proj, attention.k_proj, attention.v_proj)]
+        return onednn_linear(hidden_states, fused.weight, fused.bias)
 
     @staticmethod
     def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -113,7 +112,8 @@ class StaticShapeStep(nn.Module):
         written = torch.arange(self.positions.shape[0], device=tokens.device) <= position
         self_attention_bias = torch.where(written, 0.0, float("-inf"))[None, None]  # (1, 1, S)
         for index, layer in enumerate(self.layers):
-            queries, keys, values = self.product(index, hidden_states).view(rows, 3, heads, -1).unbind(1)
+            projections = self.projections(layer.self_attn, hidden_states)  # (R, 3D)
+            queries, keys, values = projections.view(rows, 3, heads, -1).unbind(1)
             layer_keys, layer_values = self_attention[2 * index], self_attention[2 * index + 1]
             layer_keys.index_copy_(2, position, keys[:, :, None])
             layer_values.index_copy_(2, position, values[:, :, None])
