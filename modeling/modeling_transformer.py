@@ -528,6 +528,28 @@ class TransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TransformerPositionalEncoding):
             init.copy_(module.table, module.compute_table(module.table.shape[0]))
 
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, refused in one line before anything is written for a model whose
+        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`)."""
+        int8_layers = int8_layer_names(self)
+        if int8_layers:
+            raise ValueError(
+                f"cannot save to {save_directory}: {len(int8_layers)} layers ({int8_layers[0]}, ...) hold torch's "
+                "packed int8 weights, which safetensors cannot store; save the float model and quantise it again "
+                "after loading."
+            )
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def int8_layer_names(model: nn.Module) -> list[str]:
+    """The layers of `model` that torch's dynamic quantisation replaced: their int8 weights are packed objects,
+    not tensors, so nothing that reads weights (saving, exporting) can take them."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized"))
+    ]
+
 
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
     """An id outside the vocabulary would be a silent wrong lookup on CPU and a device assert on GPU."""

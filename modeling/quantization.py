@@ -8,7 +8,8 @@ projection of every decoding step. torch marks `torch.ao.quantization` as deprec
 int8 path needs torch.compile to be fast; until torch removes it, this is the eager path that runs at int8 speed.
 
 The quantised model translates (`generate`, `modeling.translation.translate`) like the float one; it does not
-train, and it is not saved: quantise the float checkpoint after loading it.
+train, and it is not saved or exported (both refuse it in one line): quantise the float checkpoint after loading
+it, and export the float model (CTranslate2 quantises its own copy, `quantization="int8"`).
 """
 
 import copy

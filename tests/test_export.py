@@ -29,6 +29,7 @@ from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, Ma
 
 from modeling import export
 from modeling.convert import from_marian
+from modeling.quantization import quantize_int8
 
 FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
 SETTINGS = {"num_beams": 4, "max_new_tokens": 24, "length_penalty": 0.6, "early_stopping": True, "do_sample": False}
@@ -449,6 +450,26 @@ def test_onnx_directory_holds_config_tokenizer_and_record(onnx_export):
     assert not any(name.endswith(".py") for name in names)
     record = json.loads((directory / "export.json").read_text())
     assert record["format"] == "onnx" and record["max_positions"] == 64
+
+
+@pytest.mark.parametrize("to", export.FORMATS)
+def test_an_int8_model_is_refused_in_one_line_naming_the_float_path(tokenizer, tmp_path, to):
+    quantized = quantize_int8(tiny_model(len(tokenizer)))
+    with pytest.raises(ValueError, match=r"quantised by quantize_int8 .*export the float model") as error:
+        export.export(quantized, tokenizer, tmp_path / "out", to=to)
+    assert "\n" not in str(error.value) and not any(tmp_path.iterdir())
+
+
+def test_onnx_export_of_a_bfloat16_model_writes_float32_graphs_that_load(tokenizer, tmp_path):
+    model = tiny_model(len(tokenizer), seed=4).to(torch.bfloat16)
+    export.to_onnx(model, tmp_path / "onnx", tokenizer=tokenizer)
+    assert model.dtype == torch.bfloat16, "the caller's model keeps its dtype"
+    encoder, _ = onnx_sessions(tmp_path / "onnx")  # a bfloat16 graph fails here: no CPU kernel for its Mul
+    batch = tokenizer(["the dog."], return_tensors="np")
+    (hidden,) = encoder.run(None, {name: batch[name] for name in ("input_ids", "attention_mask")})
+    with torch.no_grad():
+        expected = model.float().model.encoder(**tokenizer(["the dog."], return_tensors="pt")).last_hidden_state
+    assert hidden.dtype == np.float32 and np.abs(hidden - expected.numpy()).max() < 1e-4
 
 
 def test_export_dispatches_by_name_and_refuses_unknown_formats(tokenizer, tmp_path):

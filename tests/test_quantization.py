@@ -1,5 +1,6 @@
 """Tests of modeling/quantization.py: the int8 model translates like the float one, and the float one is untouched."""
 
+import pytest
 import torch
 from helpers import batch, synthetic_pairs, tiny_tokenizer, tiny_translator
 from torch import nn
@@ -36,3 +37,10 @@ def test_translate_with_the_int8_model_keeps_order_and_empty_lines():
     sentences = [en for en, _ in synthetic_pairs(5, seed=3)]
     outputs = translate(quantized, tokenizer, sentences[:2] + [""] + sentences[2:])
     assert len(outputs) == 6 and outputs[2] == ""
+
+
+def test_saving_the_int8_model_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    quantized = quantize_int8(tiny_translator(50))
+    with pytest.raises(ValueError, match=r"cannot save to .*packed int8 weights.*save the float model") as error:
+        quantized.save_pretrained(tmp_path / "int8")
+    assert "\n" not in str(error.value) and not (tmp_path / "int8").exists()

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..configuration_transformer import TransformerConfig
 from ..files import replacing_directory, write_json
-from ..modeling_transformer import TransformerForConditionalGeneration
+from ..modeling_transformer import TransformerForConditionalGeneration, int8_layer_names
 
 RECORD_FILE = "export.json"
 
@@ -48,6 +48,12 @@ def check_model(model: Any) -> TransformerForConditionalGeneration:
     """`model`, if it is this project's translation model (the exporters read its modules)."""
     if not isinstance(model, TransformerForConditionalGeneration):
         raise TypeError(f"expected a TransformerForConditionalGeneration, got {type(model).__name__}.")
+    int8_layers = int8_layer_names(model)
+    if int8_layers:
+        raise ValueError(
+            f"cannot export a model quantised by quantize_int8 ({len(int8_layers)} layers hold packed int8 weights, "
+            f"{int8_layers[0]} among them): export the float model (CTranslate2 int8: quantization='int8')."
+        )
     return model
 
 

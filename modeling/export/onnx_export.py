@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -68,8 +69,9 @@ def to_onnx(
     tokenizer: PreTrainedTokenizerBase | None = None,
     opset_version: int = ONNX_OPSET,
 ) -> Path:
-    """Write `encoder.onnx` and `decoder.onnx` of `model` (float32, dynamic batch and lengths, eager attention
-    traced by `torch.onnx.export(dynamo=True)`), with the config, generation config and tokenizer.
+    """Write `encoder.onnx` and `decoder.onnx` of `model` (float32, from a float32 copy of a bfloat16 or float16
+    model; dynamic batch and lengths; eager attention traced by `torch.onnx.export(dynamo=True)`), with the config,
+    generation config and tokenizer.
 
     encoder.onnx: `input_ids` (B, S) int64, `attention_mask` (B, S) int64 → `encoder_hidden_states` (B, S, D).
     decoder.onnx: `decoder_input_ids` (B, T) int64, `encoder_hidden_states` (B, S, D), `encoder_attention_mask`
@@ -85,6 +87,9 @@ def to_onnx(
     import onnxscript  # noqa: F401
 
     model = check_model(model)
+    if model.dtype != torch.float32:
+        # onnxruntime's CPU kernels lack bfloat16 and float16 for most operators: such a graph would not even load.
+        model = copy.deepcopy(model).float()
     config: TransformerConfig = model.config
     input_ids, attention_mask, decoder_input_ids = (tensor.to(model.device) for tensor in _example_inputs(config))
     was_training = model.training
