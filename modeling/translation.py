@@ -375,6 +375,10 @@ def load_model_and_tokenizer(
             raise FileNotFoundError(
                 f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained."
             )
+    elif os.path.exists(name_or_path):
+        raise NotADirectoryError(
+            f"{name_or_path!r} is a file: pass the model directory that holds config.json and the weights."
+        )
     elif _looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:

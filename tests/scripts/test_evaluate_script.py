@@ -71,6 +71,12 @@ def test_evaluate_refuses_a_missing_directory_and_another_model_type(eval_data_d
     message = script_error("evaluate.py", "--model", tmp_path / "no_config", *common, monkeypatch=monkeypatch)
     assert message.endswith("has no config.json: it is not a model saved with save_pretrained.")
 
+    (tmp_path / "no_config" / "config.json").write_text("{}")  # the file, where the directory was meant
+    message = script_error(
+        "evaluate.py", "--model", tmp_path / "no_config" / "config.json", *common, monkeypatch=monkeypatch
+    )
+    assert message.endswith("config.json' is a file: pass the model directory that holds config.json and the weights.")
+
 
 def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
     tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
