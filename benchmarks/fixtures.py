@@ -303,12 +303,14 @@ def random_checkpoint(size: ModelSize, cache_dir: Path) -> Checkpoint:
     return checkpoint
 
 
-def add_decoding_comparison_arguments(parser: argparse.ArgumentParser, sentences: int) -> None:
+def add_decoding_comparison_arguments(parser: argparse.ArgumentParser, sentences: int | None) -> None:
     """The options of the investigations that time two ways of decoding against each other on the cached trained
-    checkpoint: threads, repeats, validation sentences, attention, where the data and the caches are."""
+    checkpoint: threads, repeats, validation sentences (unless `sentences` is None: none are translated),
+    attention, where the data and the caches are."""
     parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed passes of each way, alternating")
-    parser.add_argument("--sentences", type=positive_int, default=sentences, help="validation sentences")
+    if sentences is not None:
+        parser.add_argument("--sentences", type=positive_int, default=sentences, help="validation sentences")
     parser.add_argument("--attention", default="sdpa")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)

@@ -86,8 +86,8 @@ class StaticBeamCache:
     cache's copies: self-attention keys and values are written in place into one buffer with room for several steps
     (a `DynamicCache` concatenates, copying all earlier steps at every one), and beam search's reordering copies only
     the steps written so far; cross-attention keys and values are computed once per sentence, at the first step, then
-    repeated for its beams. (On this project's 2-core CPU the decoding speed is the same as with `DynamicCache`:
-    docs/results.md says where a step's time goes.)
+    repeated for its beams. (On this project's 2-core CPUs that makes decoding a few percent faster at most, not
+    more: docs/results.md says where a step's time goes.)
     """
 
     def __init__(

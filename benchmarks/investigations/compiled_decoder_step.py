@@ -225,7 +225,7 @@ def compare(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_decoding_comparison_arguments(parser, sentences=0)
+    add_decoding_comparison_arguments(parser, sentences=None)
     parser.add_argument("--rows", type=positive_int, nargs="+", default=[4, 16, 48, 64])
     parser.add_argument("--steps", type=positive_int, default=24, help="steps timed per pass")
     parser.add_argument("--cache-steps", type=positive_int, default=32, help="room for steps in the static cache")
