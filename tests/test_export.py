@@ -200,6 +200,7 @@ def test_ctranslate2_export_of_a_converted_fairseq_model_is_exact(converted_fair
     }
     not_expressed = json.loads((tmp_path / "ct2" / "export.json").read_text())["not_expressed"]
     assert [line.split(":")[0] for line in not_expressed] == [
+        "max_input_length=1024",
         "max_length_a=0, max_length_b=200",
         "min_new_tokens=1",
         "suppress_tokens=[1]",
@@ -257,16 +258,23 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     assert [line.split(":")[0] for line in record["not_expressed"]] == [
         "length_penalty_type='gnmt'",
         "max_length_offset=50",
+        "max_input_length=64",
     ]
     assert "translate_batch" in (directory / "README.md").read_text()
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=1)
+    long_source = source_tokens(tokenizer, [" ".join(["the dog runs."] * 20)])[0]  # longer than the 64 positions
+    assert len(long_source) > 64
+    whole, cut = translator.translate_batch([long_source, long_source[:64]], **options)
+    assert whole.hypotheses == cut.hypotheses, "CTranslate2 cuts the source, as listed"
 
-    # transformers' length penalty and a fixed limit are expressed exactly: nothing is listed.
+    # transformers' length penalty and a fixed limit are expressed exactly: only the cut of long sources is listed.
     model.generation_config.length_penalty_type = "transformers"
     model.generation_config.max_length_offset = None
     model.generation_config.max_new_tokens = 30
     export.to_ctranslate2(model, tokenizer, directory)  # replaces the previous export
     assert json.loads((directory / "translate_options.json").read_text())["max_decoding_length"] == 30
-    assert json.loads((directory / "export.json").read_text())["not_expressed"] == []
+    not_expressed = json.loads((directory / "export.json").read_text())["not_expressed"]
+    assert [line.split(":")[0] for line in not_expressed] == ["max_input_length=64"]
 
 
 def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):

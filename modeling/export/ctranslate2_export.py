@@ -167,7 +167,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     it is `max_new_tokens` when set, else 256 (CTranslate2's default), within the positional table.
     `min_decoding_length` is `min_new_tokens`: 0 allows an empty translation, as `generate()` does by default
     (CTranslate2's default, 1, does not; fairseq's decoding sets 1); CTranslate2 removes the blocked end-of-sentence
-    before its softmax, generate() after it (listed). `max_input_length` is the positional table's length.
+    before its softmax, generate() after it (listed). `max_input_length` is the positional table's length
+    (listed: CTranslate2 cuts longer sources there).
 
     fairseq's limit (`max_length_a`, `max_length_b`: int(a · W + b) tokens, then a forced end-of-sentence that keeps
     its log-probability) becomes `max_decoding_length` = int(a · max_input_length + b), capped as generate() caps it:
@@ -191,6 +192,10 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
         "min_decoding_length": int(generation.min_new_tokens or 0),
     }
     not_expressed = paper_decoding_not_expressed(model, "CTranslate2")
+    not_expressed.append(
+        f"max_input_length={positions}: CTranslate2 cuts a longer source to its first {positions} tokens (the "
+        "positional table's rows), where generate() encodes it whole"
+    )
     if fairseq_limit:
         forced = getattr(generation, "forced_eos_keeps_log_prob", False)
         not_expressed.append(
