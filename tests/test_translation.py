@@ -27,6 +27,7 @@ from helpers import (
 from transformers import AutoTokenizer
 
 from modeling import translation
+from modeling.export import export
 from modeling.files import DiskFullError
 from modeling.hub_client import HubError
 from modeling.translation import (
@@ -186,6 +187,18 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
     weights.write_bytes(weights.read_bytes()[:-1000])
     with pytest.raises(ValueError, match=r"holds incomplete weights: model\.safetensors is truncated \(\d+ bytes"):
         load_model_and_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize(("to", "runtime"), [("marian", "MarianMTModel"), ("onnx", "onnxruntime")])
+def test_an_export_directory_is_named_as_one_with_the_model_it_came_from(tmp_path, to, runtime):
+    save_tiny_checkpoint(tmp_path / "model")
+    model, tokenizer = load_model_and_tokenizer(str(tmp_path / "model"))
+    export(model, tokenizer, tmp_path / to, to=to)  # a Marian export holds a config.json that transformers reads
+    with pytest.raises(ValueError) as error:
+        load_model_and_tokenizer(str(tmp_path / to))
+    message = str(error.value)
+    assert message.startswith(f"'{tmp_path / to}' is an export for {to} (export.json), which these tools do not load")
+    assert runtime in message and message.endswith(f"({tmp_path / 'model'}).") and "\n" not in message
 
 
 def test_a_model_named_on_a_stalled_hub_fails_in_one_line_within_the_timeout(quick_hub, monkeypatch):
