@@ -146,7 +146,8 @@ def run_benchmarks(arguments: argparse.Namespace, plan: Plan) -> dict[str, Secti
     if not {"train_data", "generate", "memory"} & set(only):
         return sections
 
-    log(f"corpus from {arguments.data_dir}")
+    real = arguments.data_dir.is_dir()  # as load_corpus decides
+    log(f"corpus: Multi30k from {arguments.data_dir}" if real else f"corpus: synthetic ({arguments.data_dir} absent)")
     corpus = load_corpus(arguments.data_dir, arguments.cache_dir, plan.size.vocab_size, plan.train_limit)
     sources = corpus.validation_sources[: plan.sentences]
     if "train_data" in only:
