@@ -20,10 +20,18 @@ from transformers import PreTrainedModel
 
 
 def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
-    """A copy of `model`, in evaluation mode, whose `nn.Linear` layers hold per-channel int8 weights."""
+    """A copy of `model`, in evaluation mode, whose `nn.Linear` layers hold per-channel int8 weights; the rest of
+    it float32 (a bfloat16 or float16 model is converted: torch's int8 kernels take and give float32). The model
+    must be on the CPU, where those kernels run."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    quantized = copy.deepcopy(model).eval()
+    devices = {parameter.device.type for parameter in model.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(
+            f"quantize_int8 makes a CPU model (torch's int8 kernels run on the CPU); this one is on "
+            f"{', '.join(sorted(devices))}: pass model.to('cpu')."
+        )
+    quantized = copy.deepcopy(model).float().eval()
     with warnings.catch_warnings():  # torch's deprecation notice for torch.ao, printed on every call
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")

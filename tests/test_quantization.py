@@ -44,3 +44,15 @@ def test_saving_the_int8_model_is_refused_in_one_line_before_anything_is_written
     with pytest.raises(ValueError, match=r"cannot save to .*packed int8 weights.*save the float model") as error:
         quantized.save_pretrained(tmp_path / "int8")
     assert "\n" not in str(error.value) and not (tmp_path / "int8").exists()
+
+
+def test_a_bfloat16_model_is_quantised_from_float32_and_another_device_is_refused():
+    model = tiny_translator(50, seed=2)
+    inputs = batch()
+    quantized = quantize_int8(model.to(torch.bfloat16))
+    assert model.dtype == torch.bfloat16, "the caller's model is left as it was"
+    with torch.inference_mode():  # failed with "expected scalar type Float but found BFloat16"
+        generated = quantized.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    assert generated.shape[0] == 2
+    with pytest.raises(ValueError, match=r"^quantize_int8 makes a CPU model .* this one is on meta: pass model.to"):
+        quantize_int8(tiny_translator(50).to("meta"))
