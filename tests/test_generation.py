@@ -98,6 +98,24 @@ def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settin
     assert removals, "sentences should have left the batch"
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_loop_dropping_finished_sentences_equals_transformers_loop_in_bfloat16(attention, decoder_steps):
+    # The precision the GPU check decodes in (benchmarks/gpu_check.py), here on the CPU.
+    torch.manual_seed(7)
+    model = TransformerForConditionalGeneration(tiny_config(20)).to(torch.bfloat16).eval()
+    model.config._attn_implementation = attention
+    removals = []
+    for seed in range(3):
+        inputs = random_sources(6, seed, vocab_size=20)
+        decoder_steps.clear()
+        dropping = model.generate(**inputs)
+        assert decoder_steps[:2] == [6, 24], "the loop that drops finished sentences ran"
+        removals += [size for size in decoder_steps[2:] if size < 24]
+        library = model.generate(**inputs, return_dict_in_generate=True).sequences
+        assert dropping.tolist() == library.tolist()
+    assert removals, "sentences should have left the batch"
+
+
 def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
     """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
     start token, and an end-of-sentence forced at the length limit has probability one."""
