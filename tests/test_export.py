@@ -7,6 +7,7 @@ lengths, with the decoding both sides can express (beam 4, score / length ** 0.6
 import copy
 import json
 import math
+import re
 
 import ctranslate2
 import numpy as np
@@ -275,6 +276,24 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     assert json.loads((directory / "translate_options.json").read_text())["max_decoding_length"] == 30
     not_expressed = json.loads((directory / "export.json").read_text())["not_expressed"]
     assert [line.split(":")[0] for line in not_expressed] == ["max_input_length=64"]
+
+
+def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_keeps_lines(
+    trained, tokenizer, tmp_path, monkeypatch, capsys
+):
+    export.to_ctranslate2(trained["interleaved", False], tokenizer, tmp_path / "ct2")
+    readme = (tmp_path / "ct2" / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    assert len(blocks) == 2
+    lines = SOURCES[:5] + [""] + SOURCES[5:]
+    (tmp_path / "news.en").write_text("".join(line + "\n" for line in lines))
+    monkeypatch.chdir(tmp_path)  # the code names the export by its directory's name, from beside it
+    exec(blocks[0] + blocks[1], {})
+    assert capsys.readouterr().out.startswith("['")  # the one sentence's translation, printed
+    options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
+    expected = [tokenizer.decode(ids) for ids in ct2_translations(tmp_path / "ct2", tokenizer, SOURCES, **options)]
+    written = (tmp_path / "news.de").read_text().split("\n")
+    assert written == expected[:5] + [""] + expected[5:] + [""]  # one line per line, the last one ended
 
 
 def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):

@@ -245,6 +245,21 @@ results = translator.translate_batch(sources, **options)
 print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0])) for r in results])
 ```
 
+A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by length into batches of at most
+`max_batch_size` tokens, and writes one line per line, in order (an empty line stays empty).
+
+```python
+translator.translate_file(
+    "news.en",
+    "news.de",
+    max_batch_size=4096,
+    batch_type="tokens",
+    source_tokenize_fn=lambda line: tokenizer.convert_ids_to_tokens(tokenizer(line)["input_ids"]),
+    target_detokenize_fn=lambda tokens: tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)),
+    **options,
+)
+```
+
 `{options_file}`: {options}.
 {not_expressed}
 """
