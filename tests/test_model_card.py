@@ -1,11 +1,15 @@
 """Tests of modeling/model_card.py: the card holds measured numbers only, its model-index validates, the curves
 plot."""
 
+import ast
+import re
+
 import pytest
-from helpers import LOG_HISTORY
+from helpers import LOG_HISTORY, tiny_model, tiny_tokenizer
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 
+from modeling import export
 from modeling.files import write_json
 from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card
 
@@ -81,3 +85,15 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "| positional encoding frequencies | tensor2tensor |" in card
     paper = str(render_model_card(model_name="tiny", repo_id=REPO_ID))
     assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper
+
+
+def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monkeypatch, capsys):
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID).text
+    deploy = card.split("## Deploy with CTranslate2", 1)[1]
+    code = re.search(r"```python\n(.*?)```", deploy, flags=re.DOTALL).group(1)
+    tokenizer = tiny_tokenizer()
+    export.to_ctranslate2(tiny_model(len(tokenizer)), tokenizer, tmp_path / "ct2")  # what the card's command writes
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    printed = ast.literal_eval(capsys.readouterr().out.strip())
+    assert isinstance(printed, list) and len(printed) == 1
