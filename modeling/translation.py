@@ -65,6 +65,7 @@ def translate(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
+    check_one_translation_per_line(model, generate_kwargs)
     outputs = [""] * len(sentences)
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     if not todo:
@@ -119,6 +120,17 @@ def generate_batches(
     if workers == 1:
         return (_generate(model, batch, generate_kwargs) for batch in batches)
     return _generate_side_by_side(model, batches, workers, generate_kwargs)
+
+
+def check_one_translation_per_line(model: PreTrainedModel, generate_kwargs: Mapping[str, Any]) -> None:
+    """Refuse, before any work, the generate() settings that would not give one sequence of ids per sentence."""
+    for name, takes in (("num_return_sequences", 1), ("return_dict_in_generate", False)):
+        value = generate_kwargs.get(name, getattr(model.generation_config, name, None))
+        if value is not None and value != takes:
+            raise ValueError(
+                f"translate() gives one translation per line, so {name}={value!r} cannot apply: call "
+                "model.generate() itself for several hypotheses or their scores."
+            )
 
 
 def check_workers(model: PreTrainedModel, workers: int) -> None:
@@ -193,6 +205,7 @@ def translate_file(
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
     check_workers(model, workers)
+    check_one_translation_per_line(model, generate_kwargs)
     settings = {"max_tokens": max_tokens, "num_beams": num_beams, **generate_kwargs}
     if destination is None:
         count = 0

@@ -167,6 +167,26 @@ def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch
     assert model.training and torch.get_num_threads() == 2, "the model's mode and torch's threads given back"
 
 
+@pytest.mark.parametrize("setting", [{"num_return_sequences": 2}, {"return_dict_in_generate": True}])
+def test_settings_that_would_not_give_one_translation_per_line_are_refused_before_any_work(
+    tokenizer, tmp_path, setting
+):
+    # They failed after decoding: zip() "argument 2 is longer than argument 1", KeyError 'input_ids'.
+    model = EchoModel()
+    ((name, value),) = setting.items()
+    expected = f"^translate\\(\\) gives one translation per line, so {name}={value!r} cannot apply"
+    with pytest.raises(ValueError, match=expected):
+        translate(model, tokenizer, ["a cat."], **setting)
+    (tmp_path / "news.en").write_text("a cat.\n")
+    with pytest.raises(ValueError, match=expected):
+        translate_file(model, tokenizer, tmp_path / "news.en", tmp_path / "news.de", **setting)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.en"] and model.calls == []
+    model.generation_config.num_return_sequences = 3  # saved in the model's generation config
+    with pytest.raises(ValueError, match="num_return_sequences=3 cannot apply"):
+        translate(model, tokenizer, ["a cat."])
+    assert translate(model, tokenizer, ["a cat."], num_return_sequences=1) == ["a cat."]
+
+
 def test_workers_are_refused_where_they_cannot_help(tokenizer, tmp_path):
     on_gpu = EchoModel()
     on_gpu.device = torch.device("meta")  # stands for a GPU: not a CPU
