@@ -22,6 +22,7 @@ from safetensors import safe_open
 from transformers import TrainingArguments
 
 from .checkpoints import safetensors_problem
+from .export.common import refuse_an_export
 from .hub_client import hub_call
 from .model_card import (
     DATA_STATS_FILE,
@@ -66,6 +67,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"Model directory {model_dir} does not exist.")
+    refuse_an_export(model_dir)
     missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()] + _missing_siblings(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         missing.append("*.safetensors")

@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 from .batching import token_budget_batches
 from .checkpoints import file_sha256, weights_problems
-from .export.common import RECORD_FILE
+from .export.common import refuse_an_export
 from .files import check_writable, disk_full_error, fsync_path, write_json
 from .hub_client import naming_hub_failures, use_hub_timeouts
 from .tokenization import iter_lines
@@ -375,32 +375,6 @@ def _looks_like_local_path(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
 
 
-_EXPORT_RUNTIMES = {
-    "ctranslate2": "ctranslate2.Translator (its README.md shows how)",
-    "marian": "MarianMTModel.from_pretrained",
-    "onnx": "onnxruntime",
-}
-
-
-def _refuse_an_export(directory: str) -> None:
-    """A directory that `modeling.export` wrote holds another runtime's model: say so, and name the model it came
-    from, rather than fail on its files."""
-    record_path = os.path.join(directory, RECORD_FILE)
-    if not os.path.isfile(record_path):
-        return
-    try:
-        record = json.loads(Path(record_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        record = {}
-    export_format, source = record.get("format"), record.get("source")
-    runtime = _EXPORT_RUNTIMES.get(export_format, "its runtime")
-    raise ValueError(
-        f"{directory!r} is an export for {export_format or 'another runtime'} ({RECORD_FILE}), which these tools do "
-        f"not load: run it with {runtime}, or pass the model it was exported from"
-        + (f" ({source})." if source else ".")
-    )
-
-
 def load_model_and_tokenizer(
     name_or_path: str, *, attn_implementation: str | None = None, device: str | torch.device | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -411,7 +385,7 @@ def load_model_and_tokenizer(
     weights.
     """
     if os.path.isdir(name_or_path):
-        _refuse_an_export(name_or_path)
+        refuse_an_export(name_or_path)
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             raise FileNotFoundError(
                 f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained."

@@ -11,6 +11,7 @@ from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
 from modeling.arguments import TranslationTrainingArguments
+from modeling.export import to_ctranslate2
 from modeling.files import write_json
 from modeling.hub import (
     HubTarget,
@@ -21,6 +22,7 @@ from modeling.hub import (
 )
 from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
 from modeling.scoring import corpus_scores
+from modeling.translation import load_model_and_tokenizer
 
 
 def test_check_model_dir_refuses_a_directory_without_remote_code(tmp_path):
@@ -42,6 +44,16 @@ def test_check_model_dir_requires_the_siblings_the_remote_code_imports(tmp_path)
     code = generation.read_text(encoding="utf-8")
     generation.write_text(code.replace("from .cache_transformer import", "from cache_transformer_gone import"))
     check_model_dir(tmp_path)
+
+
+def test_check_model_dir_names_an_export_directory_and_its_model(tmp_path):
+    save_tiny_checkpoint(tmp_path / "model")
+    to_ctranslate2(*load_model_and_tokenizer(str(tmp_path / "model")), tmp_path / "ct2")
+    with pytest.raises(
+        ValueError, match=r"is an export for ctranslate2 \(export\.json\), not a model saved with"
+    ) as error:
+        check_model_dir(tmp_path / "ct2")
+    assert str(error.value).endswith(f"exported from ({tmp_path / 'model'}).")
 
 
 REPO_ID = "user/tiny"

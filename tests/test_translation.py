@@ -217,7 +217,7 @@ def test_an_export_directory_is_named_as_one_with_the_model_it_came_from(tmp_pat
     with pytest.raises(ValueError) as error:
         load_model_and_tokenizer(str(tmp_path / to))
     message = str(error.value)
-    assert message.startswith(f"'{tmp_path / to}' is an export for {to} (export.json), which these tools do not load")
+    assert message.startswith(f"'{tmp_path / to}' is an export for {to} (export.json), not a model saved with")
     assert runtime in message and message.endswith(f"({tmp_path / 'model'}).") and "\n" not in message
 
 

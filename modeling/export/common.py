@@ -3,6 +3,7 @@ and the paper's decoding fields that a runtime without them cannot apply."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,32 @@ def building_directory(output_dir: str | Path) -> Iterator[Path]:
     empty directory) is ever replaced."""
     with replacing_directory(output_dir, RECORD_FILE, "an export") as partial:
         yield partial
+
+
+EXPORT_RUNTIMES = {  # what runs each format's directory
+    "ctranslate2": "ctranslate2.Translator (its README.md shows how)",
+    "marian": "MarianMTModel.from_pretrained",
+    "onnx": "onnxruntime",
+}
+
+
+def refuse_an_export(directory: str | Path) -> None:
+    """Raise a one-line ValueError if `directory` is an export (it holds `export.json`): tools that take a model
+    saved with save_pretrained say so and name the model it came from, rather than fail on its files."""
+    record_path = Path(directory) / RECORD_FILE
+    if not record_path.is_file():
+        return
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    export_format, source = record.get("format"), record.get("source")
+    runtime = EXPORT_RUNTIMES.get(export_format, "its runtime")
+    raise ValueError(
+        f"{str(directory)!r} is an export for {export_format or 'another runtime'} ({RECORD_FILE}), not a model "
+        f"saved with save_pretrained: run it with {runtime}, or pass the model it was exported from"
+        + (f" ({source})." if source else ".")
+    )
 
 
 def write_record(
