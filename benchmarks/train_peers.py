@@ -615,6 +615,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                 parser.error(f"--{tool}-python is required to run {tool} (or leave it out of --only)")
             if not Path(python).is_file():
                 parser.error(f"--{tool}-python {python} does not exist")
+            # before the data is prepared: the worker would find out only once it is running
+            if subprocess.run([python, "-c", f"import {tool}"], capture_output=True).returncode != 0:
+                parser.error(
+                    f"--{tool}-python {python} cannot import {tool}: pass the interpreter of {tool}'s environment"
+                )
     arguments.tools = tools
     return arguments
 

@@ -378,6 +378,7 @@ def test_train_peers_arguments(tmp_path, benchmarks_importable, capsys):
         (["--only", "ours,marian"], "unknown trainers ['marian']"),
         (["--only", "fairseq"], "--fairseq-python is required to run fairseq"),
         (["--only", "eole", "--eole-python", str(tmp_path / "none")], "does not exist"),
+        (["--only", "eole", "--eole-python", sys.executable], f"--eole-python {sys.executable} cannot import eole"),
         (["--only", "ours", "--threads", "0"], "--threads must be at least 1"),
         (["--only", "ours", "--updates", "0"], "0 is not a positive integer"),
     ]:
