@@ -113,7 +113,7 @@ def matmul_contender(
     Run inside `measure_alternating` with the models, it gives the peak that the models could reach under the same
     load, in the same process and with the same number of threads."""
     # Imported here: `train_peers.py` imports this module in the peers' environments, which lack this project.
-    from modeling.modeling_transformer import matmul_transposed
+    from modeling.onednn_transformer import matmul_transposed
 
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device, dtype)
@@ -137,7 +137,7 @@ def matmul_peak_name(size: int, kernel: str = "torch.mm") -> str:
 def add_matmul_peak_contenders(contenders: dict[str, Callable[[], object]], sizes: Sequence[int]) -> dict[str, float]:
     """Add a `matmul_contender` per size and kernel (oneDNN where this CPU takes it) to `contenders`, to be timed in
     the same alternating loop as the models; returns each one's FLOP count by name, for `peak_gflops`."""
-    from modeling.modeling_transformer import takes_onednn  # here, as in `matmul_contender`
+    from modeling.onednn_transformer import takes_onednn  # here, as in `matmul_contender`
 
     float32 = torch.ones(1)
     kernels = ["torch.mm"] + (["oneDNN"] if takes_onednn(float32, float32) else [])

@@ -101,6 +101,7 @@ MODEL_FILES = (
     "modeling_transformer.py",
     "generation_transformer.py",
     "cache_transformer.py",
+    "onednn_transformer.py",
     "model.safetensors.index.json",
 )
 

@@ -16,6 +16,7 @@ REMOTE_CODE_FILES = {
     "modeling_transformer.py",
     "generation_transformer.py",
     "cache_transformer.py",
+    "onednn_transformer.py",
 }
 
 # Prepended to a subprocess's script: a meta-path finder refuses `modeling`, so the process is a machine without

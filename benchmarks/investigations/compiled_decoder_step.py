@@ -40,12 +40,8 @@ from torch import nn
 from torch.nn import functional
 
 from modeling.cache_transformer import StaticBeamCache
-from modeling.modeling_transformer import (
-    _PREPACKED_WEIGHTS,
-    TransformerForConditionalGeneration,
-    _onednn_linear,
-    linear,
-)
+from modeling.modeling_transformer import TransformerForConditionalGeneration
+from modeling.onednn_transformer import _PREPACKED_WEIGHTS, _onednn_linear, linear
 
 SOURCE_LENGTH = 20
 

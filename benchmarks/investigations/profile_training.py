@@ -44,7 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 from train_step import BATCH_SIZE, SEQUENCE_LENGTH, padded_batches, step_contender, step_flops
 
 from modeling import TransformerForConditionalGeneration
-from modeling.modeling_transformer import matmul_transposed
+from modeling.onednn_transformer import matmul_transposed
 
 # ATen's products, and oneDNN's linear kernel that the model's linear layers take on x86 CPUs (input (..., K), weight
 # (N, K)).

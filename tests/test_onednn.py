@@ -1,0 +1,197 @@
+"""Tests of modeling/onednn_transformer.py: linear layers on oneDNN give the values and gradients of PyTorch's own,
+where oneDNN runs them and only there; weights prepacked for decoding (fused Q/K/V among them) change no output."""
+
+import contextlib
+
+import pytest
+import torch
+from helpers import batch, labelled_batch, tiny_model
+
+from modeling import onednn_transformer
+from modeling.quantization import quantize_int8
+
+VOCAB = 50  # the tiny model's
+
+
+def onednn_linear_calls(function) -> int:
+    """How many times `function()` ran oneDNN's linear kernel, as torch's profiler records it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        function()
+    return sum(event.count for event in profiler.key_averages() if event.key == "mkldnn::_linear_pointwise")
+
+
+needs_onednn_linear = pytest.mark.skipif(
+    not onednn_transformer._ONEDNN_LINEAR, reason="oneDNN's linear kernel is taken on x86 CPUs only"
+)
+# A forward of the tiny model: 2 encoder layers x 6 linear layers (q, k, v, out, fc1, fc2), 2 decoder layers x 10
+# (four of self-attention, four of cross-attention, two of the feed-forward), and the output projection.
+TINY_FORWARD_LINEAR_LAYERS = 2 * 6 + 2 * 10 + 1
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_float32_inference_on_an_x86_cpu_runs_every_linear_layer_on_onednn_with_the_same_logits():
+    model = tiny_model()
+    assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS
+    with torch.backends.mkldnn.flags(enabled=False):  # torch's own switch turns it off
+        assert onednn_linear_calls(lambda: model(**batch())) == 0
+        with_mkl = model(**batch()).logits
+    assert torch.allclose(model(**batch()).logits, with_mkl, atol=1e-5)
+
+
+@needs_onednn_linear
+def test_training_on_an_x86_cpu_runs_forward_and_backward_on_onednn_with_the_same_loss_and_gradients():
+    def loss_and_gradients(model):
+        torch.manual_seed(0)  # the same dropout masks
+        loss = model(**labelled_batch()).loss
+        loss.backward()
+        return loss.detach(), [parameter.grad for parameter in model.parameters()]
+
+    model = tiny_model().train()
+    # Forward: 32 linear layers, and the fused loss's product with the output projection; backward: two products
+    # for each linear layer (input and weight gradients), two for the fused loss's.
+    assert onednn_linear_calls(lambda: loss_and_gradients(model)) == (32 + 1) + (32 * 2 + 2)
+    model.zero_grad()
+    with_onednn = loss_and_gradients(model)
+    model.zero_grad()
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert onednn_linear_calls(lambda: loss_and_gradients(model)) == 0
+        model.zero_grad()
+        with_mkl = loss_and_gradients(model)
+    assert torch.allclose(with_onednn[0], with_mkl[0], atol=1e-6)
+    for ours, reference in zip(with_onednn[1], with_mkl[1], strict=True):
+        assert torch.allclose(ours, reference, atol=1e-6)
+
+
+@needs_onednn_linear
+def test_a_linear_layer_over_no_rows_has_gradients():
+    layer = torch.nn.Linear(4, 8)
+    no_rows = torch.randn(0, 4, requires_grad=True)
+    onednn_transformer.linear(layer, no_rows).sum().backward()
+    assert no_rows.grad.shape == (0, 4) and torch.equal(layer.weight.grad, torch.zeros(8, 4))
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtypes():
+    model = tiny_model()
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    assert onednn_linear_calls(lambda: model(**batch())) == TINY_FORWARD_LINEAR_LAYERS - 1
+    assert seen == [(2, 4, VOCAB)]  # the hook ran: lm_head was called as a module
+    handle.remove()
+    assert onednn_linear_calls(lambda: tiny_model().double()(**batch())) == 0
+    assert onednn_linear_calls(lambda: quantize_int8(model)(**batch())) == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bfloat16 products, not float32 ones
+        assert onednn_linear_calls(lambda: model(**batch())) == 0
+
+
+def weight_layouts_of_onednn_calls(monkeypatch) -> list[torch.layout]:
+    """The layout of the weight of every oneDNN product from now on: strided (plain) or torch._mkldnn (prepacked)."""
+    layouts = []
+    kernel = onednn_transformer._onednn_linear
+
+    def recording(hidden_states, weight, bias=None):
+        layouts.append(weight.layout)
+        return kernel(hidden_states, weight, bias)
+
+    monkeypatch.setattr(onednn_transformer, "_onednn_linear", recording)
+    return layouts
+
+
+@needs_onednn_linear
+@pytest.mark.parametrize("loop", ["beam search (this model's loop)", "greedy, with scores (transformers' loop)"])
+def test_generate_decodes_with_prepacked_weights_and_the_same_outputs_bit_for_bit(monkeypatch, loop):
+    model = tiny_model()
+    sources = {name: batch()[name] for name in ("input_ids", "attention_mask")}
+
+    def generate() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        if loop.startswith("beam"):
+            return model.generate(**sources, num_beams=4, max_new_tokens=6), ()
+        out = model.generate(**sources, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+        return out.sequences, out.scores
+
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    prepacked = generate()
+    encoder_calls = 2 * 6
+    assert layouts[:encoder_calls] == [torch.strided] * encoder_calls  # the encoder runs once, on plain weights
+    assert len(layouts) > encoder_calls and set(layouts[encoder_calls:]) == {torch._mkldnn}  # every decoding step
+    assert onednn_transformer._PREPACKED_WEIGHTS.get() is None  # the copies are dropped with the call
+    layouts.clear()
+    monkeypatch.setattr(model, "prepacked_for_decoding", contextlib.nullcontext)
+    plain = generate()
+    assert set(layouts) == {torch.strided}
+    assert torch.equal(prepacked[0], plain[0])
+    for ours, reference in zip(prepacked[1], plain[1], strict=True):
+        assert torch.equal(ours, reference)
+
+
+@needs_onednn_linear
+def test_prepacked_weights_leave_out_what_onednn_does_not_run_and_go_with_the_block(monkeypatch):
+    model = tiny_model()
+    decoder_layers = [*model.model.decoder.modules(), model.lm_head]
+    self_attentions = [
+        (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+        for layer in model.model.decoder.layers
+    ]
+    with model.prepacked_for_decoding():
+        prepacked = onednn_transformer._PREPACKED_WEIGHTS.get()
+        fused = {key for key in prepacked if isinstance(key, tuple)}
+        assert fused == set(self_attentions)  # each self-attention's queries, keys and values: one product
+        alone = {module for module in decoder_layers if isinstance(module, torch.nn.Linear)} - set(sum(fused, ()))
+        assert set(prepacked) - fused == alone
+        assert len(prepacked) == 2 * (1 + 7) + 1
+    assert onednn_transformer._PREPACKED_WEIGHTS.get() is None
+    for other in (quantize_int8(model), tiny_model().double()):
+        with other.prepacked_for_decoding():
+            assert onednn_transformer._PREPACKED_WEIGHTS.get() == {}
+    with torch.backends.mkldnn.flags(enabled=False), model.prepacked_for_decoding():
+        assert onednn_transformer._PREPACKED_WEIGHTS.get() is None
+    with pytest.raises(RuntimeError, match="a failing step"), model.prepacked_for_decoding():
+        raise RuntimeError("a failing step")
+    assert onednn_transformer._PREPACKED_WEIGHTS.get() is None
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_fused_layers_give_each_layer_s_output_bit_for_bit_in_one_product(monkeypatch):
+    torch.manual_seed(0)
+    group = tuple(torch.nn.Linear(16, width) for width in (16, 16, 8))
+    unfusable = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 16, bias=False))  # one with a bias, one without
+    inputs = torch.randn(5, 1, 16)
+    expected = [onednn_transformer.linear(layer, inputs) for layer in group]  # oneDNN, each on its plain weight
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with onednn_transformer.onednn_prepacked([*group, *unfusable], fused=[group, unfusable]):
+        prepacked = onednn_transformer._PREPACKED_WEIGHTS.get()
+        assert set(prepacked) == {group, *unfusable}  # the group's layers have no copies of their own
+        outputs = onednn_transformer.linears(group, inputs)
+        assert layouts == [torch._mkldnn]  # one product
+        assert [output.shape for output in outputs] == [(5, 1, 16), (5, 1, 16), (5, 1, 8)]
+        assert all(torch.equal(output, reference) for output, reference in zip(outputs, expected, strict=True))
+        layouts.clear()
+        onednn_transformer.linears(unfusable, inputs)
+        assert layouts == [torch._mkldnn, torch._mkldnn]  # each alone, prepacked
+        seen = []
+        handle = group[0].register_forward_hook(lambda module, args, output: seen.append(output.shape))
+        hooked = onednn_transformer.linears(group, inputs)  # a hook added inside the block: each layer called
+        handle.remove()
+        assert seen == [(5, 1, 16)]
+        for output, reference in zip(hooked, expected, strict=True):  # the hooked one by nn.Linear itself (MKL)
+            torch.testing.assert_close(output, reference)
+    layouts.clear()
+    outside = onednn_transformer.linears(group, inputs)  # outside the block: each layer on its plain weight
+    assert layouts == [torch.strided] * 3
+    assert all(torch.equal(output, reference) for output, reference in zip(outside, expected, strict=True))
+
+
+@needs_onednn_linear
+def test_a_layer_that_records_gradients_inside_the_block_uses_its_own_weight(monkeypatch):
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(8, 16), torch.randn(3, 8)
+    layer(inputs).square().sum().backward()
+    expected, layer.weight.grad = layer.weight.grad, None
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with onednn_transformer.onednn_prepacked([layer]):
+        onednn_transformer.linear(layer, inputs).square().sum().backward()
+    assert layouts and set(layouts) == {torch.strided}
+    assert torch.allclose(layer.weight.grad, expected, atol=1e-6)
