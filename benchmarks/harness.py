@@ -65,7 +65,9 @@ class Timing:
 
 
 def positive_int(text: str) -> int:
-    """argparse type for counts that must be at least 1 (repeats, steps, threads, sentences)."""
+    """argparse type for counts that must be at least 1 (repeats, steps, threads, sentences). The scripts' own is
+    `modeling.cli.positive_int`; this file imports no `modeling` at its top, because `train_peers.py`'s workers
+    import it under a peer's interpreter, where the project's dependencies are absent."""
     try:
         value = int(text)
     except ValueError:

@@ -10,17 +10,17 @@ import argparse
 import sys
 
 from modeling.averaging import average_checkpoints, last_checkpoints
+from modeling.cli import positive_int
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint-dir", required=True, help="directory holding checkpoint-<step> directories")
-    parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
+    parser.add_argument(
+        "--last", type=positive_int, required=True, help="how many of the newest checkpoints to average"
+    )
     parser.add_argument("--output-dir", required=True, help="where to write the averaged model")
-    args = parser.parse_args()
-    if args.last < 1:
-        parser.error(f"--last must be at least 1, got {args.last}")
-    return args
+    return parser.parse_args()
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from modeling.cli import add_decoding_arguments, positive_int
 from modeling.data import load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_writable, write_json
@@ -39,28 +40,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--source-lang", required=True)
     parser.add_argument("--target-lang", required=True)
     parser.add_argument("--split", default="test", help="split to evaluate; 'validation'/'test' find aliases")
-    parser.add_argument("--limit", type=int, help="evaluate only the first N sentences (quick checks)")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
-    parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
-    parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
-    parser.add_argument(
-        "--workers", type=int, default=1, help="CPU: batches decoded at once, sharing torch's threads (default 1)"
-    )
-    parser.add_argument("--chunk-lines", type=int, default=10_000, help="hypotheses translated and saved at a time")
+    parser.add_argument("--limit", type=positive_int, help="evaluate only the first N sentences (quick checks)")
+    add_decoding_arguments(parser, chunk_lines_help="hypotheses translated and saved at a time")
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
-    args = parser.parse_args()
-    for flag, value in (
-        ("--limit", args.limit),
-        ("--max-tokens", args.max_tokens),
-        ("--num-beams", args.num_beams),
-        ("--chunk-lines", args.chunk_lines),
-        ("--workers", args.workers),
-    ):
-        if value is not None and value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
-    return args
+    return parser.parse_args()
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from modeling.cli import add_decoding_arguments
 from modeling.files import check_writable, write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines
@@ -34,24 +35,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
     parser.add_argument("--input-file", help="one sentence per line, plain or .gz (-: stdin)")
     parser.add_argument("--output-file", help="where to write the translations (default: stdout)")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
-    parser.add_argument("--num-beams", type=int, help="beam size (default: the model's generation config, 4)")
-    parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
-    parser.add_argument(
-        "--workers", type=int, default=1, help="CPU: batches decoded at once, sharing torch's threads (default 1)"
-    )
-    parser.add_argument("--chunk-lines", type=int, default=10_000, help="lines read, sorted and saved at a time")
+    add_decoding_arguments(parser, chunk_lines_help="lines read, sorted and saved at a time")
     args = parser.parse_args()
     if args.text and args.input_file:
         parser.error("give sentences as arguments or --input-file, not both")
-    for flag, value in (
-        ("--max-tokens", args.max_tokens),
-        ("--num-beams", args.num_beams),
-        ("--chunk-lines", args.chunk_lines),
-        ("--workers", args.workers),
-    ):
-        if value is not None and value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
     return args
 
 

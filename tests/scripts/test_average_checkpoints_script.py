@@ -30,4 +30,4 @@ def test_script_refuses_fewer_than_one_checkpoint(tmp_path, monkeypatch, capsys)
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(SCRIPT), run_name="__main__")
     assert exit_info.value.code == 2
-    assert "--last must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --last: must be at least 1, got 0" in capsys.readouterr().err

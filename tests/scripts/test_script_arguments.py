@@ -14,9 +14,11 @@ pytestmark = pytest.mark.usefixtures("datasets_cache")
         ("evaluate.py", "--max-tokens"),
         ("evaluate.py", "--num-beams"),
         ("evaluate.py", "--workers"),
+        ("evaluate.py", "--chunk-lines"),
         ("translate.py", "--max-tokens"),
         ("translate.py", "--num-beams"),
         ("translate.py", "--workers"),
+        ("translate.py", "--chunk-lines"),
     ],
 )
 def test_scripts_refuse_counts_below_one_before_loading_anything(script, flag, tmp_path, monkeypatch, capsys):
@@ -25,4 +27,14 @@ def test_scripts_refuse_counts_below_one_before_loading_anything(script, flag, t
     with pytest.raises(SystemExit) as exit_info:  # the model directory does not exist: not reached
         run_script(script, "--model", tmp_path / "missing", flag, "0", *extra, monkeypatch=monkeypatch)
     assert exit_info.value.code == 2
-    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+    assert f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["evaluate.py", "translate.py"])
+def test_scripts_refuse_a_count_that_is_not_an_integer(script, tmp_path, monkeypatch, capsys):
+    languages = ["--source-lang", "en", "--target-lang", "de", "--data-dir", tmp_path]
+    extra = languages if script == "evaluate.py" else ["a cat."]
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(script, "--model", tmp_path / "missing", "--workers", "two", *extra, monkeypatch=monkeypatch)
+    assert exit_info.value.code == 2
+    assert "argument --workers: 'two' is not an integer" in capsys.readouterr().err

@@ -1,0 +1,30 @@
+"""What the command-line scripts share: argparse's type for counts, and the decoding options of
+`scripts/translate.py` and `scripts/evaluate.py`, so that both take the same flags with the same checks."""
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    """argparse type for a count that must be at least 1; argparse's error names the flag ("argument --workers:
+    must be at least 1, got 0") before the script loads anything."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, chunk_lines_help: str) -> None:
+    """--max-tokens, --num-beams, --int8, --workers and --chunk-lines: how a script batches, decodes and saves."""
+    parser.add_argument("--max-tokens", type=positive_int, default=4096, help="padded source tokens per batch")
+    parser.add_argument("--num-beams", type=positive_int, help="beam size (default: the model's generation config, 4)")
+    parser.add_argument("--int8", action="store_true", help="CPU int8 linear layers (modeling.quantization)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="CPU: batches decoded at once, sharing torch's threads (default 1)",
+    )
+    parser.add_argument("--chunk-lines", type=positive_int, default=10_000, help=chunk_lines_help)
