@@ -172,7 +172,7 @@ def measure_matmul_peak(
 # --------------------------------------------------------------------------------------------------------------
 
 
-# On x86 CPUs the model's linear layers run oneDNN's kernel (`modeling_transformer.linear`), whose FLOPs torch's
+# On x86 CPUs the model's linear layers run oneDNN's kernel (`onednn_transformer.linear`), whose FLOPs torch's
 # counter does not know: counted as the product it computes, input (..., K) times weight (N, K) transposed.
 ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 if ONEDNN_LINEAR is not None and ONEDNN_LINEAR not in flop_counter.flop_registry:
