@@ -255,6 +255,21 @@ def test_static_shape_step_computes_what_the_decoding_step_does(benchmarks_impor
     torch.testing.assert_close(static, expected, rtol=0, atol=1e-4)
 
 
+def test_row_steps_are_counted_from_the_decoding_steps_beam_search_runs(benchmarks_importable):
+    from continuous_batching_ceiling import count_row_steps
+    from fixtures import QUICK_SIZE, random_model, transformer_config
+
+    model = random_model(transformer_config(QUICK_SIZE)).eval()
+    sources = torch.randint(4, model.config.vocab_size, (3, 6))
+    forced = {"num_beams": 4, "min_new_tokens": 5, "max_new_tokens": 5}  # no sentence leaves early
+    with torch.inference_mode():
+        expected = model.generate(sources, **forced)
+        row_steps = count_row_steps(model, lambda: model.generate(sources, **forced))
+        assert row_steps == 3 * 1 + 3 * 4 * 4  # the first step on one beam per sentence, then every beam
+        assert "_decoder_step" not in vars(model)  # the model's own step again
+        assert torch.equal(model.generate(sources, **forced), expected)
+
+
 def test_training_profile_quick_run_prints_its_tables():
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / "investigations" / "profile_training.py"), "--quick", "--threads", "1"],
