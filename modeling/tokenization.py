@@ -25,6 +25,7 @@ import contextlib
 import gzip
 import json
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -134,6 +135,20 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         ) from err
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise ValueError(f"cannot read {path} after {line_number} lines: {err}") from err
+
+
+def reads_once(path: str | os.PathLike) -> bool:
+    """Whether `path` can be read only once: `-` (standard input), a pipe (`<(command)`, `/dev/stdin` fed by one),
+    a FIFO or a terminal. A second `open` of it does not start again from its first line, so whoever reads it must
+    read it once, from the start to the end. False for a path that does not exist (`iter_lines` names it)."""
+    path = os.fspath(path)
+    if path == "-":
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
 
 
 def iter_corpus_text(dataset: Any, languages: Sequence[str], *, batch_size: int = 1000) -> Iterator[str]:

@@ -31,7 +31,7 @@ from .checkpoints import file_sha256, weights_problems
 from .export.common import refuse_an_export
 from .files import check_writable, disk_full_error, fsync_path, write_json
 from .hub_client import naming_hub_failures, use_hub_timeouts
-from .tokenization import iter_lines
+from .tokenization import iter_lines, reads_once
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,8 @@ def translate_file(
     to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
     only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
-    stdin, read once, starts over; the source is known by its lines, so the same file at another path resumes); a
+    stdin or a pipe, read once, starts over; the source is known by its lines, so the same file at another path
+    resumes); a
     partial translation of another text, model or decoding is started over
     (logged), never continued (`workers`, like torch's thread count, is not part of the decoding: a rerun with
     another number resumes); a second process translating into the same file is refused
@@ -254,6 +255,7 @@ class _PartialTranslation:
         self.destination, self.path = destination, partial_translation_path(destination)
         self.record_path = self.path.with_name(self.path.name + ".json")
         self.identity, self.source = identity, "-" if os.fspath(source) == "-" else os.path.abspath(source)
+        self.read_once = reads_once(source)  # a pipe: read once, from the start, never again to resume
         self.digest, self.lines, self.bytes = hashlib.sha256(), 0, 0
 
     def resume(self, handle: IO[bytes]) -> Iterator[str]:
@@ -261,7 +263,7 @@ class _PartialTranslation:
         and the source still begins with the lines it translated (read once, hashed on the way), else all of them.
         Cuts the file to what is kept."""
         lines = iter_lines(self.source)
-        earlier = self._earlier_record() if self.source != "-" else None
+        earlier = self._earlier_record() if not self.read_once else None
         if earlier is not None:
             done, size, source_sha256 = earlier
             self._hash(islice(lines, done))

@@ -18,7 +18,7 @@ import sys
 from modeling.cli import add_decoding_arguments
 from modeling.files import check_writable, write_text
 from modeling.quantization import quantize_int8
-from modeling.tokenization import iter_lines
+from modeling.tokenization import iter_lines, reads_once
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,
@@ -48,7 +48,7 @@ def main() -> None:
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     source = args.input_file or "-"
     try:  # the input and the destination first: a mistake in either is named before any model is loaded
-        if not args.text and source != "-":
+        if not args.text and not reads_once(source):  # a pipe's first line, read here, would be lost to the model
             next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:
             check_writable(args.output_file)

@@ -488,3 +488,21 @@ def closed_port_endpoint() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@contextmanager
+def fed_pipe(path: Path, text: str) -> Iterator[Path]:
+    """A FIFO at `path` that a thread fills with `text` once, as `<(command)` or a shell pipe gives a file: a second
+    open of it does not read `text` again. Yields the path; joins the writer at the end."""
+    os.mkfifo(path)
+
+    def write() -> None:
+        with open(path, "wb") as handle:  # blocks until a reader opens it
+            handle.write(text.encode())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield path
+    finally:
+        writer.join(timeout=10)

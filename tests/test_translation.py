@@ -17,6 +17,7 @@ from helpers import (
     EchoModel,
     closed_port_endpoint,
     convert_fairseq_fixture,
+    fed_pipe,
     save_tiny_checkpoint,
     stalled_endpoint,
     synthetic_pairs,
@@ -312,6 +313,21 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sizes == [3, 3], "only the 6 lines not yet translated"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_a_pipe_is_read_once_from_its_start_and_never_resumed(file_to_translate, tokenizer, tmp_path, monkeypatch):
+    """A pipe (`--input-file <(zcat news.gz)`) cannot be read again from its start: a record of an earlier run
+    is not resumed from it (that would read the pipe's first lines to compare them, then open it again)."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):  # a record of the first 6 lines, as a killed run from a file leaves it
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    sizes = counting_translate(monkeypatch)
+    with fed_pipe(tmp_path / "pipe", source.read_text()) as pipe:
+        assert translate_file(model, tokenizer, pipe, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    assert sum(sizes) == len(lines), "every line, from the pipe's first"
+    assert destination.read_text().split("\n")[:-1] == expected
 
 
 def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translate, tokenizer, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import SCRIPTS, run_script, script_error, subprocess_env
+from helpers import SCRIPTS, fed_pipe, run_script, script_error, subprocess_env
 
 from modeling import translation
 from modeling.quantization import quantize_int8
@@ -27,6 +27,19 @@ def test_translate_from_stdin_keeps_order_and_empty_lines(tiny_checkpoint, monke
     assert output.count("\n") == len(lines)
     translations = output.split("\n")[:-1]
     assert translations[1] == translations[3] == ""
+    assert translations == translate(model, tokenizer, lines)
+
+
+@pytest.mark.parametrize("to_file", [False, True], ids=["to stdout", "to a file"])
+def test_a_pipe_as_input_file_loses_no_line(to_file, tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """`--input-file <(command)`: the checks before loading the model must not read the pipe's first lines."""
+    model_dir, model, tokenizer = tiny_checkpoint
+    lines = [f"the dog sees {count} red balls." for count in range(40)]
+    output = tmp_path / "out.de"
+    with fed_pipe(tmp_path / "pipe", "".join(line + "\n" for line in lines)) as pipe:
+        destination = ["--output-file", output] if to_file else []
+        run_script("translate.py", "--model", model_dir, "--input-file", pipe, *destination, monkeypatch=monkeypatch)
+    translations = (output.read_text() if to_file else capsys.readouterr().out).split("\n")[:-1]
     assert translations == translate(model, tokenizer, lines)
 
 
