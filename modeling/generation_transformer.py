@@ -23,7 +23,10 @@ release can break it, and `tests/test_generation.py` compares it with the librar
 import contextvars
 import copy
 import inspect
+import json
 import math
+import os
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
@@ -33,6 +36,7 @@ from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import ModelOutput
+from transformers.utils import GENERATION_CONFIG_NAME, logging
 
 from .cache_transformer import STATIC_CACHE_ATTENTION, StaticBeamCache
 
@@ -47,6 +51,8 @@ FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B = 0, 200
 # The beam_finalization of the beam search under way, for `_update_finished_beams`, which both loops call without
 # the generation config (a context variable: each thread, each task its own).
 _BEAM_FINALIZATION: contextvars.ContextVar[str] = contextvars.ContextVar("beam_finalization", default="best")
+
+logger = logging.get_logger(__name__)
 
 
 def set_paper_decoding(generation_config: GenerationConfig) -> None:
@@ -246,8 +252,18 @@ class TransformerGenerationMixin(GenerationMixin):
                 setattr(generation_config, name, value)
             base_config = generation_config
 
+        # As transformers 5 fills a given generation config: what it leaves unset (None) comes from the model's
+        # (and this model's own fields where it lacks them), then the library's defaults.
+        configs = [base_config] if base_config is self.generation_config else [base_config, self.generation_config]
+
         def setting(name: str, default):
-            return kwargs.get(name, getattr(base_config, name, default))
+            if name in kwargs:
+                return kwargs[name]
+            for config in configs:
+                value = getattr(config, name, None)
+                if value is not None or (name in MODEL_DECODING_FIELDS and hasattr(config, name)):
+                    return value
+            return default
 
         num_beams = setting("num_beams", 1)
         if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
@@ -290,6 +306,32 @@ class TransformerGenerationMixin(GenerationMixin):
             return super().generate(
                 inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
             )
+
+    def adjust_generation_fn(
+        self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path, *args, **kwargs
+    ):
+        """`from_pretrained`'s loading of the generation config, except where the checkpoint has none. transformers
+        would then make one from config.json and decode greedily, up to 20 tokens; this model decodes as `__init__`
+        builds it, with the paper's decoding (Sec. 6.1), and says so. A local generation_config.json that cannot be
+        read is refused, naming it, where transformers would skip it for those defaults without a word."""
+        if generation_config is None and pretrained_model_name_or_path is not None:
+            directory = Path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+            path = directory / GENERATION_CONFIG_NAME
+            if os.path.isdir(directory) and path.is_file():
+                try:
+                    json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+                    raise ValueError(f"{path} is not a readable generation config: {error}") from None
+        super().adjust_generation_fn(
+            generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path, *args, **kwargs
+        )
+        if generation_config is None and self.generation_config._from_model_config:
+            logger.warning(
+                "%s has no %s: decoding with the paper's settings (beam 4, length penalty 0.6, source length + 50)",
+                pretrained_model_name_or_path,
+                GENERATION_CONFIG_NAME,
+            )
+            set_paper_decoding(self.generation_config)
 
     @staticmethod
     def _fairseq_max_length(a, b) -> tuple[float, int | float] | None:

@@ -178,6 +178,34 @@ def test_default_generation_is_the_papers():
         tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
 
 
+def test_a_checkpoint_without_a_generation_config_decodes_as_the_paper_and_says_so(tmp_path, caplog):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()  # copied without it, say
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path)
+    config = loaded.generation_config
+    assert (config.num_beams, config.length_penalty_type, config.max_length_offset) == (4, "gnmt", 50)
+    assert "has no generation_config.json: decoding with the paper's settings" in caplog.text
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    assert torch.equal(loaded.generate(**inputs), model.generate(**inputs))
+
+
+def test_an_unreadable_generation_config_is_named_not_skipped(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"num_beams": ')  # cut short
+    with pytest.raises(ValueError, match=r"generation_config\.json is not a readable generation config"):
+        TransformerForConditionalGeneration.from_pretrained(tmp_path)
+
+
+def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
+    """As transformers 5 does: `GenerationConfig(max_new_tokens=5)` has num_beams None, which means the model's."""
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    given = model.generate(**inputs, generation_config=GenerationConfig(max_new_tokens=5))
+    assert torch.equal(given, model.generate(**inputs, max_new_tokens=5))
+    greedy = model.generate(**inputs, generation_config=GenerationConfig(max_new_tokens=5, num_beams=1))
+    assert torch.equal(greedy, model.generate(**inputs, max_new_tokens=5, num_beams=1))
+
+
 @pytest.mark.parametrize("num_beams", [0, -1, 2.0])
 def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
