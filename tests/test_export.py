@@ -395,7 +395,21 @@ def test_marian_export_round_trips_exactly(trained, tokenizer, tmp_path, layout)
         assert torch.equal(back[name], tensor), name
     assert all(not back[name].any() for name in back if name.endswith("_proj.bias"))  # the paper has none
     record = json.loads((tmp_path / "marian" / "export.json").read_text())
-    assert record["format"] == "marian" and len(record["not_expressed"]) == 2  # GNMT form, source + 50
+    assert record["format"] == "marian" and len(record["not_expressed"]) == 3  # GNMT form, source + 50, the cap
+
+
+def test_marian_export_does_not_cut_translations_at_transformers_default_length(tokenizer, tmp_path):
+    """Without a cap in the generation config (this model's limit is per sentence), the twin's cap is the
+    positional table, not transformers' default of 20 tokens: an untrained model, which runs to its limit, shows it."""
+    model = tiny_model(len(tokenizer), max_position_embeddings=40)
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    marian = MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    assert marian.generation_config.max_length == 40
+    batch = tokenizer(SOURCES[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert marian.generate(**batch, num_beams=2, min_new_tokens=30).shape[1] > 21
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert any("max_length=40" in line for line in record["not_expressed"])
 
 
 @pytest.mark.parametrize(

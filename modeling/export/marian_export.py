@@ -58,15 +58,27 @@ def to_marian(
 ) -> Path:
     """Save the exact `MarianMTModel` twin of `model` (`modeling.convert.to_marian`: same logits, same beam search
     with transformers' length penalty) with `tokenizer` to `output_dir`. It loads with
-    `MarianMTModel.from_pretrained` and `AutoTokenizer.from_pretrained`, without remote code."""
+    `MarianMTModel.from_pretrained` and `AutoTokenizer.from_pretrained`, without remote code.
+
+    Where the generation config caps no length (this model's limit is per sentence, `max_length_offset`), the
+    twin's `max_length` is the positional table's length, as Marian checkpoints on the Hub have it: transformers'
+    default of 20 tokens would cut most translations without a word. `export.json` lists it."""
     from ..convert import to_marian as convert_to_marian
 
     check_marian(model)
     marian = convert_to_marian(model)
     _check_marian_positions(model, marian)
+    not_expressed = paper_decoding_not_expressed(model, "MarianMTModel")
+    limits = marian.generation_config
+    if limits.max_length is None and limits.max_new_tokens is None:
+        limits.max_length = model.config.max_position_embeddings
+        not_expressed.append(
+            f"no max_length or max_new_tokens: MarianMTModel stops every sentence at max_length={limits.max_length} "
+            "tokens (the positional table), where transformers' default would be 20"
+        )
     with building_directory(output_dir) as directory:
         marian.save_pretrained(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
-        write_record(directory, "marian", model, not_expressed=paper_decoding_not_expressed(model, "MarianMTModel"))
+        write_record(directory, "marian", model, not_expressed=not_expressed)
     return Path(output_dir)
