@@ -20,7 +20,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -176,6 +176,32 @@ def check_writable(path: str | os.PathLike) -> None:
         _temporary_name(path).unlink()
     except OSError as error:
         raise UnwritableError(error.errno, f"cannot write {path}: {error.strerror or error}") from error
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether `a` and `b` name one file: the same inode where both exist (links too), else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def check_distinct_outputs(
+    outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, str | os.PathLike]
+) -> None:
+    """Raise `UnwritableError` now if an output (by its flag or role: `{"--output-file": path}`) is one of the
+    `inputs` (`{"--input-file": path}`; writing it would destroy what is read) or another output's file (one
+    would overwrite the other). None outputs are not written and not compared; `-` (stdin) is no file."""
+    named = [(name, path) for name, path in outputs.items() if path is not None]
+    for index, (name, path) in enumerate(named):
+        for role, source in inputs.items():
+            if os.fspath(source) != "-" and _same_file(path, source):
+                raise UnwritableError(
+                    errno.EEXIST, f"{name} {path} is {role} {source}: writing it would destroy it; choose another path"
+                )
+        for other, other_path in named[index + 1 :]:
+            if _same_file(path, other_path):
+                raise UnwritableError(errno.EEXIST, f"{name} and {other} are one file, {path}: give each its own")
 
 
 def remove_tree(path: str | os.PathLike) -> None:

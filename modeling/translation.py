@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 from .batching import token_budget_batches
 from .checkpoints import file_sha256, weights_problems
 from .export.common import refuse_an_export
-from .files import check_writable, disk_full_error, fsync_path, write_json
+from .files import check_distinct_outputs, check_writable, disk_full_error, fsync_path, write_json
 from .hub_client import naming_hub_failures, use_hub_timeouts
 from .tokenization import iter_lines, reads_once
 
@@ -220,6 +220,7 @@ def translate_file(
 
     destination = Path(destination)
     check_writable(destination)
+    check_distinct_outputs({"the destination": destination}, {"the source": source})
     identity = {  # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
         "model": model_fingerprint(model),
         "tokenizer": tokenizer_fingerprint(tokenizer),

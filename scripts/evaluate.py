@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from modeling.cli import add_decoding_arguments, positive_int
-from modeling.data import load_parallel_dataset, require_rows, split_source
+from modeling.data import discover_parallel_files, load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
-from modeling.files import check_writable, write_json
+from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.translation import TranslationInProgressError, check_workers, load_model_and_tokenizer
 
@@ -46,6 +46,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
     return parser.parse_args()
+
+
+def split_files(data_dir: Path | None, source_lang: str, target_lang: str, split: str) -> dict[str, Path]:
+    """The local files of `split` by their role, which the outputs must not overwrite (none for a Hub dataset)."""
+    if data_dir is None:
+        return {}
+    files = discover_parallel_files(data_dir, source_lang, target_lang, [split])[split]
+    roles = ("the source file", "the reference file") if files.kind == "text" else ("the data file",)
+    return {role: Path(path) for role, path in zip(roles, files.paths, strict=True)}
 
 
 def main() -> None:
@@ -86,6 +95,10 @@ def main() -> None:
         )
         for path in filter(None, (metrics_path, hypotheses_path)):  # named now, not after the translating
             check_writable(path)
+        check_distinct_outputs(
+            {"the hypotheses file": hypotheses_path, "the metrics file": metrics_path},
+            split_files(args.data_dir, args.source_lang, args.target_lang, split_name),
+        )
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     if args.limit is not None:

@@ -16,7 +16,7 @@ import os
 import sys
 
 from modeling.cli import add_decoding_arguments
-from modeling.files import check_writable, write_text
+from modeling.files import check_distinct_outputs, check_writable, write_text
 from modeling.quantization import quantize_int8
 from modeling.tokenization import iter_lines, reads_once
 from modeling.translation import (
@@ -52,6 +52,7 @@ def main() -> None:
             next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:
             check_writable(args.output_file)
+            check_distinct_outputs({"--output-file": args.output_file}, {} if args.text else {"--input-file": source})
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)

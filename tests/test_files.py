@@ -13,6 +13,7 @@ from modeling.files import (
     UnwritableError,
     atomic_directory,
     atomic_path,
+    check_distinct_outputs,
     check_writable,
     replace_files,
     replacing_directory,
@@ -199,3 +200,19 @@ def test_check_writable_names_what_stands_in_the_way_and_leaves_nothing(tmp_path
     with pytest.raises(UnwritableError, match=r"^cannot write .*out\.de: Permission denied$"):
         check_writable(tmp_path / "out.de")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["afile", "new", "old.de"]
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused_however_it_is_named(tmp_path, monkeypatch):
+    source = tmp_path / "news.en"
+    source.write_text("a line\n")
+    (tmp_path / "link.en").symlink_to(source)
+    os.link(source, tmp_path / "hard.en")
+    monkeypatch.chdir(tmp_path)
+    for same in (source, "news.en", "./sub/../news.en", tmp_path / "link.en", tmp_path / "hard.en"):
+        with pytest.raises(UnwritableError, match=f"--output-file {same} is --input-file {source}: writing it would"):
+            check_distinct_outputs({"--output-file": same}, {"--input-file": source})
+    with pytest.raises(UnwritableError, match="the hypotheses file and the metrics file are one file, out/x"):
+        check_distinct_outputs({"the hypotheses file": "out/x", "the metrics file": tmp_path / "out" / "x"}, {})
+    check_distinct_outputs({"--output-file": "news.de", "unused": None}, {"--input-file": source, "stdin": "-"})
+    check_distinct_outputs({"--output-file": "-"}, {"--input-file": "-"})  # standard streams are no files
+    assert source.read_text() == "a line\n"

@@ -330,6 +330,15 @@ def test_a_pipe_is_read_once_from_its_start_and_never_resumed(file_to_translate,
     assert destination.read_text().split("\n")[:-1] == expected
 
 
+def test_a_destination_that_is_the_source_is_refused(file_to_translate, tokenizer, tmp_path):
+    source, lines, model, _ = file_to_translate
+    copy = tmp_path / "news.en"
+    shutil.copy(source, copy)
+    with pytest.raises(OSError, match="the destination .* is the source .*: writing it would destroy it"):
+        translate_file(model, tokenizer, copy, tmp_path / "." / "news.en", **SETTINGS)
+    assert copy.read_text() == source.read_text()
+
+
 def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translate, tokenizer, tmp_path, monkeypatch):
     """Killed between appending a chunk and recording it: the partial file holds more than its record says."""
     source, lines, model, expected = file_to_translate

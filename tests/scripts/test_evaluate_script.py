@@ -1,6 +1,7 @@
 """scripts/evaluate.py end to end on a tiny checkpoint, in this process (`helpers.run_script`)."""
 
 import json
+import shutil
 
 import pytest
 from helpers import run_script, script_error
@@ -93,3 +94,20 @@ def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
     assert message == f"error: cannot write {written}: {blocker} is a file, not a directory"
     message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path, monkeypatch=monkeypatch)
     assert message == f"error: cannot write {tmp_path}: it is a directory; give a file name"
+
+
+def test_outputs_that_would_overwrite_the_test_set_or_each_other_are_refused(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    data = tmp_path / "data"
+    shutil.copytree(eval_data_dir, data)
+    references = (data / "test.de").read_text()
+    common = ["--model", tiny_checkpoint[0], "--data-dir", data, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error("evaluate.py", *common, "--hypotheses-file", data / "test.de", monkeypatch=monkeypatch)
+    assert message.startswith(f"error: the hypotheses file {data / 'test.de'} is the reference file ")
+    assert (data / "test.de").read_text() == references
+    both = tmp_path / "eval.txt"
+    message = script_error(
+        "evaluate.py", *common, "--hypotheses-file", both, "--metrics-json", both, monkeypatch=monkeypatch
+    )
+    assert message == f"error: the hypotheses file and the metrics file are one file, {both}: give each its own"

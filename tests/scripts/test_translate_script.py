@@ -43,6 +43,19 @@ def test_a_pipe_as_input_file_loses_no_line(to_file, tiny_checkpoint, tmp_path, 
     assert translations == translate(model, tokenizer, lines)
 
 
+def test_an_output_file_that_is_the_input_file_is_refused_before_loading(tiny_checkpoint, tmp_path, monkeypatch):
+    model_dir = tiny_checkpoint[0]
+    source = tmp_path / "news.en"
+    source.write_text("a cat.\n")
+    message = script_error(
+        "translate.py", "--model", model_dir, "--input-file", source, "--output-file", source, monkeypatch=monkeypatch
+    )
+    assert message == f"error: --output-file {source} is --input-file {source}: writing it would destroy it; " + (
+        "choose another path"
+    )
+    assert source.read_text() == "a cat.\n"
+
+
 def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     model_dir, model, tokenizer = tiny_checkpoint
     sentences = ["a cat likes the ball.", "", "the dog."]
