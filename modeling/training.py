@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from .averaging import average_checkpoints
+from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints
 from .callbacks import PreemptionCallback
 from .checkpoints import (
     PREEMPTED_FILE,
@@ -65,11 +65,10 @@ from .data import (
     discover_parallel_files,
     load_parallel_dataset,
     require_rows,
-    resolve_split,
     split_source,
     tokenize_parallel_dataset,
 )
-from .files import check_writable, write_files_into, write_json
+from .files import check_replaceable, check_writable, write_files_into, write_json
 from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
@@ -134,47 +133,77 @@ def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:
 
 
 def _earlier_run_contents(output_dir: Path) -> list[str]:
-    """What shows that an earlier run wrote into output_dir: its checkpoints (complete or not), its identity."""
+    """What shows that an earlier run wrote into output_dir: its checkpoints (complete or not), its identity, or
+    the BPE of a run that stopped before recording its identity (whose data nothing tells)."""
     if not output_dir.is_dir():
         return []
     found = [path.name for path in list_checkpoints(output_dir)]
     found += [path.name for path in staging_directories(output_dir)]
     if (output_dir / RUN_IDENTITY_FILE).is_file():
         found.append(RUN_IDENTITY_FILE)
+    elif (output_dir / "tokenizer.json").is_file():
+        found.append("tokenizer.json")
     return found
+
+
+def _earlier_run_paths(output_dir: Path) -> list[Path]:
+    """What --overwrite_output_dir removes: the directories (checkpoints, averaged/) and files an earlier run wrote."""
+    directories = [*list_checkpoints(output_dir), *staging_directories(output_dir), output_dir / "averaged"]
+    names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
+    files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
+    return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]
 
 
 def _remove_earlier_run(output_dir: Path) -> None:
     """--overwrite_output_dir: remove what an earlier run wrote (checkpoints, averaged/, records, model)."""
     removed = []
-    for path in [*list_checkpoints(output_dir), *staging_directories(output_dir), output_dir / "averaged"]:
+    for path in _earlier_run_paths(output_dir):
         if path.is_dir():
             shutil.rmtree(path)
             removed.append(path.name + "/")
-    names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
-    for path in [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]:
-        if path.is_file():
+        else:
             path.unlink()
             removed.append(path.name)
     if removed:
         logger.warning("--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(removed), output_dir)
 
 
-def prepare_output_dir(training_args: TranslationTrainingArguments) -> str | None:
+def _check_inputs_survive(output_dir: Path, model_args: ModelArguments) -> None:
+    """--overwrite_output_dir must not delete the model or tokenizer that this run starts from (the model would be
+    gone, and the run would then fail for want of it)."""
+    removed = [path.resolve() for path in _earlier_run_paths(output_dir)]
+    given = {"model": model_args.model_name_or_path, "tokenizer": model_args.tokenizer_name_or_path}
+    for what, name in given.items():
+        if name is None or not Path(name).exists():  # a Hub repo id
+            continue
+        path = Path(name).resolve()
+        if path == output_dir.resolve() or any(path == gone or gone in path.parents for gone in removed):
+            raise ValueError(
+                f"--overwrite_output_dir would delete {name}, the {what} this run starts from "
+                f"(--{what}_name_or_path): copy it out of {output_dir} first, or choose another --output_dir."
+            )
+
+
+def prepare_output_dir(
+    training_args: TranslationTrainingArguments, model_args: ModelArguments | None = None
+) -> str | None:
     """Check output_dir before anything is written into it; return the checkpoint to resume from, or None.
 
     - No `resume_from_checkpoint`: a directory holding an earlier run's checkpoints is refused, saying how to
       resume or start over; with `overwrite_output_dir` they are removed (logged), and so are averaged/, the run
-      records and the saved model.
+      records and the saved model, unless they hold the model or tokenizer of `model_args` (refused).
     - "last" (or "true"): the newest complete checkpoint, skipping incomplete ones with a warning; none at all
       starts a fresh run (logged), so that the first launch and every requeue are the same command.
     - A path: it must be a complete checkpoint; an incomplete one is an error naming what is missing.
-    Every process checks (they read the same directory); the main process checks that it can write there, removes
-    files and preempted.json.
+    With `average_last_checkpoints` > 1, an averaged/ that the average may not replace is refused now, not after
+    training. Every process checks (they read the same directory); the main process checks that it can write
+    there, removes files and preempted.json.
     """
     output_dir = Path(training_args.output_dir)
     if training_args.should_save:  # a file in the way or no permission: said now, naming the directory
         check_writable(output_dir / RUN_IDENTITY_FILE)
+    if training_args.average_last_checkpoints > 1:
+        check_replaceable(output_dir / "averaged", AVERAGING_RECORD_NAME, REPLACEABLE)
     value = training_args.resume_from_checkpoint
     resume = None if value is None or value.lower() in ("", "false", "none") else value
     if resume is None:
@@ -185,6 +214,8 @@ def prepare_output_dir(training_args: TranslationTrainingArguments) -> str | Non
                 " resume it with --resume_from_checkpoint last, or start over with --overwrite_output_dir "
                 "(which deletes its checkpoints)."
             )
+        if earlier and model_args is not None:
+            _check_inputs_survive(output_dir, model_args)
         if earlier and training_args.should_save:
             _remove_earlier_run(output_dir)
         checkpoint = None
@@ -224,20 +255,10 @@ def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str 
 
 def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.DatasetDict, dict[str, int]]:
     """Training (and validation) pairs, as `{"train", "validation"}` splits of untokenised text, and the counts of
-    training pairs removed by cleaning."""
-    raw = load_parallel_dataset(
-        source_lang=data_args.source_lang,
-        target_lang=data_args.target_lang,
-        dataset=data_args.dataset,
-        language_pair=data_args.language_pair,
-        data_dir=data_args.data_dir,
-    )
-    names = {"train": resolve_split(raw, "train")}
-    if evaluate:
-        try:
-            names["validation"] = resolve_split(raw, "validation")
-        except KeyError as err:
-            raise ValueError(f"Evaluation needs a validation split ({err}); or pass --eval_strategy no.") from None
+    training pairs removed by cleaning.
+
+    Only these splits are read (validation only when evaluating, the only use of it, BLEU included): a test set
+    training never sees, blind or with unaligned files, is no obstacle."""
     where = {
         "source_lang": data_args.source_lang,
         "target_lang": data_args.target_lang,
@@ -245,7 +266,16 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
         "language_pair": data_args.language_pair,
         "data_dir": data_args.data_dir,
     }
-    splits = {key: require_rows(raw[name], name, split_source(name, **where)) for key, name in names.items()}
+    splits = {}
+    for key in ("train", "validation") if evaluate else ("train",):
+        try:
+            [(name, part)] = load_parallel_dataset(**where, splits=[key]).items()
+        except KeyError as err:
+            if key == "validation":
+                message = f"Evaluation needs a validation split ({err.args[0]}); or pass --eval_strategy no."
+                raise ValueError(message) from None
+            raise ValueError(f"Training needs a training split ({err.args[0]}).") from None
+        splits[key] = require_rows(part, name, split_source(name, **where))
     text, cleaning = datasets.DatasetDict(splits), {}
     if data_args.clean:
         text, counts = clean_parallel_dataset(
@@ -262,19 +292,60 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:
-    """The BPE of an earlier run in output_dir must be the one this run asks for."""
-    recorded = (read_run_identity(path.parent) or {}).get("vocab_size")
+    """The BPE of an earlier run in output_dir must be the one this run asks for.
+
+    The BPE that run trained (its run identity records this `vocab_size` and this vocabulary) may be larger than
+    `vocab_size` allows: BPE keeps every character of the corpus. Any other tokenizer may not."""
+    identity = read_run_identity(path.parent) or {}
+    recorded = identity.get("vocab_size")
     if recorded is not None and recorded != vocab_size:
         raise ValueError(
             f"{path} is the BPE of --vocab_size {recorded} ({len(tokenizer)} tokens), but this run asks for "
             f"--vocab_size {vocab_size}: pass --vocab_size {recorded} to continue, or start over with "
             "--overwrite_output_dir."
         )
-    if len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
+    fingerprint = vocabulary_fingerprint(tokenizer.get_vocab())
+    trained_here = recorded == vocab_size and identity.get("tokenizer") == fingerprint
+    if not trained_here and len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
         raise ValueError(
             f"{path} has {len(tokenizer)} tokens, more than --vocab_size {vocab_size} allows: pass the vocab_size "
             "it was trained with, or start over with --overwrite_output_dir."
         )
+
+
+def _train_bpe(data_args: DataArguments, train_text: datasets.Dataset, vocab_size: int) -> PreTrainedTokenizerBase:
+    """A shared BPE of `vocab_size` over both sides of the training text; a warning when it comes out larger."""
+    languages = [data_args.source_lang, data_args.target_lang]
+    tokenizer = train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
+    if len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
+        characters = sum(1 for token in tokenizer.get_vocab() if len(token) == 1)  # special tokens are longer
+        logger.warning(
+            "The BPE has %d tokens, more than --vocab_size %d: BPE keeps every one of the %d characters of the "
+            "training text (and the special tokens), whatever the size asked for.",
+            len(tokenizer),
+            vocab_size,
+            characters,
+        )
+    return tokenizer
+
+
+def _check_unrecorded_bpe(
+    tokenizer: PreTrainedTokenizerBase,
+    path: Path,
+    data_args: DataArguments,
+    train_text: datasets.Dataset,
+    vocab_size: int,
+) -> None:
+    """A BPE in output_dir without a run identity (a run stopped between saving it and recording its identity)
+    says nothing of the data it was trained on: it is used only if training the BPE again gives the same one."""
+    again = _train_bpe(data_args, train_text, vocab_size)
+    if vocabulary_fingerprint(again.get_vocab()) != vocabulary_fingerprint(tokenizer.get_vocab()):
+        raise ValueError(
+            f"{path} was left by a run that stopped before recording its identity ({RUN_IDENTITY_FILE}), and it is "
+            f"not the BPE of this run's data and --vocab_size {vocab_size}: start over with --overwrite_output_dir, "
+            "or pass it as --tokenizer_name_or_path from another directory."
+        )
+    logger.info("%s has no %s, but it is the BPE of this run's data: using it", path, RUN_IDENTITY_FILE)
 
 
 def _tokenizer(
@@ -288,20 +359,27 @@ def _tokenizer(
 
     A new BPE (Sec. 5.1: "a shared source-target vocabulary") is trained by the main process and saved to
     output_dir at once, so that other processes, and a resumed run, load the very same vocabulary. One found
-    there must match `vocab_size` (an error names both sizes and the file otherwise).
+    there must match `vocab_size` (an error names both sizes and the file otherwise); one found there without a
+    run identity is checked by the main process against a BPE trained again (`_check_unrecorded_bpe`).
     """
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name is not None:
         return AutoTokenizer.from_pretrained(name)
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(local=False, desc="shared BPE"):
-        if (output_dir / "tokenizer.json").is_file():
+        path = output_dir / "tokenizer.json"
+        if path.is_file():
             logger.info("Using the tokenizer of the earlier run in %s", output_dir)
             tokenizer = AutoTokenizer.from_pretrained(output_dir)
-            _check_vocab_size(tokenizer, output_dir / "tokenizer.json", vocab_size)
+            if read_run_identity(output_dir) is not None:
+                _check_vocab_size(tokenizer, path, vocab_size)
+            # Without an identity, the main process finds a BPE that was there before this run started (a plain
+            # run refuses one, --overwrite_output_dir removes it); the others, the one the main process just
+            # trained or checked.
+            elif training_args.process_index == 0:
+                _check_unrecorded_bpe(tokenizer, path, data_args, train_text, vocab_size)
             return tokenizer
-        languages = [data_args.source_lang, data_args.target_lang]
-        tokenizer = train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
+        tokenizer = _train_bpe(data_args, train_text, vocab_size)
         # tokenizer.json last: its presence is what tells a later run that the BPE is there, whole.
         write_files_into(output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
         return tokenizer
@@ -322,6 +400,16 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
             f"({TransformerConfig.model_type!r}) and MarianMT ('marian', converted exactly) can be fine-tuned."
         )
     return model_type
+
+
+def _check_run_arguments(model_args: ModelArguments, data_args: DataArguments) -> None:
+    """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared): refused
+    first, in one line."""
+    if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
+        raise ValueError(f"--max_train_samples must be at least 1, got {data_args.max_train_samples}.")
+    if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
+        preset = get_preset(model_args.preset)
+        preset.model_config(data_args.vocab_size or preset.vocab_size, **model_args.config_overrides())
 
 
 def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) -> PreTrainedModel:
@@ -514,6 +602,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
     `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
     """
+    _check_run_arguments(model_args, data_args)
     use_hub_timeouts()  # every Hub request (tokenizer, model, dataset, push) has a timeout
     check_fine_tuning_source(model_args)
     hub = None
@@ -523,7 +612,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         hub = prepare_push(training_args)
     preemption = PreemptionCallback()
     with preemption.handling():
-        checkpoint = prepare_output_dir(training_args)
+        checkpoint = prepare_output_dir(training_args, model_args)
         output_dir = Path(training_args.output_dir)
         preset = get_preset(model_args.preset)
         set_seed(training_args.seed)  # the same initial weights on every process and every run

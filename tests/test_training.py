@@ -258,3 +258,118 @@ def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tm
     (data_dir / "train.en").write_text("".join("one\n" for _ in range(10)))  # every pair fails the ratio rule
     with pytest.raises(ValueError, match=r"cleaning removed every one of the 10 pairs of split 'train'.*10 with a"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "b"))
+
+
+def test_a_bpe_larger_than_vocab_size_resumes_and_a_foreign_one_is_refused(tmp_path, datasets_cache, caplog):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=16)
+    model_args = ModelArguments(preset="tiny", **TINY)
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(model_args, data, tiny_run_args(run, resume_from_checkpoint="last"))
+    assert "more than --vocab_size 16: BPE keeps every one of the 24 characters" in caplog.text
+    assert len(AutoTokenizer.from_pretrained(run)) == 32
+
+    train(model_args, data, tiny_run_args(run, max_steps=4, resume_from_checkpoint="last"))  # the same command
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 4
+
+    word_tokenizer().save_pretrained(run)  # not the BPE this run recorded, and larger than --vocab_size 16 allows
+    with pytest.raises(ValueError, match=rf"^{run / 'tokenizer.json'} has 64 tokens, more than --vocab_size 16"):
+        train(model_args, data, tiny_run_args(run, max_steps=6, resume_from_checkpoint="last"))
+
+
+def test_a_tokenizer_left_without_a_run_identity_is_not_reused_for_other_data(
+    tmp_path, datasets_cache, monkeypatch, caplog
+):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    model_args = ModelArguments(preset="tiny", **TINY)
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"divisible by encoder_attention_heads \(3\)"):
+        train(ModelArguments(preset="tiny", **{**TINY, "num_heads": 3}), data, tiny_run_args(run))
+    assert not run.exists(), "the model config is checked before the BPE is trained"
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as patch:  # a run killed between saving its BPE and recording its identity
+        patch.setattr(training, "run_identity", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(model_args, data, tiny_run_args(run))
+    ours = (run / "tokenizer.json").read_text()
+    with pytest.raises(OutputDirectoryInUseError, match=r"holds an earlier run \(tokenizer\.json\)"):
+        train(model_args, data, tiny_run_args(run))
+    train(model_args, data, tiny_run_args(run, resume_from_checkpoint="last"))  # the requeue: its own BPE, checked
+    assert (run / "tokenizer.json").read_text() == ours
+
+    def shouted(words):
+        return " ".join(words).upper()
+
+    other = tmp_path / "other"  # the same left over BPE, and a run on other data
+    other.mkdir()
+    (other / "tokenizer.json").write_text(ours)
+    other_data = DataArguments(**{**vars(data), "data_dir": str(write_corpus(tmp_path / "upper", 40, shouted))})
+    with pytest.raises(ValueError, match=rf"^{other / 'tokenizer.json'} was left by a run .* not the BPE of this"):
+        train(model_args, other_data, tiny_run_args(other, resume_from_checkpoint="last"))
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(model_args, other_data, tiny_run_args(other, overwrite_output_dir=True))
+    assert "removed the earlier run's tokenizer.json" in caplog.text
+    assert (other / "tokenizer.json").read_text() != ours
+
+
+def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_starts_from(tmp_path):
+    tokenizer = word_tokenizer()
+    run = tmp_path / "ft"
+    (run / "averaged").mkdir(parents=True)
+    tiny_model(len(tokenizer)).save_pretrained(run / "averaged")
+    tokenizer.save_pretrained(run / "averaged")
+    tokenizer.save_pretrained(run)
+    (run / "run_identity.json").write_text("{}")  # an earlier run, that --overwrite_output_dir removes
+    data = DataArguments(data_dir=str(tmp_path / "no-data"), source_lang="en", target_lang="de")
+    overwrite = tiny_run_args(run, overwrite_output_dir=True)
+    fine_tune = ModelArguments(model_name_or_path=str(run / "averaged"))
+    with pytest.raises(ValueError, match=rf"^--overwrite_output_dir would delete {run / 'averaged'}, the model"):
+        train(fine_tune, data, overwrite)
+    own_tokenizer = ModelArguments(preset="tiny", tokenizer_name_or_path=str(run), **TINY)
+    with pytest.raises(ValueError, match=rf"^--overwrite_output_dir would delete {run}, the tokenizer"):
+        train(own_tokenizer, data, overwrite)
+    assert {path.name for path in run.iterdir()} >= {"averaged", "run_identity.json", "tokenizer.json"}
+    assert (run / "averaged" / "model.safetensors").is_file(), "nothing deleted"
+
+
+def test_training_reads_only_the_splits_it_uses(tmp_path, datasets_cache):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    (data_dir / "test.en").write_text("a blind test set\n")  # no German side
+    (data_dir / "val.de").write_text("ein\n")  # 1 line against val.en's 16
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run"))
+    evaluating = tiny_run_args(tmp_path / "evaluated", eval_strategy="steps", eval_steps=2)
+    with pytest.raises(ValueError, match=r"not line-aligned: .*val\.en has 16 lines"):
+        train(ModelArguments(preset="tiny", **TINY), data, evaluating)
+
+
+@pytest.mark.parametrize("samples", [0, -3])
+def test_max_train_samples_below_one_is_refused_before_any_work(tmp_path, samples):
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", max_train_samples=samples)
+    with pytest.raises(ValueError, match=rf"^--max_train_samples must be at least 1, got {samples}\.$"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_averaged_directory_that_cannot_be_replaced_is_refused_before_training(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("the data was read although the average could not be written")
+
+    monkeypatch.setattr(training, "load_parallel_dataset", not_reached)
+    run = tmp_path / "run"
+    (run / "averaged").mkdir(parents=True)
+    (run / "averaged" / "notes.txt").write_text("hi")
+    (run / "run_identity.json").write_text("{}")
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", vocab_size=64)
+    for args in (
+        tiny_run_args(run, average_last_checkpoints=2, resume_from_checkpoint="last"),
+        tiny_run_args(run, average_last_checkpoints=2, overwrite_output_dir=True),
+    ):
+        with pytest.raises(FileExistsError, match=rf"^{run / 'averaged'} exists and is not an average of checkpoints"):
+            train(ModelArguments(preset="tiny", **TINY), data, args)
+        assert (run / "averaged" / "notes.txt").is_file() and (run / "run_identity.json").is_file()
