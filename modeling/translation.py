@@ -378,6 +378,30 @@ def _looks_like_local_path(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer saved beside the model. From a local directory, one missing or broken is named in one line:
+    transformers would fall back to other tokenizer classes and fail with their unrelated messages, or report a
+    JSON error without its file."""
+    if not os.path.isdir(name_or_path):
+        return AutoTokenizer.from_pretrained(name_or_path)
+    if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{name_or_path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save it beside the model with "
+            "tokenizer.save_pretrained."
+        )
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as error:  # tokenizers' own parse errors are plain Exceptions
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(
+            f"The tokenizer in {name_or_path!r} does not load ({first_line}): a file cut short or missing? Save it "
+            "again with tokenizer.save_pretrained."
+        ) from error
+
+
 def load_model_and_tokenizer(
     name_or_path: str, *, attn_implementation: str | None = None, device: str | torch.device | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -405,6 +429,8 @@ def load_model_and_tokenizer(
         try:
             config = AutoConfig.from_pretrained(name_or_path)
         except OSError as error:
+            if os.path.isdir(name_or_path):  # config.json is there (checked above): it does not parse
+                raise OSError(f"Could not read {os.path.join(name_or_path, 'config.json')}: {error}") from error
             raise OSError(
                 f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
                 f"reachable Hub repo id. ({error})"
@@ -423,6 +449,6 @@ def load_model_and_tokenizer(
                 )
         model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = _load_tokenizer(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer

@@ -210,6 +210,31 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
         load_model_and_tokenizer(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no tokenizer", r"has no tokenizer \(tokenizer\.json or tokenizer_config\.json\): save it beside the model"),
+        ("tokenizer.json cut short", r"The tokenizer in .* does not load \(Unterminated string"),
+        ("no tokenizer.json", r"The tokenizer in .* does not load \(Couldn't instantiate the backend tokenizer"),
+        ("config.json cut short", r"Could not read .*config\.json: .*not a valid JSON file"),
+    ],
+)
+def test_a_missing_or_broken_tokenizer_or_config_is_named(tmp_path, damage, message):
+    """transformers' own messages name other tokenizer classes (FSMT's `langs`), no file, or say that a local
+    directory is not one."""
+    save_tiny_checkpoint(tmp_path)
+    if damage == "no tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (tmp_path / name).unlink()
+    elif damage == "no tokenizer.json":
+        (tmp_path / "tokenizer.json").unlink()
+    else:
+        damaged = tmp_path / damage.split()[0]
+        damaged.write_text(damaged.read_text()[:300])
+    with pytest.raises((OSError, ValueError), match=message):
+        load_model_and_tokenizer(str(tmp_path))
+
+
 @pytest.mark.parametrize(("to", "runtime"), [("marian", "MarianMTModel"), ("onnx", "onnxruntime")])
 def test_an_export_directory_is_named_as_one_with_the_model_it_came_from(tmp_path, to, runtime):
     save_tiny_checkpoint(tmp_path / "model")
