@@ -218,7 +218,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     (`.PATH.old`), the new one into place, then removes the old one: a crash in between leaves the complete old
     or new directory under one of those names, never a mix. On failure the partial directory is removed.
     """
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # "." and "out/.." have no name to put the partial directory beside
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
     remove_tree(partial)
     partial.mkdir(parents=True)
@@ -238,7 +238,16 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
     """Refuse, in one line, to replace `path` unless it is absent, an empty directory, or holds `marker`: the record
     that what replaces it (`what`: "an export", ...) writes, so that a user's other files are never replaced."""
     path = Path(path)
+    if Path(os.path.abspath(path)) in (Path.cwd(), *Path.cwd().parents):
+        raise UnwritableError(
+            errno.EBUSY,
+            f"cannot replace {path}: it holds the current directory, which would be deleted under you; give a "
+            "directory below it (e.g. ./out)",
+        )
     if not path.exists():
+        existing = next(parent for parent in (*path.parents, Path(".")) if parent.exists())
+        if not existing.is_dir():
+            raise UnwritableError(errno.ENOTDIR, f"cannot write {path}: {existing} is a file, not a directory")
         return
     if not path.is_dir():
         raise FileExistsError(f"{path} exists and is not a directory.")

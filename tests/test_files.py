@@ -14,6 +14,7 @@ from modeling.files import (
     atomic_directory,
     atomic_path,
     check_distinct_outputs,
+    check_replaceable,
     check_writable,
     replace_files,
     replacing_directory,
@@ -216,3 +217,17 @@ def test_an_output_that_is_an_input_or_another_output_is_refused_however_it_is_n
     check_distinct_outputs({"--output-file": "news.de", "unused": None}, {"--input-file": source, "stdin": "-"})
     check_distinct_outputs({"--output-file": "-"}, {"--input-file": "-"})  # standard streams are no files
     assert source.read_text() == "a line\n"
+
+
+def test_a_directory_to_replace_is_refused_where_replacing_it_cannot_work(tmp_path, monkeypatch):
+    """The current directory (it would be deleted under the user), a path below a file: named before any work."""
+    monkeypatch.chdir(tmp_path)
+    for here in (".", "sub/..", tmp_path, tmp_path.parent):
+        with pytest.raises(UnwritableError, match="it holds the current directory, which would be deleted"):
+            check_replaceable(here, "export.json", "an export")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(UnwritableError, match="cannot write afile/sub: afile is a file, not a directory"):
+        check_replaceable("afile/sub", "export.json", "an export")
+    with replacing_directory("out/../built", "export.json", "an export") as partial:  # no name of its own: fine
+        (partial / "export.json").write_text("{}")
+    assert (tmp_path / "built" / "export.json").is_file() and not (tmp_path / "built.partial").exists()
