@@ -285,7 +285,7 @@ def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_ke
     readme = (tmp_path / "ct2" / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
     assert len(blocks) == 2
-    lines = SOURCES[:5] + [""] + SOURCES[5:]
+    lines = SOURCES[:5] + ["", " \t "] + ["  " + SOURCES[5] + " "] + SOURCES[6:]  # as translate() reads them
     (tmp_path / "news.en").write_text("".join(line + "\n" for line in lines))
     monkeypatch.chdir(tmp_path)  # the code names the export by its directory's name, from beside it
     exec(blocks[0] + blocks[1], {})
@@ -293,7 +293,7 @@ def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_ke
     options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
     expected = [tokenizer.decode(ids) for ids in ct2_translations(tmp_path / "ct2", tokenizer, SOURCES, **options)]
     written = (tmp_path / "news.de").read_text().split("\n")
-    assert written == expected[:5] + [""] + expected[5:] + [""]  # one line per line, the last one ended
+    assert written == expected[:5] + ["", ""] + expected[5:] + [""]  # one line per line, the last one ended
 
 
 def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):

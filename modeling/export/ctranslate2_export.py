@@ -246,7 +246,8 @@ print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0])) for r 
 ```
 
 A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by length into batches of at most
-`max_batch_size` tokens, and writes one line per line, in order (an empty line stays empty).
+`max_batch_size` tokens, and writes one line per line, in order (a line empty or of spaces stays empty; the
+others are stripped, as `modeling.translation.translate` strips them).
 
 ```python
 translator.translate_file(
@@ -254,7 +255,7 @@ translator.translate_file(
     "news.de",
     max_batch_size=4096,
     batch_type="tokens",
-    source_tokenize_fn=lambda line: tokenizer.convert_ids_to_tokens(tokenizer(line)["input_ids"]),
+    source_tokenize_fn=lambda line: tokenizer.convert_ids_to_tokens(tokenizer(line.strip())["input_ids"]),
     target_detokenize_fn=lambda tokens: tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)),
     **options,
 )
