@@ -321,12 +321,19 @@ def _read_jsonl(path: str, languages: tuple[str, str]) -> Iterator[tuple[str, st
     for line_number, line in enumerate(iter_lines(path), start=1):
         try:
             pair = json.loads(line)["translation"]
-            yield pair[languages[0]], pair[languages[1]]
+            sentences = pair[languages[0]], pair[languages[1]]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(
                 f'{path}:{line_number}: expected {{"translation": {{"{languages[0]}": ..., '
                 f'"{languages[1]}": ...}}}}, got {line[:200]!r} ({type(err).__name__}: {err})'
             ) from err
+        for language, sentence in zip(languages, sentences, strict=True):
+            if not isinstance(sentence, str):  # null or a list would crash cleaning, or datasets naming no file
+                raise ValueError(
+                    f"{path}:{line_number}: the {language!r} sentence must be a string, "
+                    f"got {json.dumps(sentence, ensure_ascii=False)[:200]}"
+                )
+        yield sentences
 
 
 def split_source(
@@ -381,7 +388,12 @@ def clean_parallel_dataset(
     counts BPE tokens; we count words because cleaning runs before the BPE is trained. `None` disables a
     rule. Only `splits` (default: the training split) are touched: test sentences are never dropped.
     Counts per cleaned split: `{"total", "empty", "too_long", "ratio", "kept"}`.
+    `max_length` and `max_ratio` are at least 1: below, every non-empty pair would be removed.
     """
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length must be at least 1 (word), got {max_length}")
+    if max_ratio is not None and max_ratio < 1:  # the longer side over the shorter: 1 at least
+        raise ValueError(f"max_ratio must be at least 1 (equal lengths), got {max_ratio}")
     out, counts = dict(ds), {}
     for name in splits:
         split = resolve_split(ds, name)
@@ -465,7 +477,10 @@ def tokenize_parallel_dataset(
     DatasetDict for references. Sequences longer than `max_length` tokens are truncated, keeping their
     final `</s>`, and counted in the log; none are dropped, so test sets stay complete (over-long
     training pairs are better removed by `clean_parallel_dataset`). Results are cached by `datasets`.
+    `max_length` is at least 2: one token and `</s>`.
     """
+    if max_length is not None and max_length < 2:  # 0 would keep every sequence whole, below 0 cut out tokens
+        raise ValueError(f"max_length must be at least 2 (one token and the end-of-sentence token), got {max_length}")
     out = {}
     for split, part in ds.items():
         encoded = part.map(

@@ -15,8 +15,8 @@ Choices the rest of the project relies on:
   as in the paper's BPE, and one leading space is lost (Metaspace reads it as the word boundary it
   would prepend anyway). No Moses tokeniser is needed; BLEU is computed on detokenised text;
 - the vocabulary size is a multiple of 8 (tensor-core friendly embedding matrix). When BPE runs out of
-  merges before reaching the requested size, the vocabulary is padded with `<unused{i}>` entries in the
-  BPE model itself: no merge produces them, so encoding never emits them.
+  merges before reaching the requested size, the vocabulary is padded to the next multiple of 8 with
+  `<unused{i}>` entries in the BPE model itself: no merge produces them, so encoding never emits them.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -39,6 +40,8 @@ SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, EOS_TOKEN]  # ids 0, 1, 2 in this order
 VOCAB_MULTIPLE = 8
 MODEL_MAX_LENGTH = 1024
 
+logger = logging.getLogger(__name__)
+
 
 def train_shared_bpe(
     texts: Iterable[str],
@@ -47,12 +50,17 @@ def train_shared_bpe(
     min_frequency: int = 2,
     show_progress: bool = False,
     model_max_length: int = MODEL_MAX_LENGTH,
+    source: str | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train one BPE over sentences of both languages and return a ready-to-use HF tokenizer.
 
     `texts` is consumed once, lazily: pass a generator (e.g. `iter_text_files` or `iter_corpus_text`)
-    so that WMT-sized corpora are never held in memory. The vocabulary ends up with
-    `vocab_size` rounded up to a multiple of 8 entries, special tokens included.
+    so that WMT-sized corpora are never held in memory. The vocabulary, special tokens included, has a size
+    that is a multiple of 8: `vocab_size` rounded up, as a rule. Fewer when BPE runs out of pairs seen
+    `min_frequency` times (padded with unreachable `<unused{i}>` entries to the next multiple of 8); more, with
+    a warning, when the corpus's distinct characters and the special tokens alone exceed it, since BPE keeps
+    every character. A ValueError when `texts` holds no non-blank line; `source` (say the file names) says where
+    they came from in its message.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
@@ -68,8 +76,31 @@ def train_shared_bpe(
         special_tokens=SPECIAL_TOKENS,
         show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    tokenizer = _pad_vocab(tokenizer, _round_up(tokenizer.get_vocab_size(), VOCAB_MULTIPLE))
+    has_text = False
+
+    def watched(texts: Iterable[str]) -> Iterator[str]:
+        nonlocal has_text
+        for text in texts:
+            has_text = has_text or (bool(text) and not text.isspace())
+            yield text
+
+    tokenizer.train_from_iterator(watched(texts), trainer=trainer)
+    if not has_text:  # else an empty file would give a tokenizer of special tokens, saved as a success
+        raise ValueError(
+            f"no text to train the BPE on: {source or 'the input'} hold(s) no line with a non-blank character"
+        )
+    trained_size = tokenizer.get_vocab_size()
+    tokenizer = _pad_vocab(tokenizer, _round_up(trained_size, VOCAB_MULTIPLE))
+    if trained_size > target_size:
+        logger.warning(
+            "the vocabulary has %d entries, more than vocab_size=%d: the corpus has %d distinct characters, all "
+            "kept by BPE, and %d special tokens (the size is theirs rounded up to a multiple of %d, without merges)",
+            tokenizer.get_vocab_size(),
+            vocab_size,
+            trained_size - len(SPECIAL_TOKENS),
+            len(SPECIAL_TOKENS),
+            VOCAB_MULTIPLE,
+        )
 
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -115,26 +146,55 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
     parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
     a ValueError naming the file and its exact line (`file:line`); a truncated or corrupt gzip file raises one
-    naming the file and the number of lines read.
+    naming the file and the number of lines read. Gzip data is recognised by its first bytes whatever the file's
+    name (`.gz` or not). A byte order mark at the very start of the text is dropped; a U+FEFF anywhere else is text.
     """
     path = os.fspath(path)
-    if path == "-":
-        path, source = "<stdin>", contextlib.nullcontext(sys.stdin.buffer)  # read, not closed
-    else:
-        source = (gzip.open if path.endswith(".gz") else open)(path, "rb")
+    name = "<stdin>" if path == "-" else path
     line_number = 0
     try:
-        with source as handle:
-            for raw in handle:
+        with contextlib.ExitStack() as stack:
+            for raw in _open_binary(path, stack):
                 line_number += 1
-                yield raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8").rstrip("\r\n")
+                # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
+                # that no hypothesis matches, a vocabulary entry).
+                yield line[1:] if line_number == 1 and line.startswith(_BYTE_ORDER_MARK) else line
     except UnicodeDecodeError as err:
         raise ValueError(
-            f"{path}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
+            f"{name}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
             "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from err
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-        raise ValueError(f"cannot read {path} after {line_number} lines: {err}") from err
+        raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
+
+
+_BYTE_ORDER_MARK = "\ufeff"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _open_binary(path: str, stack: contextlib.ExitStack) -> BinaryIO:
+    """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip data."""
+    if path.endswith(".gz"):
+        return stack.enter_context(gzip.open(path, "rb"))
+    handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+    # Gzip data named like text (`train.de`, `zcat` forgotten) is read as gzip rather than refused: no UTF-8 text
+    # can start with these bytes (0x8b is a continuation byte), so no text file is ever misread this way.
+    if _peek(handle, len(_GZIP_MAGIC)) == _GZIP_MAGIC:
+        return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))  # closes not `handle`, the stack does
+    return handle
+
+
+def _peek(handle: BinaryIO, size: int) -> bytes:
+    """The next `size` bytes of `handle`, left unread (fewer from a pipe that has not delivered them yet)."""
+    if hasattr(handle, "peek"):  # open(..., "rb") and a real standard input: works on pipes too
+        return handle.peek(size)[:size]
+    if handle.seekable():  # io.BytesIO standing in for standard input
+        start = handle.tell()
+        head = handle.read(size)
+        handle.seek(start)
+        return head
+    return b""
 
 
 def reads_once(path: str | os.PathLike) -> bool:

@@ -314,19 +314,10 @@ def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size
 
 
 def _train_bpe(data_args: DataArguments, train_text: datasets.Dataset, vocab_size: int) -> PreTrainedTokenizerBase:
-    """A shared BPE of `vocab_size` over both sides of the training text; a warning when it comes out larger."""
+    """A shared BPE of `vocab_size` over both sides of the training text (`train_shared_bpe` warns when the
+    corpus's characters alone make it larger)."""
     languages = [data_args.source_lang, data_args.target_lang]
-    tokenizer = train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
-    if len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
-        characters = sum(1 for token in tokenizer.get_vocab() if len(token) == 1)  # special tokens are longer
-        logger.warning(
-            "The BPE has %d tokens, more than --vocab_size %d: BPE keeps every one of the %d characters of the "
-            "training text (and the special tokens), whatever the size asked for.",
-            len(tokenizer),
-            vocab_size,
-            characters,
-        )
-    return tokenizer
+    return train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
 
 
 def _check_unrecorded_bpe(

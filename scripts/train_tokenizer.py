@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from modeling.data import load_parallel_dataset
+from modeling.data import load_parallel_dataset, split_source
 from modeling.files import check_writable, write_files_into
 from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
 
@@ -26,7 +26,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--language-pair", help="Hub dataset config, e.g. de-en")
     parser.add_argument("--source-lang", help="default: first language of --language-pair")
     parser.add_argument("--target-lang", help="default: second language of --language-pair")
-    parser.add_argument("--vocab-size", type=int, required=True, help="rounded up to a multiple of 8")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        help="rounded up to a multiple of 8; fewer when the corpus runs out of merges, more (with a warning) when "
+        "its distinct characters alone exceed it",
+    )
     parser.add_argument("--min-frequency", type=int, default=2)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--cache-dir", help="datasets cache folder")
@@ -56,13 +62,33 @@ def training_texts(args: argparse.Namespace) -> Iterable[str]:
     return iter_corpus_text(ds["train"], [args.source_lang, args.target_lang])
 
 
+def training_source(args: argparse.Namespace) -> str:
+    """Where the training sentences come from, in words: the files, or the dataset's training split."""
+    if args.train_files:
+        return ", ".join(args.train_files)
+    return split_source(
+        "train",
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        dataset=args.dataset,
+        language_pair=args.language_pair,
+        data_dir=args.data_dir,
+    )
+
+
 def main() -> None:
     args = parse_args()
     try:  # a dataset loads here; plain files are read lazily, while the BPE trains
         check_writable(Path(args.output_dir) / "tokenizer.json")  # named now, not after the training
         texts = training_texts(args)
         start = time.perf_counter()
-        tokenizer = train_shared_bpe(texts, args.vocab_size, min_frequency=args.min_frequency, show_progress=True)
+        tokenizer = train_shared_bpe(
+            texts,
+            args.vocab_size,
+            min_frequency=args.min_frequency,
+            show_progress=True,
+            source=training_source(args),
+        )
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     seconds = time.perf_counter() - start

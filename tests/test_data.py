@@ -174,6 +174,33 @@ def test_malformed_tsv_and_jsonl_rows_are_located(tmp_path):
         load(tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["text", "tsv", "jsonl"])
+def test_a_byte_order_mark_opening_a_file_is_not_text(tmp_path, kind):
+    """Each reader gets `iter_lines`'s lines: a BOM would start the first English sentence, or break its JSON."""
+    bom = "\ufeff"
+    if kind == "text":
+        write_lines(tmp_path / "train.en", [bom + EN[0], *EN[1:]])
+        write_lines(tmp_path / "train.de.gz", [bom + DE[0], *DE[1:]])
+    else:
+        rows = {
+            "tsv": [f"{e}\t{d}" for e, d in zip(EN, DE, strict=True)],
+            "jsonl": [json.dumps({"translation": {"en": e, "de": d}}) for e, d in zip(EN, DE, strict=True)],
+        }[kind]
+        name = "train.tsv.gz" if kind == "tsv" else "train.jsonl"
+        write_lines(tmp_path / name, [bom + rows[0], *rows[1:]])
+    assert pairs(load(tmp_path)["train"]) == list(zip(EN, DE, strict=True))
+
+
+@pytest.mark.parametrize("value", [None, ["a list"], 3, {"text": "a dict"}])
+def test_a_jsonl_value_that_is_not_a_string_is_located(tmp_path, value):
+    rows = [{"translation": {"en": e, "de": d}} for e, d in zip(EN, DE, strict=True)]
+    rows[2]["translation"]["en"] = value
+    write_lines(tmp_path / "train.jsonl.gz", [json.dumps(row) for row in rows])
+    with pytest.raises(ValueError, match=r"^\S*train\.jsonl\.gz:3: the 'en' sentence must be a string, got ") as error:
+        load(tmp_path)
+    assert "\n" not in str(error.value)
+
+
 def test_ambiguous_split_is_rejected(tmp_path):
     write_lines(tmp_path / "train.en", EN)
     write_lines(tmp_path / "train.de", DE)
@@ -293,6 +320,25 @@ def test_truncation_keeps_eos_and_is_counted(tokenizer, caplog):
     assert over > 0 and f"truncated {over} sequences to max_length=4" in caplog.text
     long = next(i for i, ids in enumerate(full["input_ids"]) if len(ids) > 4)
     assert encoded[long]["input_ids"] == full[long]["input_ids"][:3] + [tokenizer.eos_token_id]
+
+
+@pytest.mark.parametrize("max_length", [1, 0, -3])
+def test_a_max_length_without_room_for_a_token_and_eos_is_refused(tokenizer, max_length):
+    # 0 kept whole sequences while logging them as truncated; a negative value dropped tokens from their middle.
+    with pytest.raises(ValueError, match=rf"^max_length must be at least 2 .*, got {max_length}$"):
+        tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de", max_length=max_length)
+
+
+def test_the_smallest_max_length_keeps_one_token_and_eos(tokenizer):
+    encoded = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de", max_length=2)["train"]
+    full = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de")["train"]
+    assert encoded["input_ids"] == [[ids[0], tokenizer.eos_token_id] for ids in full["input_ids"]]
+
+
+@pytest.mark.parametrize(("option", "value"), [("max_length", 0), ("max_length", -1), ("max_ratio", 0.9)])
+def test_cleaning_limits_that_would_reject_every_pair_are_refused(option, value):
+    with pytest.raises(ValueError, match=rf"^{option} must be at least 1 .*, got {value}$"):
+        clean_parallel_dataset(tiny_corpus(), "en", "de", **{option: value})
 
 
 def test_sampler_drives_a_dataloader(tokenizer):

@@ -3,6 +3,7 @@
 import gzip
 import io
 import json
+import logging
 import sys
 import unicodedata
 
@@ -11,7 +12,7 @@ import pytest
 from helpers import MULTI30K
 from transformers import AutoTokenizer
 
-from modeling.tokenization import iter_corpus_text, iter_lines, iter_text_files, train_shared_bpe
+from modeling.tokenization import _round_up, iter_corpus_text, iter_lines, iter_text_files, train_shared_bpe
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,28 @@ def test_rejects_vocab_without_room_for_specials(corpus):
         train_shared_bpe(iter(corpus), vocab_size=3)
 
 
+@pytest.mark.parametrize("texts", [[], ["", "  ", "\t"]], ids=["nothing", "blank lines"])
+def test_refuses_to_train_on_no_text(texts):
+    with pytest.raises(ValueError, match=r"^no text to train the BPE on: train\.en, train\.de hold\(s\) no line"):
+        train_shared_bpe(iter(texts), vocab_size=16, source="train.en, train.de")
+    with pytest.raises(ValueError, match=r"^no text to train the BPE on: the input hold\(s\) no line"):
+        train_shared_bpe(iter(texts), vocab_size=16)
+
+
+def test_a_vocabulary_larger_than_asked_is_explained(corpus, caplog):
+    """BPE keeps every character of the corpus: below their count, `vocab_size` cannot be met."""
+    characters = len(set("".join(corpus)))
+    with caplog.at_level(logging.WARNING, logger="modeling.tokenization"):
+        tokenizer = train_shared_bpe(iter(corpus), vocab_size=4)
+    assert len(tokenizer) == _round_up(characters + 3, 8) > 8
+    assert f"{len(tokenizer)} entries, more than vocab_size=4" in caplog.text
+    assert f"{characters} distinct characters" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling.tokenization"):
+        train_shared_bpe(iter(corpus), vocab_size=101)
+    assert caplog.text == ""
+
+
 def test_save_and_load_through_auto_tokenizer(tokenizer, corpus, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
@@ -128,6 +151,40 @@ def test_an_invalid_utf8_byte_is_located_on_its_exact_line(tmp_path, suffix):
     with pytest.raises(ValueError, match=rf"train\.de{suffix}:4322: not valid UTF-8") as error:
         list(iter_lines(path))
     assert "iconv" in str(error.value)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_byte_order_mark_is_dropped_at_the_start_of_the_file_only(tmp_path, suffix):
+    # Windows editors write one: kept, it would open the first reference (lower BLEU) or join the vocabulary.
+    path = tmp_path / f"refs.de{suffix}"
+    data = b"\xef\xbb\xbfeins\nzwei \xef\xbb\xbf drei\n\xef\xbb\xbfvier\n"
+    path.write_bytes(gzip.compress(data) if suffix else data)
+    assert list(iter_lines(path)) == ["eins", "zwei \ufeff drei", "\ufeffvier"]  # later ones are text
+
+
+def test_a_byte_order_mark_is_dropped_from_standard_input(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfone\ntwo\n"), encoding="utf-8"))
+    assert list(iter_lines("-")) == ["one", "two"]
+
+
+def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
+    # Its first bytes, 1f 8b, cannot start UTF-8 text, so reading it as gzip cannot misread a text file.
+    path = tmp_path / "train.txt"
+    path.write_bytes(gzip.compress("\ufeffüber\nfünf\n".encode()))
+    assert list(iter_lines(path)) == ["über", "fünf"]
+    assert list(iter_text_files([path, path])) == ["über", "fünf"] * 2
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(b"one\ntwo\n")), encoding="utf-8"))
+    assert list(iter_lines("-")) == ["one", "two"]
+    path.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])  # truncated: named as gzip, not as Latin-1
+    with pytest.raises(ValueError, match=r"^cannot read .*train\.txt after \d+ lines"):
+        list(iter_lines(path))
+
+
+def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):
+    (tmp_path / "one").write_bytes(b"\x1f")
+    (tmp_path / "empty").write_bytes(b"")
+    assert list(iter_lines(tmp_path / "one")) == ["\x1f"]
+    assert list(iter_lines(tmp_path / "empty")) == []
 
 
 def test_iter_corpus_text_streams_both_sides():

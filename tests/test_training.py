@@ -265,9 +265,9 @@ def test_a_bpe_larger_than_vocab_size_resumes_and_a_foreign_one_is_refused(tmp_p
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=16)
     model_args = ModelArguments(preset="tiny", **TINY)
     run = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+    with caplog.at_level(logging.WARNING, logger="modeling.tokenization"):
         train(model_args, data, tiny_run_args(run, resume_from_checkpoint="last"))
-    assert "more than --vocab_size 16: BPE keeps every one of the 24 characters" in caplog.text
+    assert "more than vocab_size=16: the corpus has 24 distinct characters, all kept by BPE" in caplog.text
     assert len(AutoTokenizer.from_pretrained(run)) == 32
 
     train(model_args, data, tiny_run_args(run, max_steps=4, resume_from_checkpoint="last"))  # the same command

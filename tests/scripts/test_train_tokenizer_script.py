@@ -56,6 +56,28 @@ def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpu
         assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
 
 
+def test_cli_refuses_files_without_text_and_saves_nothing(tmp_path, monkeypatch):
+    (tmp_path / "train.en").write_text("")
+    (tmp_path / "train.de").write_text("\n  \n")
+    files = [str(tmp_path / "train.en"), str(tmp_path / "train.de")]
+    argv = ["train_tokenizer.py", "--train-files", *files, "--vocab-size", "90"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(tmp_path / "bpe")])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    assert exit_info.value.code == (
+        f"error: no text to train the BPE on: {files[0]}, {files[1]} hold(s) no line with a non-blank character"
+    )
+    assert not any((tmp_path / "bpe").iterdir())  # made empty by the check that it can be written
+
+
+def test_cli_warns_when_the_characters_alone_exceed_the_vocabulary_size(corpus, tmp_path):
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    result = run_cli("--train-files", str(tmp_path / "train.en"), "--vocab-size", "4", "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    size = int(result.stdout.split("vocab size: ")[1].split()[0])
+    assert size > 8 and f"{size} entries, more than vocab_size=4" in result.stderr
+
+
 def test_an_unwritable_output_directory_is_named_before_the_bpe_trains(corpus, tmp_path, monkeypatch):
     def not_reached(*args, **kwargs):
         raise AssertionError("trained although the tokenizer could not be saved")
