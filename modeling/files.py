@@ -101,6 +101,33 @@ def fsync_tree(directory: str | os.PathLike) -> None:
         fsync_path(root)
 
 
+def _umask_file_mode(directory: Path) -> int:
+    """The permissions the umask gives a new file, read off one made in `directory` (the umask itself cannot be
+    read without changing it, which is not thread-safe)."""
+    probe = _temporary_name(directory / "permissions")
+    try:
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+
+
+def _widen_to_umask(paths: Iterable[Path], mode: int) -> None:
+    """Give `paths` at least the permissions `mode`: safetensors writes its files 0600 (through a private
+    temporary file), which a serving account or a colleague on a shared file system could not read."""
+    for path in paths:
+        current = path.stat().st_mode & 0o777
+        if current | mode != current:
+            path.chmod(current | mode)
+
+
+def publish_tree(directory: str | os.PathLike) -> None:
+    """Make a finished directory ready to move into place: its files get the permissions the umask gives (as the
+    files the project writes itself have), then everything below it is flushed to disk (`fsync_tree`)."""
+    directory = Path(directory)
+    _widen_to_umask((path for path in directory.rglob("*") if path.is_file()), _umask_file_mode(directory))
+    fsync_tree(directory)
+
+
 def _temporary_name(path: Path) -> Path:
     """A new empty file beside `path`, with the permissions the umask gives (mkstemp's would be 0600)."""
     while True:
@@ -125,6 +152,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     temporary = _temporary_name(path)
     try:
         yield temporary
+        _widen_to_umask([temporary], _umask_file_mode(path.parent))  # a writer may have replaced it with a 0600 file
         fsync_path(temporary)
         os.replace(temporary, path)
     except BaseException as error:
@@ -224,7 +252,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     partial.mkdir(parents=True)
     try:
         yield partial
-        fsync_tree(partial)
+        publish_tree(partial)
         swap_directory(partial, path)
     except BaseException as error:
         full = disk_full_error(error, path) if isinstance(error, Exception) else None
@@ -319,7 +347,7 @@ def write_files_into(
     staging.mkdir(parents=True)
     try:
         write(staging)
-        fsync_tree(staging)
+        publish_tree(staging)
         return replace_files(staging, directory, last=last)
     except BaseException as error:
         full = disk_full_error(error, directory) if isinstance(error, Exception) else None

@@ -72,7 +72,7 @@ from .checkpoints import (
     staging_directories,
     write_completeness_marker,
 )
-from .files import disk_full_error, fsync_tree, remove_tree, replace_files, swap_directory, write_json, write_text
+from .files import disk_full_error, publish_tree, remove_tree, replace_files, swap_directory, write_json, write_text
 from .schedule import noam_learning_rate, noam_scheduler
 from .scoring import corpus_scores
 
@@ -299,7 +299,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         identity = final.parent / RUN_IDENTITY_FILE
         if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():
             shutil.copy2(identity, staged / RUN_IDENTITY_FILE)
-        fsync_tree(staged)
+        publish_tree(staged)
         write_completeness_marker(staged, step=self.state.global_step)
         swap_directory(staged, final)
         os.rmdir(staging_root)
@@ -365,7 +365,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         try:
             self.save_model(str(staging))
             if self.args.should_save:
-                fsync_tree(staging)
+                publish_tree(staging)
                 replace_files(staging, output_dir)
         except Exception as error:
             failure = error

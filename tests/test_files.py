@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 import modeling.files as files_module
 from modeling.files import (
@@ -231,3 +232,31 @@ def test_a_directory_to_replace_is_refused_where_replacing_it_cannot_work(tmp_pa
     with replacing_directory("out/../built", "export.json", "an export") as partial:  # no name of its own: fine
         (partial / "export.json").write_text("{}")
     assert (tmp_path / "built" / "export.json").is_file() and not (tmp_path / "built.partial").exists()
+
+
+@pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_permissions_the_umask_gives(tmp_path, umask, expected):
+    """safetensors writes its files 0600 (through a private temporary file): a serving account could not read
+    the weights of an export, a checkpoint or an average."""
+    from safetensors.torch import save_file
+
+    tensors = {"weight": torch.zeros(2)}
+    previous = os.umask(umask)
+    try:
+        with atomic_path(tmp_path / "single.safetensors") as temporary:
+            save_file(tensors, temporary)
+        with atomic_directory(tmp_path / "whole") as partial:
+            save_file(tensors, partial / "model.safetensors")
+            (partial / "script.sh").write_text("")
+            (partial / "script.sh").chmod(0o755)  # wider than the umask's: left as it is
+        write_files_into(tmp_path / "into", lambda staging: save_file(tensors, staging / "model.safetensors"))
+    finally:
+        os.umask(previous)
+    for path in (
+        tmp_path / "single.safetensors",
+        tmp_path / "whole/model.safetensors",
+        tmp_path / "into/model.safetensors",
+    ):
+        assert path.stat().st_mode & 0o777 == expected, path
+    assert (tmp_path / "whole/script.sh").stat().st_mode & 0o777 == 0o755 | expected
+    assert sorted(path.name for path in (tmp_path / "whole").iterdir()) == ["model.safetensors", "script.sh"]
