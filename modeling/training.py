@@ -148,7 +148,9 @@ def _earlier_run_contents(output_dir: Path) -> list[str]:
 
 def _earlier_run_paths(output_dir: Path) -> list[Path]:
     """What --overwrite_output_dir removes: the directories (checkpoints, averaged/) and files an earlier run wrote."""
-    directories = [*list_checkpoints(output_dir), *staging_directories(output_dir), output_dir / "averaged"]
+    directories = [*list_checkpoints(output_dir), *staging_directories(output_dir)]
+    if (output_dir / "averaged" / AVERAGING_RECORD_NAME).is_file():  # an average; a user's own averaged/ stays
+        directories.append(output_dir / "averaged")
     names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
     return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]
@@ -398,6 +400,8 @@ def _check_run_arguments(model_args: ModelArguments, data_args: DataArguments) -
     first, in one line."""
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be at least 1, got {data_args.max_train_samples}.")
+    if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
+        raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
         preset = get_preset(model_args.preset)
         preset.model_config(data_args.vocab_size or preset.vocab_size, **model_args.config_overrides())

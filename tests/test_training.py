@@ -25,6 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling import TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from modeling.averaging import AVERAGING_RECORD_NAME
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
@@ -323,6 +324,7 @@ def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_s
     (run / "averaged").mkdir(parents=True)
     tiny_model(len(tokenizer)).save_pretrained(run / "averaged")
     tokenizer.save_pretrained(run / "averaged")
+    (run / "averaged" / AVERAGING_RECORD_NAME).write_text("{}")  # the earlier run's average
     tokenizer.save_pretrained(run)
     (run / "run_identity.json").write_text("{}")  # an earlier run, that --overwrite_output_dir removes
     data = DataArguments(data_dir=str(tmp_path / "no-data"), source_lang="en", target_lang="de")
@@ -348,10 +350,21 @@ def test_training_reads_only_the_splits_it_uses(tmp_path, datasets_cache):
         train(ModelArguments(preset="tiny", **TINY), data, evaluating)
 
 
-@pytest.mark.parametrize("samples", [0, -3])
-def test_max_train_samples_below_one_is_refused_before_any_work(tmp_path, samples):
-    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", max_train_samples=samples)
-    with pytest.raises(ValueError, match=rf"^--max_train_samples must be at least 1, got {samples}\.$"):
+def test_overwrite_output_dir_leaves_an_averaged_directory_that_is_no_average(tmp_path, datasets_cache):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
+    (run / "averaged").mkdir()
+    (run / "averaged" / "notes.txt").write_text("mine")  # the user's, not a run's
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, overwrite_output_dir=True))
+    assert (run / "averaged" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(("name", "value"), [("max_train_samples", 0), ("max_train_samples", -3), ("max_length", 1)])
+def test_counts_that_leave_nothing_to_train_are_refused_before_any_work(tmp_path, name, value):
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", **{name: value})
+    with pytest.raises(ValueError, match=rf"^--{name} must be at least \d\b.*got {value}\.$"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
