@@ -171,6 +171,7 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
 
 _BYTE_ORDER_MARK = "\ufeff"
 _GZIP_MAGIC = b"\x1f\x8b"
+_UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: what Windows' "Unicode" saves
 
 
 def _open_binary(path: str, stack: contextlib.ExitStack) -> BinaryIO:
@@ -180,8 +181,12 @@ def _open_binary(path: str, stack: contextlib.ExitStack) -> BinaryIO:
     handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
     # Gzip data named like text (`train.de`, `zcat` forgotten) is read as gzip rather than refused: no UTF-8 text
     # can start with these bytes (0x8b is a continuation byte), so no text file is ever misread this way.
-    if _peek(handle, len(_GZIP_MAGIC)) == _GZIP_MAGIC:
+    head = _peek(handle, len(_GZIP_MAGIC))
+    if head == _GZIP_MAGIC:
         return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))  # closes not `handle`, the stack does
+    if head in _UTF16_BYTE_ORDER_MARKS:  # else "not valid UTF-8 ... iconv -f latin1", which would garble it
+        name = "<stdin>" if path == "-" else path
+        raise ValueError(f"{name} is UTF-16 text: convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
     return handle
 
 

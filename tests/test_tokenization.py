@@ -167,6 +167,14 @@ def test_a_byte_order_mark_is_dropped_from_standard_input(monkeypatch):
     assert list(iter_lines("-")) == ["one", "two"]
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_utf16_text_is_named_as_such(tmp_path, encoding):
+    path = tmp_path / "train.en"
+    path.write_bytes(("\ufeff" if encoding.endswith("be") else "").encode(encoding) + "a cat\n".encode(encoding))
+    with pytest.raises(ValueError, match=r"^.*train\.en is UTF-16 text: convert it to UTF-8 \(e\.g\. iconv -f utf-16"):
+        list(iter_lines(path))
+
+
 def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
     # Its first bytes, 1f 8b, cannot start UTF-8 text, so reading it as gzip cannot misread a text file.
     path = tmp_path / "train.txt"
