@@ -71,6 +71,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+        limit, averaged = self.save_total_limit, self.average_last_checkpoints
+        if limit is not None and 0 < limit < averaged and averaged > 1:  # None or 0: every checkpoint is kept
+            raise ValueError(
+                f"save_total_limit {limit} keeps fewer checkpoints than average_last_checkpoints {averaged} averages: "
+                "raise save_total_limit (or leave it out: the preset keeps as many as are averaged) or average fewer."
+            )
         if self.overwrite_output_dir and self.resume_from_checkpoint not in (None, "", "false", "False"):
             raise ValueError(
                 "Give --overwrite_output_dir (start over) or --resume_from_checkpoint (continue), not both."

@@ -47,11 +47,19 @@ class TrainingPreset:
         """The preset's architecture for a vocabulary of `vocab_size`, with `overrides` on top."""
         return self.architecture(**{**self.model, "vocab_size": vocab_size, **overrides})
 
-    def training_defaults(self) -> dict[str, Any]:
+    def training_defaults(self, **given: Any) -> dict[str, Any]:
         """Defaults of `TranslationTrainingArguments` for this preset: the paper's recipe and this budget.
 
-        Explicit arguments win over these (the script passes them to `HfArgumentParser.set_defaults`).
+        Explicit arguments win over these (the script passes them to `HfArgumentParser.set_defaults`). `given`, the
+        arguments given explicitly, moves the defaults tied to them so that rotation keeps every checkpoint to be
+        averaged: `save_total_limit` rises to a larger `average_last_checkpoints`, and `average_last_checkpoints`
+        falls to a smaller `save_total_limit` (None or 0 keeps every checkpoint). Both given and in conflict are
+        refused by `TranslationTrainingArguments`.
         """
+        averaged = self.average_last_checkpoints
+        limit = given.get("save_total_limit")
+        if limit is not None and 0 < limit < averaged:
+            averaged = limit
         defaults = {
             "max_steps": self.max_steps,
             "warmup_steps": self.warmup_steps,
@@ -67,8 +75,8 @@ class TrainingPreset:
             "tokens_per_update": self.tokens_per_update,
             "save_strategy": "steps",
             "save_steps": self.save_steps,
-            "save_total_limit": max(self.average_last_checkpoints, 1),
-            "average_last_checkpoints": self.average_last_checkpoints,
+            "save_total_limit": max(averaged, given.get("average_last_checkpoints") or 0, 1),
+            "average_last_checkpoints": averaged,
             "eval_strategy": "steps",
             "eval_steps": self.eval_steps,
             "logging_steps": self.logging_steps,

@@ -16,37 +16,33 @@ the same where a launcher such as torchrun turns the workers' 75 into its own 1)
 """
 
 import argparse
-import dataclasses
-import json
+import contextlib
 import logging
 import os
 import signal
 import sys
-from pathlib import Path
+import typing
 
-import yaml
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
-ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
+
+NOT_GIVEN = object()  # a default no flag can produce: tells whether a flag was given
+TIED_TO_THE_PRESET = ("save_total_limit", "average_last_checkpoints")  # see TrainingPreset.training_defaults
 
 
-def read_config_file(path: str) -> dict:
-    """The keys of a JSON or YAML config file, each a field of one of the three argument groups."""
-    text = Path(path).read_text(encoding="utf-8")
-    values = (json.loads(text) if path.endswith(".json") else yaml.safe_load(text)) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a mapping of argument names to values.")
-    known = {field.name for group in ARGUMENT_GROUPS for field in dataclasses.fields(group)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown arguments {unknown}.")
-    return values
+class ProbeParser(HfArgumentParser):
+    """The script's parser without --help, raising its errors rather than printing them: a first look at the
+    flags, whose errors the parse proper reports."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise argparse.ArgumentError(None, message)
 
 
 def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
@@ -58,7 +54,14 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
     preset_parser = argparse.ArgumentParser(add_help=False)
     preset_parser.add_argument("--preset", default=values.get("preset", ModelArguments.preset))
     preset = get_preset(preset_parser.parse_known_args(argv)[0].preset)
-    parser.set_defaults(**{**preset.training_defaults(), **values})
+    # Which of the preset's tied defaults the user sets, in the file or by a flag: the others follow them.
+    given = {name: values[name] for name in TIED_TO_THE_PRESET if name in values}
+    probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
+    probe.set_defaults(**{**preset.training_defaults(), **values, **dict.fromkeys(TIED_TO_THE_PRESET, NOT_GIVEN)})
+    with contextlib.suppress(argparse.ArgumentError):  # the parse proper reports it
+        flags = vars(probe.parse_known_args(argv)[0])
+        given |= {name: flags[name] for name in TIED_TO_THE_PRESET if flags[name] is not NOT_GIVEN}
+    parser.set_defaults(**{**preset.training_defaults(**given), **values})
     return parser.parse_args_into_dataclasses(argv)
 
 

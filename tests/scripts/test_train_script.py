@@ -17,6 +17,7 @@ from helpers import (
     hub_env,
     losses,
     requests_made,
+    script_error,
     subprocess_env,
     word_for_word,
     write_corpus,
@@ -25,6 +26,7 @@ from helpers import (
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from modeling.arguments import TranslationTrainingArguments
 from modeling.checkpoints import is_complete
 from modeling.training import train
 
@@ -59,6 +61,142 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
     config.write_text("preset: base\nsave_step: 7\n")
     with pytest.raises(ValueError, match=r"unknown arguments \['save_step'\]"):
         script.parse([str(config)])
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("max_steps: 5.5", "max_steps must be an integer, got 5.5"),
+        ("max_steps: [5]", "max_steps must be an integer, got [5]"),
+        ('max_steps: "five"', "max_steps must be an integer, got 'five'"),
+        ("max_steps: true", "max_steps must be an integer, got True"),
+        ("d_model: 64.0", "d_model must be an integer or null, got 64.0"),
+        ("learning_rate: fast", "learning_rate must be a number, got 'fast'"),
+        ("bf16: 1", "bf16 must be true or false, got 1"),
+        ("bf16: 'true'", "bf16 must be true or false, got 'true'"),
+        ("source_lang: no", "source_lang must be a string, got False"),  # YAML 1.1 reads `no` as false
+        ("report_to: [none, 3]", "report_to must be null, a string or a list of strings, got ['none', 3]"),
+        ("eval_strategy: sometimes", "eval_strategy must be one of ['no', 'steps', 'epoch'], got 'sometimes'"),
+        ("lr_scheduler_kwargs: 3", "lr_scheduler_kwargs must be a mapping, a string or null, got 3"),
+    ],
+)
+def test_config_values_of_the_wrong_type_are_refused_in_one_line_before_any_work(
+    line, message, tmp_path, monkeypatch, capsys
+):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: tiny\ndata_dir: {tmp_path / 'data'}\noutput_dir: {tmp_path / 'run'}\n{line}\n")
+    assert script_error("train.py", config, monkeypatch=monkeypatch) == f"error: {config}: {message}"
+    assert capsys.readouterr().err == "", "no usage, no traceback"
+    assert not (tmp_path / "run").exists(), "refused before anything is written"
+
+
+def test_config_values_of_the_right_type_are_taken(tmp_path):
+    script = load_train_script()
+    config = tmp_path / "run.json"
+    values = {"preset": "tiny", "output_dir": str(tmp_path), "learning_rate": 1, "save_every_minutes": None}
+    values |= {"report_to": ["none"], "eval_strategy": "no", "lr_scheduler_kwargs": {}, "bf16": False}
+    config.write_text(json.dumps(values))
+    model_args, _, args = script.parse([str(config)])
+    assert (args.learning_rate, args.save_every_minutes, args.report_to) == (1, None, [])
+    assert args.eval_strategy == "no" and model_args.preset == "tiny"
+    # YAML 1.1 reads 1e-9 as a string: the file means the number, as a flag would.
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\nadam_epsilon: 1e-9\nlearning_rate: 5.0E-1\n")
+    _, _, args = script.parse([str(config)])
+    assert (args.adam_epsilon, args.learning_rate) == (1e-9, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "run.yaml",
+            "preset: tiny\n  bad: [\n",
+            "invalid YAML at line 2, column 6: mapping values are not allowed here",
+        ),
+        (
+            "run.yml",
+            "max_steps: [5\n",
+            "invalid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence from line 1, column 12)",
+        ),
+        (
+            "run.json",
+            '{"preset": "tiny", bad}',
+            "invalid JSON at line 1, column 20: Expecting property name enclosed in double quotes",
+        ),
+        ("run.yaml", "1: 2\nfoo: 3\n", "unknown arguments [1, 'foo']."),
+        ("run.yaml", "preset: caf\xe9\n".encode("latin-1"), "'utf-8' codec can't decode byte 0xe9 in position 11"),
+    ],
+)
+def test_a_malformed_config_file_is_one_line_naming_it(name, text, message, tmp_path, monkeypatch, capsys):
+    config = tmp_path / name
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert script_error("train.py", config, monkeypatch=monkeypatch).startswith(f"error: {config}: {message}")
+    assert capsys.readouterr().err == ""
+
+
+def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
+    script = load_train_script()
+    flags = ["--preset", "tiny", "--output_dir", str(tmp_path), "--report_to", "none"]
+    assert script.parse(flags)[2].save_total_limit == 5, "the preset keeps the 5 it averages"
+    args = script.parse([*flags, "--average_last_checkpoints", "8"])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (8, 8), "rotation must not delete them"
+    assert script.parse([*flags, "--average-last-checkpoints", "2"])[2].save_total_limit == 5, "raised, not lowered"
+    args = script.parse([*flags, "--average_last_checkpoints", "8", "--save_total_limit", "9"])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (9, 8), "the user's own"
+    args = script.parse([*flags, "--save_total_limit", "2"])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (2, 2), "the preset averages what is kept"
+    assert script.parse([*flags, "--save_total_limit", "0"])[2].average_last_checkpoints == 5, "0 keeps them all"
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\naverage_last_checkpoints: 8\n")
+    assert script.parse([str(config)])[2].save_total_limit == 8
+    assert script.parse([str(config), "--save-total-limit", "10"])[2].save_total_limit == 10, "the user's own"
+    config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\naverage_last_checkpoints: 8\nsave_total_limit: null\n")
+    args = script.parse([str(config)])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (None, 8), "the user's own: keep every one"
+    config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\nsave_total_limit: 1\n")
+    args = script.parse([str(config)])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (1, 1), "one checkpoint kept: none averaged"
+
+
+def test_help_and_flag_errors_are_the_parsers_own(tmp_path, capsys):
+    script = load_train_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse(["--preset", "tiny", "--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "--save_total_limit SAVE_TOTAL_LIMIT" in help_text and "<object" not in help_text
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse(["--preset", "tiny", "--max_steps", "five", "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith("error: argument --max_steps/--max-steps: invalid int value: 'five'\n")
+
+
+@pytest.mark.parametrize(
+    ("in_file", "flags"),
+    [
+        ("", ["--save_total_limit", "3", "--average_last_checkpoints", "8"]),
+        ("save_total_limit: 3\n", ["--average_last_checkpoints", "8"]),
+        ("save_total_limit: 3\naverage_last_checkpoints: 8\n", []),
+    ],
+)
+def test_a_save_total_limit_below_average_last_checkpoints_is_refused_before_any_work(
+    in_file, flags, tmp_path, monkeypatch
+):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: tiny\ndata_dir: {tmp_path / 'data'}\noutput_dir: {tmp_path / 'run'}\n{in_file}")
+    message = script_error("train.py", config, *flags, monkeypatch=monkeypatch)
+    assert message == (
+        "error: save_total_limit 3 keeps fewer checkpoints than average_last_checkpoints 8 averages: raise "
+        "save_total_limit (or leave it out: the preset keeps as many as are averaged) or average fewer."
+    )
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="save_total_limit 3 keeps fewer checkpoints"):
+        TranslationTrainingArguments(output_dir=str(tmp_path), save_total_limit=3, average_last_checkpoints=8)
+    for unlimited in (None, 0):  # every checkpoint is kept
+        TranslationTrainingArguments(output_dir=str(tmp_path), save_total_limit=unlimited, average_last_checkpoints=8)
 
 
 def test_train_script_writes_a_loadable_model(tmp_path):

@@ -1,0 +1,159 @@
+"""Reading a training config file (YAML or JSON) for `scripts/train.py`: its keys are fields of the three
+argument groups, each value checked against its field's type before any work.
+
+The values become the parser's defaults, which argparse passes through a field's type only when they are strings:
+anything else (`max_steps: 5.5`, `bf16: "true"`) would reach the Trainer unchecked and fail there, after the data
+was prepared, without naming the file. A syntax error is one line naming the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+
+ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading `1e-9` as a number (YAML 1.2) rather than as a string (YAML 1.1): the
+    usual way to write a learning rate or an epsilon, and a string would be refused for a float field."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_config_text(path: str, text: str) -> object:
+    """The JSON or YAML document in `text`; a syntax error is a one-line ValueError naming the file and the line."""
+    if path.endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+            ) from None
+    try:
+        return yaml.load(text, Loader=ConfigLoader)
+    except yaml.MarkedYAMLError as error:
+        mark, problem = error.problem_mark, error.problem or error.context
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        context = error.context if error.problem else None
+        if context and error.context_mark is not None:
+            context += f" from line {error.context_mark.line + 1}, column {error.context_mark.column + 1}"
+        raise ValueError(f"{path}: invalid YAML{where}: {problem}{f' ({context})' if context else ''}") from None
+    except yaml.YAMLError as error:  # unreadable characters, with their position
+        raise ValueError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+
+
+def field_types() -> dict[str, typing.Any]:
+    """The type of every field of the three argument groups, by name."""
+    return {
+        field.name: typing.get_type_hints(group)[field.name]
+        for group in ARGUMENT_GROUPS
+        for field in dataclasses.fields(group)
+    }
+
+
+def _is_union(hint: typing.Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _members(hint: typing.Any) -> tuple[typing.Any, ...]:
+    """The types a union allows. As in HfArgumentParser, `SomeEnum | str` takes the enum's values only: any other
+    string would fail later, in the Trainer's arguments, without naming the file."""
+    members = typing.get_args(hint)
+    if any(isinstance(member, type) and issubclass(member, enum.Enum) for member in members):
+        members = tuple(member for member in members if member is not str)
+    return members
+
+
+def value_fits(hint: typing.Any, value: object) -> bool:
+    """Whether a field of type `hint` takes a config file's `value` as it is. Neither a bool nor a float is taken
+    for an int, so that `max_steps: 5.5` and `max_steps: true` are refused rather than truncated or read as 1."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    if _is_union(hint):
+        return any(value_fits(member, value) for member in _members(hint))
+    if origin is typing.Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if origin in (list, tuple, set):
+        return isinstance(value, list) and (not args or all(value_fits(args[0], item) for item in value))
+    if origin is dict:
+        return isinstance(value, dict) and (
+            not args or all(value_fits(args[0], key) and value_fits(args[1], item) for key, item in value.items())
+        )
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return any(value == member.value for member in hint)  # a list or a mapping is no member, nor unhashable
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # a type this check does not know: left to the dataclass
+
+
+def _plural(hint: typing.Any) -> str:
+    names = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+    return names.get(hint) or f"items that are each {describe_type(hint)}"
+
+
+def describe_type(hint: typing.Any) -> str:
+    """`hint` in words: "an integer", "null, a string or a list of strings", "one of ['no', 'steps', 'epoch']"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return "null"
+    if _is_union(hint):
+        # "a boolean or null" rather than "true or false or null"
+        words = [("a boolean" if member is bool else describe_type(member)) for member in _members(hint)]
+        words = list(dict.fromkeys(words))
+        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+    if origin is typing.Literal:  # as the file would write them: false, "fp16"
+        return " or ".join(json.dumps(arg) for arg in args)
+    if origin in (list, tuple, set):
+        return f"a list of {_plural(args[0])}" if args else "a list"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    named = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in named:
+        return named[hint]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return f"one of {[member.value for member in hint]}"
+    return f"a {getattr(hint, '__name__', hint)}"
+
+
+def read_config_file(path: str) -> dict:
+    """The keys of a JSON or YAML config file, each a field of one of the three argument groups with a value of
+    that field's type (see the module docstring)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:  # a ValueError that would not name the file
+        raise ValueError(f"{path}: {error}") from None
+    values = load_config_text(path, text) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of argument names to values.")
+    known = field_types()
+    unknown = sorted(set(values) - set(known), key=str)  # YAML keys may be numbers too
+    if unknown:
+        raise ValueError(f"{path}: unknown arguments {unknown}.")
+    for name, value in values.items():
+        if not value_fits(known[name], value):
+            raise ValueError(f"{path}: {name} must be {describe_type(known[name])}, got {value!r}")
+    return values
