@@ -25,7 +25,18 @@ ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
 
 class ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, also reading `1e-9` as a number (YAML 1.2) rather than as a string (YAML 1.1): the
-    usual way to write a learning rate or an epsilon, and a string would be refused for a float field."""
+    usual way to write a learning rate or an epsilon, and a string would be refused for a float field. A key given
+    twice is an error (PyYAML keeps the last one without a word: an edited copy of a config would silently run
+    with the value further down)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 ConfigLoader.add_implicit_resolver(
@@ -35,15 +46,27 @@ ConfigLoader.add_implicit_resolver(
 )
 
 
+def _without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object, refusing a key given twice (which `json.loads` would take the last of)."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"{repeated} given twice")
+    return dict(pairs)
+
+
 def load_config_text(path: str, text: str) -> object:
-    """The JSON or YAML document in `text`; a syntax error is a one-line ValueError naming the file and the line."""
+    """The JSON or YAML document in `text`; a syntax error or a key given twice is a one-line ValueError naming the
+    file (and the line)."""
     if path.endswith(".json"):
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_without_repeated_keys)
         except json.JSONDecodeError as error:
             raise ValueError(
                 f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
             ) from None
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
     try:
         return yaml.load(text, Loader=ConfigLoader)
     except yaml.MarkedYAMLError as error:

@@ -126,6 +126,8 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
             "invalid JSON at line 1, column 20: Expecting property name enclosed in double quotes",
         ),
         ("run.yaml", "1: 2\nfoo: 3\n", "unknown arguments [1, 'foo']."),
+        ("run.yaml", "max_steps: 5\nmax_steps: 7\n", "invalid YAML at line 2, column 1: 'max_steps' is given twice"),
+        ("run.json", '{"max_steps": 5, "max_steps": 7}', "['max_steps'] given twice"),
         ("run.yaml", "preset: caf\xe9\n".encode("latin-1"), "'utf-8' codec can't decode byte 0xe9 in position 11"),
     ],
 )
