@@ -279,6 +279,9 @@ class TransformerGenerationMixin(GenerationMixin):
         if not isinstance(keep_eos_score, bool):
             raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
         offset = setting("max_length_offset", None)
+        if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
+            # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
+            raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
         max_lengths = None  # (B,): tokens each sentence may hold, end-of-sentence included
         fairseq_limit = self._fairseq_max_length(setting("max_length_a", None), setting("max_length_b", None))
         if fairseq_limit is not None:
@@ -301,7 +304,12 @@ class TransformerGenerationMixin(GenerationMixin):
             logits_processor = LogitsProcessorList(logits_processor or [])
             logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score))
             if not self._length_cap_given(base_config, kwargs):
-                kwargs["max_new_tokens"] = int(max_lengths.max())
+                cap = int(max_lengths.max())
+                if generation_config is None:
+                    kwargs["max_new_tokens"] = cap
+                else:  # on the config given: beside it, transformers would warn the user of an argument not theirs
+                    generation_config = copy.deepcopy(generation_config)
+                    generation_config.max_new_tokens = cap
         with self.prepacked_for_decoding():
             return super().generate(
                 inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
@@ -350,6 +358,9 @@ class TransformerGenerationMixin(GenerationMixin):
         for source in (inputs, kwargs.get("input_ids"), kwargs.get("attention_mask")):
             if source is not None and source.dim() == 2:
                 return source.shape[0], source.shape[1]
+        inputs_embeds = kwargs.get("inputs_embeds")
+        if inputs_embeds is not None:  # (B, S, D)
+            return inputs_embeds.shape[0], inputs_embeds.shape[1]
         encoder_outputs = kwargs.get("encoder_outputs")
         if encoder_outputs is not None:
             return encoder_outputs[0].shape[0], encoder_outputs[0].shape[1]
@@ -381,17 +392,20 @@ class TransformerGenerationMixin(GenerationMixin):
         return generation_config.max_new_tokens is not None or generation_config.max_length is not None
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
-        """Real (non-padding) source lengths, (B,), from the attention mask or the input ids."""
+        """Real (non-padding) source lengths, (B,), from the attention mask or the input ids; every position of
+        embeddings or encoder states given without a mask."""
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None:
             return attention_mask.sum(dim=-1)
-        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        input_ids = inputs if inputs is not None and inputs.dim() == 2 else kwargs.get("input_ids")
         if input_ids is not None:
             return input_ids.ne(self.config.pad_token_id).sum(dim=-1)
         encoder_outputs = kwargs.get("encoder_outputs")
-        if encoder_outputs is not None:
-            hidden = encoder_outputs[0]
-            return torch.full((hidden.shape[0],), hidden.shape[1], device=hidden.device)
+        states = encoder_outputs[0] if encoder_outputs is not None else kwargs.get("inputs_embeds")
+        if states is None and inputs is not None and inputs.dim() == 3:  # embeddings passed as `inputs`
+            states = inputs
+        if states is not None:  # (B, S, D)
+            return torch.full((states.shape[0],), states.shape[1], device=states.device)
         return None
 
     def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
@@ -599,7 +613,9 @@ class TransformerGenerationMixin(GenerationMixin):
             for processor in processors:
                 log_probs = processor(flat_sequences, log_probs)
             running = len(sentences)
-            log_probs = log_probs.view(running, num_beams, -1).add_(running_beam_scores[:, :, None]).view(running, -1)
+            # reshape: a processor may hand back a non-contiguous slice (transformers' repetition penalty does)
+            log_probs = log_probs.reshape(running, num_beams, -1).add_(running_beam_scores[:, :, None])
+            log_probs = log_probs.reshape(running, -1)
 
             candidate_scores, candidate_sequences, candidate_beam_indices = self._get_top_k_continuations(
                 accumulated_log_probs=log_probs,

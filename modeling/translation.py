@@ -72,7 +72,7 @@ def translate(
         return outputs
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
-    beams = generate_kwargs.get("num_beams") or getattr(model.generation_config, "num_beams", None) or 1
+    beams = _generation_setting(model, generate_kwargs, "num_beams") or 1
     source_budget = max(1, max_tokens // max(int(beams), 1))
 
     input_ids = tokenizer([sentences[i].strip() for i in todo])["input_ids"]
@@ -80,8 +80,10 @@ def translate(
     order = sorted(range(len(todo)), key=lambda k: -lengths[k])
 
     batches = list(token_budget_batches(lengths, order, source_budget))
-    features = (
-        tokenizer.pad({"input_ids": [input_ids[k] for k in batch]}, return_tensors="pt").to(model.device)
+    features = (  # padded on the right whatever the tokenizer's padding_side: left padding shifts the positions
+        tokenizer.pad({"input_ids": [input_ids[k] for k in batch]}, padding_side="right", return_tensors="pt").to(
+            model.device
+        )
         for batch in batches
     )
     was_training = model.training
@@ -122,10 +124,20 @@ def generate_batches(
     return _generate_side_by_side(model, batches, workers, generate_kwargs)
 
 
+def _generation_setting(model: PreTrainedModel, generate_kwargs: Mapping[str, Any], name: str) -> Any:
+    """What generate() will use for `name`: the keyword argument, else the `generation_config` given (where it sets
+    one), else the model's."""
+    if name in generate_kwargs:
+        return generate_kwargs[name]
+    given = generate_kwargs.get("generation_config")
+    value = getattr(given, name, None) if given is not None else None
+    return value if value is not None else getattr(model.generation_config, name, None)
+
+
 def check_one_translation_per_line(model: PreTrainedModel, generate_kwargs: Mapping[str, Any]) -> None:
     """Refuse, before any work, the generate() settings that would not give one sequence of ids per sentence."""
     for name, takes in (("num_return_sequences", 1), ("return_dict_in_generate", False)):
-        value = generate_kwargs.get(name, getattr(model.generation_config, name, None))
+        value = _generation_setting(model, generate_kwargs, name)
         if value is not None and value != takes:
             raise ValueError(
                 f"translate() gives one translation per line, so {name}={value!r} cannot apply: call "

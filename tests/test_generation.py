@@ -75,6 +75,7 @@ SEARCH_SETTINGS = [
     {"num_beams": 3, "no_repeat_ngram_size": 2},
     {"min_new_tokens": 4},
     {"min_length": 6, "max_length_offset": 3},
+    {"repetition_penalty": 1.3},  # its processor hands back a non-contiguous slice
 ]
 
 
@@ -195,6 +196,31 @@ def test_an_unreadable_generation_config_is_named_not_skipped(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"num_beams": ')  # cut short
     with pytest.raises(ValueError, match=r"generation_config\.json is not a readable generation config"):
         TransformerForConditionalGeneration.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("offset", [0, -3, 1.5, True, "50"])
+def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match=f"max_length_offset must be a positive integer or None, got {offset!r}"):
+        tiny_model().generate(**inputs, max_length_offset=offset)
+
+
+def test_embeddings_as_the_source_keep_the_per_sentence_limit():
+    """Without ids or a mask, every position of the embeddings is a source token: source + offset, not
+    transformers' default of 20 tokens."""
+    model = tiny_model()
+    input_ids = torch.randint(4, 50, (2, 30))
+    input_ids[:, -1] = EOS
+    embeddings = model.get_input_embeddings()(input_ids)
+    forced = {"max_length_offset": 4, "min_new_tokens": 34, "num_beams": 2}  # runs to the limit: 30 + 4
+    assert model.generate(inputs_embeds=embeddings, **forced).shape[1] == 1 + 34
+    assert torch.equal(model.generate(inputs_embeds=embeddings, **forced), model.generate(input_ids, **forced))
+
+
+def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users(recwarn):
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    tiny_model().generate(**inputs, generation_config=GenerationConfig(num_beams=2))
+    assert not [w for w in recwarn if "generation_config" in str(w.message)], [str(w.message) for w in recwarn]
 
 
 def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():

@@ -1,6 +1,7 @@
 """Tests of modeling/translation.py: bulk translation keeps order and empty lines, batches by token budget; a file
 is translated a chunk at a time and resumed after a kill, never mixed with another text's or model's."""
 
+import copy
 import errno
 import gzip
 import json
@@ -25,7 +26,7 @@ from helpers import (
     tiny_translator,
     word_tokenizer,
 )
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig
 
 from modeling import translation
 from modeling.export import export
@@ -186,6 +187,18 @@ def test_settings_that_would_not_give_one_translation_per_line_are_refused_befor
     with pytest.raises(ValueError, match="num_return_sequences=3 cannot apply"):
         translate(model, tokenizer, ["a cat."])
     assert translate(model, tokenizer, ["a cat."], num_return_sequences=1) == ["a cat."]
+    model.generation_config.num_return_sequences = 1
+    given = GenerationConfig(num_beams=2, num_return_sequences=2)  # in a generation config passed along
+    with pytest.raises(ValueError, match="num_return_sequences=2 cannot apply"):
+        translate(model, tokenizer, ["a cat."], generation_config=given)
+
+
+def test_translations_do_not_depend_on_the_tokenizers_padding_side(file_to_translate, tokenizer):
+    """Left padding would shift the sinusoidal positions of every shorter sentence of a batch."""
+    _, lines, model, expected = file_to_translate
+    left = copy.deepcopy(tokenizer)
+    left.padding_side = "left"
+    assert translate(model, left, lines, **SETTINGS) == expected
 
 
 def test_workers_are_refused_where_they_cannot_help(tokenizer, tmp_path):
