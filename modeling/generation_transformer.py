@@ -501,6 +501,7 @@ class TransformerGenerationMixin(GenerationMixin):
             synced_gpus
             or generation_config.do_sample
             or generation_config.return_dict_in_generate
+            or generation_config.low_memory  # transformers' loop refuses it; this one would ignore it silently
             or input_ids.shape[1] != 1
             or self.training
             or self.config._attn_implementation not in STATIC_CACHE_ATTENTION

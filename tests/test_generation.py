@@ -198,6 +198,12 @@ def test_an_unreadable_generation_config_is_named_not_skipped(tmp_path):
         TransformerForConditionalGeneration.from_pretrained(tmp_path)
 
 
+def test_low_memory_beam_search_is_refused_as_transformers_refuses_it():
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(ValueError, match="`low_memory=True` is not supported"):
+        tiny_model().generate(**inputs, low_memory=True)
+
+
 @pytest.mark.parametrize("offset", [0, -3, 1.5, True, "50"])
 def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
