@@ -19,12 +19,14 @@ from pathlib import Path
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import TrainingArguments
+from transformers import AutoTokenizer, TrainingArguments
+from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
 from .checkpoints import safetensors_problem
 from .export.common import refuse_an_export
 from .hub_client import hub_call
 from .model_card import (
+    CURVES_FILE,
     DATA_STATS_FILE,
     EVAL_RESULTS_GLOB,
     TRAINER_STATE_FILE,
@@ -69,6 +71,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
         raise FileNotFoundError(f"Model directory {model_dir} does not exist.")
     refuse_an_export(model_dir)
     missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()] + _missing_siblings(model_dir)
+    missing += _missing_tokenizer_code(model_dir) + _missing_shards(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         missing.append("*.safetensors")
     if missing:
@@ -80,7 +83,72 @@ def check_model_dir(model_dir: str | Path) -> Path:
     verify_model_files(model_dir)
     if "auto_map" not in read_json(model_dir / "config.json"):
         raise ValueError(f"{model_dir}/config.json has no auto_map: save the model with `import modeling` done.")
+    _check_tokenizer(model_dir)
     return model_dir
+
+
+def _missing_tokenizer_code(model_dir: Path) -> list[str]:
+    """The code files that tokenizer_config.json's auto_map names (a converted fairseq model's tokenizer) and that
+    are not there: `_missing_siblings` only sees the files present, and loading would fail on the Hub's side."""
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return []  # named by REQUIRED_FILES
+    try:
+        auto_map = read_json(path).get("auto_map") or {}
+    except (AttributeError, ValueError):
+        return []  # verify_model_files names a JSON that does not parse
+    references = auto_map.get("AutoTokenizer", []) if isinstance(auto_map, dict) else auto_map
+    references = [references] if isinstance(references, str) else references
+    # "module.Class", or "other/repo--module.Class" for code kept in another repo (not ours to check)
+    modules = {ref.rsplit(".", 1)[0] for ref in references if isinstance(ref, str) and "--" not in ref}
+    return [
+        f"{name}.py (named by tokenizer_config.json's auto_map)"
+        for name in sorted(modules)
+        if not (model_dir / f"{name}.py").is_file()
+    ]
+
+
+def _missing_shards(model_dir: Path) -> list[str]:
+    """The shards that `model.safetensors.index.json` maps weights to and that are not there: each remaining shard
+    reads well, so only the index tells that weights are missing."""
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    try:
+        shards = set(read_json(index)["weight_map"].values())
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise ValueError(f"{index} has no weight_map of tensor names to shard files: refusing to push it.") from None
+    return [f"{name} (named by {index.name})" for name in sorted(shards) if not (model_dir / name).is_file()]
+
+
+def _check_tokenizer(model_dir: Path) -> None:
+    """Load the tokenizer as a user of the repo would; refuse it when it does not load (missing vocabulary files
+    name themselves) or when it has more tokens than the model's vocabulary (another model's tokenizer: its ids
+    would index the wrong embeddings, or none)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
+    except Exception as error:  # tokenizers fail with anything from OSError to TypeError on missing files
+        missing = _missing_vocabulary_files(model_dir)
+        cause = ", ".join(f"{name} is missing" for name in missing) if missing else " ".join(str(error).split())
+        raise ValueError(f"{model_dir}: its tokenizer cannot be loaded: {cause}. Save the tokenizer again.") from None
+    vocab_size = read_json(model_dir / "config.json").get("vocab_size")
+    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"{model_dir}: its tokenizer has {len(tokenizer)} tokens, more than config.json's vocab_size "
+            f"{vocab_size}: it is not this model's tokenizer. Save the model's own tokenizer there."
+        )
+
+
+def _missing_vocabulary_files(model_dir: Path) -> list[str]:
+    """The files that tokenizer_config.json's tokenizer class reads and that are not there (best effort: an
+    unknown class names none)."""
+    try:
+        config = read_json(model_dir / "tokenizer_config.json")
+        tokenizer_class = tokenizer_class_from_name(config.get("tokenizer_class") or "")
+    except Exception:
+        return []
+    names = getattr(tokenizer_class, "vocab_files_names", {}).values()
+    return [name for name in names if isinstance(name, str) and not (model_dir / name).is_file()]
 
 
 def _missing_siblings(model_dir: Path) -> list[str]:
@@ -117,8 +185,10 @@ def verify_model_files(model_dir: str | Path) -> None:
 
 
 def _check_token_not_in_files(model_dir: Path, token: str) -> None:
+    # Bytes, not text: a user's notes in Latin-1 are theirs to keep, and the ASCII token's bytes are the same in
+    # every ASCII-compatible encoding.
     for path in model_dir.iterdir():
-        if path.is_file() and path.suffix in {".json", ".md", ".py", ".txt"} and token in path.read_text("utf-8"):
+        if path.is_file() and path.suffix in {".json", ".md", ".py", ".txt"} and token.encode() in path.read_bytes():
             raise ValueError(f"{path} contains the Hugging Face token: remove it before pushing.")
 
 
@@ -143,15 +213,30 @@ def push_model_dir(
     _check_token_not_in_files(model_dir, token)
     api = HfApi(token=token)
     repo_url = hub_call(api.create_repo, repo_id, private=private, exist_ok=True, repo_type="model")
+    ignore_patterns = list(IGNORE_PATTERNS)  # a fresh list: upload_folder extends it in place
+    card = model_dir / "README.md"
+    if card.is_file() and CURVES_FILE.encode() not in card.read_bytes():
+        # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted,
+        # since the file may be the user's.
+        ignore_patterns.append(CURVES_FILE)
     hub_call(
         api.upload_folder,
         repo_id=repo_url.repo_id,
         folder_path=model_dir,
         allow_patterns=list(UPLOAD_PATTERNS),
-        ignore_patterns=list(IGNORE_PATTERNS),  # a fresh list: upload_folder extends it in place
+        ignore_patterns=ignore_patterns,
         commit_message=commit_message,
     )
     return str(repo_url)
+
+
+def full_repo_id(repo_id: str, token: str) -> str:
+    """`repo_id` validated (`HFValidationError`, a ValueError), with the token owner's namespace when it has none:
+    the Hub puts the repo there, and the model card must name it as users will load it."""
+    validate_repo_id(repo_id)
+    if "/" not in repo_id:
+        repo_id = f"{hub_call(HfApi(token=token).whoami)['name']}/{repo_id}"
+    return repo_id
 
 
 # --- pushing at the end of training -------------------------------------------------------------------------
@@ -180,11 +265,8 @@ def prepare_push(training_args: TrainingArguments) -> HubTarget | None:
     if training_args.process_index != 0:
         return None
     token = resolve_token(training_args.hub_token)  # the argument, else HF_TOKEN, else `hf auth login`
-    repo_id = training_args.hub_model_id or Path(training_args.output_dir).absolute().name
-    validate_repo_id(repo_id)
+    repo_id = full_repo_id(training_args.hub_model_id or Path(training_args.output_dir).absolute().name, token)
     api = HfApi(token=token)
-    if "/" not in repo_id:
-        repo_id = f"{hub_call(api.whoami)['name']}/{repo_id}"
     # Creating the repo now proves the token may write there, before hours of training rather than after.
     private = bool(training_args.hub_private_repo)
     hub_call(api.create_repo, repo_id, private=private, exist_ok=True, repo_type="model")

@@ -18,6 +18,8 @@ model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card 
 import dataclasses
 import json
 import math
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,17 +112,20 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
 
 
-def collect_card_inputs(directories: Iterable[str | Path]) -> dict[str, Any]:
+def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path | None = None) -> dict[str, Any]:
     """Gather evaluation results, trainer log history, training arguments and data statistics.
 
     Evaluation results accumulate over all directories; for the other files the first directory that has one
-    wins. Missing files simply leave their entry empty: the card then says the item was not measured.
+    wins. Missing files simply leave their entry empty: the card then says the item was not measured. Each
+    evaluation JSON is checked (`check_eval_result`), and with `model_dir` one that scored another local model
+    directory is refused.
     """
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
     for directory in map(Path, directories):
         if not directory.is_dir():
             raise FileNotFoundError(f"Card input directory {directory} does not exist.")
-        inputs["eval_results"] += [read_json(path) for path in sorted(directory.glob(EVAL_RESULTS_GLOB))]
+        for path in sorted(directory.glob(EVAL_RESULTS_GLOB)):
+            inputs["eval_results"].append(check_eval_result(path, read_json(path), model_dir))
         state = directory / TRAINER_STATE_FILE
         if inputs["log_history"] is None and state.is_file():
             inputs["log_history"] = read_json(state).get("log_history")
@@ -128,6 +133,35 @@ def collect_card_inputs(directories: Iterable[str | Path]) -> dict[str, Any]:
             if inputs[key] is None and (directory / name).is_file():
                 inputs[key] = read_json(directory / name)
     return inputs
+
+
+def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = None) -> dict[str, Any]:
+    """`result`, read from `path`, if the card can show it: an object with the fields the card prints, of their
+    types; else a ValueError naming the file and the field. With `model_dir`, the result's `"model"` (what
+    scripts/evaluate.py scored), when a local directory, must be `model_dir`: another model's scores never reach
+    the card."""
+    if not isinstance(result, dict):
+        raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
+    fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
+    fields += [(key, str, True) for key in ("dataset", "split", "language_pair")]
+    fields += [(key, int | float, True) for key, _, _ in CARD_METRICS]
+    fields += [(f"{key}_signature", str, True) for key, _, _ in CARD_METRICS]
+    for key, kind, optional in fields:
+        value = result.get(key)
+        if value is None and optional:
+            continue
+        if value is None:
+            raise ValueError(f"{path} has no {key!r}: it is not an evaluation JSON written by scripts/evaluate.py.")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{path}: {key!r} is {value!r}, not a {'number' if kind is not str else 'string'}.")
+    scored = result.get("model")
+    if model_dir is not None and isinstance(scored, str) and Path(scored).is_dir():
+        if Path(scored).resolve() != Path(model_dir).resolve():
+            raise ValueError(
+                f"{path} scored the model {scored}, not {model_dir}: refusing to put another model's scores on "
+                "its card."
+            )
+    return result
 
 
 def count_parameters(model_dir: str | Path) -> int | None:
@@ -303,9 +337,14 @@ def render_model_card(
     if not template.is_file():
         raise FileNotFoundError(f"Model card template {template} does not exist; pass template_path.")
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    content = environment.from_string(template.read_text(encoding="utf-8")).render(
-        card_data=card_data.to_yaml(), **context
-    )
+    try:
+        content = environment.from_string(template.read_text(encoding="utf-8")).render(
+            card_data=card_data.to_yaml(), **context
+        )
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"Model card template {template}, line {error.lineno}: {error.message}") from None
+    except jinja2.TemplateError as error:  # StrictUndefined's UndefinedError among them
+        raise ValueError(f"Model card template {template} cannot be rendered: {error}") from None
     return ModelCard(content)
 
 
@@ -321,17 +360,34 @@ def write_model_card(
     Returns the path of the card.
     """
     model_dir = Path(model_dir)
-    inputs = collect_card_inputs(card_from)
+    inputs = collect_card_inputs(card_from, model_dir)
     conversion = read_json(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
+    # The curves are plotted aside and moved in (a rename, in the same directory) with the card: a template that
+    # fails leaves nothing written.
+    with tempfile.TemporaryDirectory(dir=model_dir) as staging:
+        curves = None
+        if inputs["log_history"]:
+            try:
+                curves = plot_training_curves(inputs["log_history"], Path(staging) / CURVES_FILE)
+            except ValueError:  # a history without losses or BLEU: the card says there are no curves
+                curves = None
+        card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None)
+        if curves is not None:
+            shutil.move(curves, model_dir / CURVES_FILE)
+    return write_text(model_dir / "README.md", str(card))
+
+
+def _render_card_of(
+    model_dir: Path,
+    repo_id: str,
+    inputs: dict[str, Any],
+    template_path: str | Path | None,
+    conversion: dict[str, Any] | None,
+    with_curves: bool,
+) -> ModelCard:
     # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
     source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
-    curve_png = None
-    if inputs["log_history"]:
-        try:
-            curve_png = plot_training_curves(inputs["log_history"], model_dir / CURVES_FILE).name
-        except ValueError:  # a history without losses or BLEU: the card says there are no curves
-            curve_png = None
-    card = render_model_card(
+    return render_model_card(
         template_path,
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
@@ -343,7 +399,6 @@ def write_model_card(
         data_stats=inputs["data_stats"],
         model_config=read_json(model_dir / "config.json"),
         num_parameters=count_parameters(model_dir),
-        curve_png=curve_png,
+        curve_png=CURVES_FILE if with_curves else None,
         conversion=conversion,
     )
-    return write_text(model_dir / "README.md", str(card))

@@ -149,3 +149,64 @@ def test_a_refused_connection_names_the_url(tiny_checkpoint, quick_hub):
     quick_hub(endpoint)
     with pytest.raises(HubError, match=rf"^POST {endpoint}/api/repos/create: cannot connect \(.*\) \(2 attempts\)$"):
         push_model_dir(tiny_checkpoint[0], REPO_ID, token=HUB_TOKEN)
+
+
+def test_check_model_dir_refuses_a_tokenizer_that_does_not_load(tmp_path):
+    save_tiny_checkpoint(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match=r"tokenizer cannot be loaded: tokenizer\.json is missing") as error:
+        check_model_dir(tmp_path)
+    assert str(tmp_path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_check_model_dir_refuses_a_tokenizer_of_another_model(tmp_path):
+    from helpers import tiny_translator
+
+    save_tiny_checkpoint(tmp_path)
+    tiny_translator(304).save_pretrained(tmp_path)  # 96 tokens against a vocabulary of 304: wrong ids, no error
+    check_model_dir(tmp_path)
+    tiny_translator(50).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"tokenizer has 96 tokens, more than config\.json's vocab_size 50"):
+        check_model_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "removed, expected",
+    [
+        ("tokenization_fairseq.py", r"lacks tokenization_fairseq\.py \(named by tokenizer_config\.json's auto_map\)"),
+        ("vocab-tgt.json", r"tokenizer cannot be loaded: vocab-tgt\.json is missing"),
+    ],
+)
+def test_check_model_dir_refuses_a_converted_model_without_its_tokenizer_files(
+    converted_fairseq_dir, tmp_path, removed, expected
+):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(converted_fairseq_dir, model_dir)
+    check_model_dir(model_dir)
+    (model_dir / removed).unlink()
+    with pytest.raises((OSError, ValueError), match=expected):
+        check_model_dir(model_dir)
+
+
+def test_check_model_dir_names_a_missing_shard(tmp_path):
+    model, _ = save_tiny_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    check_model_dir(tmp_path)
+    shards[-1].unlink()
+    with pytest.raises(FileNotFoundError, match=rf"lacks {shards[-1].name} \(named by model\.safetensors\.index"):
+        check_model_dir(tmp_path)
+
+
+def test_a_text_file_that_is_not_utf8_is_scanned_for_the_token(tmp_path, monkeypatch):
+    """The token is ASCII: its bytes are found in a file of any ASCII-compatible encoding, which is not ours to
+    require of a user's notes."""
+    save_tiny_checkpoint(tmp_path)
+    monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
+    (tmp_path / "NOTES.txt").write_bytes(b"caf\xe9 " + HUB_TOKEN.encode())
+    with pytest.raises(ValueError, match=r"NOTES\.txt contains the Hugging Face token"):
+        push_model_dir(tmp_path, REPO_ID, token=HUB_TOKEN)

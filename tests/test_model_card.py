@@ -97,3 +97,47 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
     exec(code, {})
     printed = ast.literal_eval(capsys.readouterr().out.strip())
     assert isinstance(printed, list) and len(printed) == 1
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ({"num_sentences": None}, r"eval_results_test\.json has no 'num_sentences'"),
+        ([1, 2], r"eval_results_test\.json holds a JSON list, not an object"),
+        ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
+    ],
+)
+def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval_result, content, expected):
+    record = content if isinstance(content, list) else {**eval_result, **content}
+    if isinstance(content, dict) and content.get("num_sentences", 0) is None:
+        del record["num_sentences"]
+    write_json(tmp_path / "eval_results_test.json", record)
+    with pytest.raises(ValueError, match=expected) as error:
+        collect_card_inputs([tmp_path])
+    assert "\n" not in str(error.value)
+
+
+def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "other").mkdir()
+    write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": str(tmp_path / "other")})
+    with pytest.raises(ValueError, match=r"eval_results_test\.json scored the model .*other, not .*model: refusing"):
+        collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
+    write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": str(tmp_path / "model/.")})
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+    write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": "someone/on-the-hub"})
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("{{ no_such_variable }}", r"card\.md cannot be rendered: 'no_such_variable' is undefined"),
+        ("line\n{% if %}", r"card\.md, line 2: "),
+    ],
+)
+def test_a_broken_template_is_one_line_naming_it(tmp_path, template, expected):
+    (tmp_path / "card.md").write_text(template)
+    with pytest.raises(ValueError, match=expected) as error:
+        render_model_card(tmp_path / "card.md", model_name="tiny", repo_id=REPO_ID)
+    assert "\n" not in str(error.value)

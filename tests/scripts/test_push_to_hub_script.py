@@ -169,3 +169,71 @@ def test_train_script_reports_an_unreachable_hub_in_one_line(tmp_path, monkeypat
     message = script_error("train.py", *flags, monkeypatch=monkeypatch)
     assert message.startswith(f"error: POST {endpoint}/api/repos/create: cannot connect (")
     assert "\n" not in message and not list(tmp_path.iterdir()), "nothing trained, nothing written"
+
+
+def no_hub(*args, **kwargs):
+    pytest.fail("nothing may reach the Hub")
+
+
+def test_an_invalid_repo_id_is_refused_before_the_card_is_written(tmp_path, monkeypatch, card_dir):
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "HfApi", no_hub)
+    flags = ["--model", model_dir, "--repo-id", "me/bad name", "--card-from", card_dir]
+    message = script_error("push_to_hub.py", *flags, monkeypatch=monkeypatch)
+    assert message.startswith("error: ") and "me/bad name" in message and "\n" not in message
+    assert not (model_dir / "README.md").exists() and not (model_dir / "training_curves.png").exists()
+
+
+def test_a_repo_id_without_namespace_gets_the_token_owners_in_the_card(tmp_path, monkeypatch):
+    from helpers import run_script
+    from huggingface_hub import HfApi
+
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "tester"})
+    pushed = []
+    monkeypatch.setattr(hub_module, "push_model_dir", lambda path, repo_id, **kwargs: pushed.append(repo_id) or "url")
+    run_script("push_to_hub.py", "--model", model_dir, "--repo-id", "noslash", monkeypatch=monkeypatch)
+    assert pushed == ["tester/noslash"]
+    assert 'from_pretrained("tester/noslash"' in (model_dir / "README.md").read_text()
+
+
+def test_another_models_scores_are_refused_before_anything_is_written(tmp_path, monkeypatch, eval_result):
+    from modeling.files import write_json
+
+    model_dir, other = tmp_path / "model", tmp_path / "other"
+    save_tiny_checkpoint(model_dir)
+    other.mkdir()
+    write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": str(other)})
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "HfApi", no_hub)
+    flags = ["--model", model_dir, "--repo-id", REPO_ID, "--card-from", tmp_path / "eval"]
+    message = script_error("push_to_hub.py", *flags, monkeypatch=monkeypatch)
+    assert message.startswith("error: ") and str(other) in message and str(model_dir) in message
+    assert not (model_dir / "README.md").exists()
+
+
+def test_stale_training_curves_are_not_uploaded(hub, tmp_path, card_dir):
+    """A card rendered without curves after one with them: the old PNG stays on disk (it may be the user's) but is
+    not uploaded beside a card that says "Training curves: not recorded"."""
+    endpoint, root = hub
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    (model_dir / "training_curves.png").write_bytes(b"\x89PNG an earlier card's curves")
+    repo_id = "tester/no-curves"
+    push = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), "--model", str(model_dir)]
+        + ["--repo-id", repo_id, "--card-from", str(tmp_path)],
+        env=hub_env(endpoint, tmp_path / "home_push", HUB_TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert push.returncode == 0, push.stderr
+    stored = {path.name for path in (root / repo_id).iterdir()}
+    assert "README.md" in stored and "training_curves.png" not in stored
+    assert "Training curves: not recorded" in (root / repo_id / "README.md").read_text()
+    assert (model_dir / "training_curves.png").exists()
