@@ -1,5 +1,7 @@
 """Attention weights of a trained model, and heatmaps of them (`scripts/plot_attention.py`)."""
 
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,6 +10,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .files import atomic_path
+
+logger = logging.getLogger(__name__)
+
+FIGURE_DPI = 120
+# 0.3 inch per token and per map grows with the square of the input: a 322-token sentence asked for gigabytes.
+# 25 megapixels (5000 x 5000) draw in a few hundred MB and still show the attention patterns of long inputs, which
+# a user plotting a given sentence wants more than a refusal; only the labels, no longer legible, are lost.
+MAX_FIGURE_PIXELS = 25_000_000
 
 ATTENTION_KINDS = {
     "encoder": "encoder self-attention",
@@ -106,6 +116,17 @@ def plot_attention_maps(
 
     longest = max(len(maps.source_tokens), len(maps.target_tokens))
     cell = max(3.0, 0.3 * longest)
+    pixels = (cell * FIGURE_DPI) ** 2 * len(kinds) * len(layers)
+    if pixels > MAX_FIGURE_PIXELS:
+        cell *= math.sqrt(MAX_FIGURE_PIXELS / pixels)
+        logger.warning(
+            "%d tokens in %d maps need a %.0f-megapixel figure: drawing it at %.0f megapixels, where its labels may "
+            "be unreadable (plot one layer or fewer kinds of attention for larger maps)",
+            longest,
+            len(kinds) * len(layers),
+            pixels / 1e6,
+            (cell * FIGURE_DPI) ** 2 * len(kinds) * len(layers) / 1e6,
+        )
     figure = Figure(figsize=(cell * len(kinds), cell * len(layers)), layout="constrained")
     grid = figure.subplots(len(layers), len(kinds), squeeze=False)
     head_name = "mean of heads" if head is None else f"head {head}"
@@ -123,5 +144,5 @@ def plot_attention_maps(
             figure.colorbar(image, ax=axes, shrink=0.8)
     output_png = Path(output_png)
     with atomic_path(output_png) as temporary:
-        figure.savefig(temporary, dpi=120, format=output_png.suffix.lstrip(".") or "png")
+        figure.savefig(temporary, dpi=FIGURE_DPI, format=output_png.suffix.lstrip(".") or "png")
     return output_png

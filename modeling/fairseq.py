@@ -40,6 +40,7 @@ from .files import check_replaceable, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
 from .model_card import CONVERSION_FILE  # the record a conversion writes beside the model; the card reads it
 from .modeling_transformer import TransformerForConditionalGeneration
+from .tokenization import iter_lines
 from .tokenization_fairseq import FairseqTokenizer, converted_spelling
 
 # fairseq's Dictionary: these four first, then the dictionary file's tokens in order.
@@ -154,14 +155,37 @@ def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        except OSError:
+            raise  # unreadable for the system's reasons (permissions, ...): its message already names the file
+        except Exception as error:
+            # torch.load has no error of its own for a file that is not a checkpoint: a truncated zip is a
+            # RuntimeError, an empty file an EOFError, a text file an IndexError or an UnpicklingError, ...
+            detail = _load_error_detail(error) if path.stat().st_size else "the file is empty"
+            if isinstance(error, pickle.UnpicklingError) and _UNSAFE_PICKLE.search(detail):
+                raise FairseqConversionError(
+                    f"cannot read {path} safely (torch.load with weights_only=True): {detail}"
+                ) from error
             raise FairseqConversionError(
-                f"cannot read {path} safely (torch.load with weights_only=True): {first_line}"
+                f"{path} is not a readable PyTorch checkpoint (truncated or not a checkpoint): {detail}"
             ) from error
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
         raise FairseqConversionError(f"{path} is not a fairseq checkpoint: no 'model' state dict in it.")
     return checkpoint
+
+
+# What the weights-only unpickler says of a pickle holding objects it does not allow (as opposed to data that is no
+# pickle torch wrote: "Unsupported operand 35" for a text file).
+_UNSAFE_PICKLE = re.compile(r"unsupported (global|class)|reduce for unrecognized", re.IGNORECASE)
+
+
+def _load_error_detail(error: Exception) -> str:
+    """The one line of a torch.load error that says what is wrong: torch wraps the weights-only unpickler's reason
+    in paragraphs of advice ("WeightsUnpickler error: ..."), and follows its zip reader's with one."""
+    text = str(error)
+    reason = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = reason.group(1).strip() if reason else lines[0] if lines else ""
+    return line.split(". ")[0].rstrip(".") or type(error).__name__
 
 
 def _namespace_or_dict(value: Any) -> dict[str, Any] | None:
@@ -208,7 +232,8 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
         raise FileNotFoundError(f"fairseq dictionary {path} does not exist.")
     symbols = list(SPECIAL_SYMBOLS)
     seen = set(symbols)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # iter_lines refuses an invalid UTF-8 line naming the file and the line
+    for number, line in enumerate(iter_lines(path), start=1):
         line = line.rstrip()
         if not line:
             continue
@@ -250,7 +275,7 @@ def read_bpe_merges(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"BPE codes {path} do not exist.")
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = list(iter_lines(path))  # refuses an invalid UTF-8 line naming the file and the line
     if not lines or not lines[0].startswith("#version: 0.2"):
         raise FairseqConversionError(
             f"cannot convert these BPE codes exactly: {path} has no '#version: 0.2' header (subword-nmt's older "

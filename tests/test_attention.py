@@ -1,9 +1,14 @@
 """Tests of modeling/attention.py: attention maps of a trained model."""
 
+import logging
+import struct
+
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from modeling.attention import attention_maps
+from modeling import attention
+from modeling.attention import AttentionMaps, attention_maps, plot_attention_maps
 from modeling.translation import load_model_and_tokenizer
 
 
@@ -22,3 +27,15 @@ def test_attention_maps_have_one_distribution_per_query(tiny_checkpoint):
 
     with pytest.raises(ValueError, match="attn_implementation='eager'"):
         attention_maps(AutoModelForSeq2SeqLM.from_pretrained(model_dir), tokenizer, "a", "b")
+
+
+def test_the_figure_of_a_long_input_is_capped_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(attention, "MAX_FIGURE_PIXELS", 300_000, raising=False)  # 40 tokens exceed it
+    tokens = [f"t{i}" for i in range(40)]
+    weights = torch.full((2, 1, 40, 40), 1 / 40)
+    maps = AttentionMaps(tokens, tokens, tokens, weights, weights, weights)
+    with caplog.at_level(logging.WARNING, logger="modeling.attention"):
+        plot_attention_maps(maps, tmp_path / "long.png")
+    width, height = struct.unpack(">II", (tmp_path / "long.png").read_bytes()[16:24])  # the PNG header's size
+    assert width * height <= 300_000 and width / height == pytest.approx(3 / 2, rel=0.01)
+    assert "labels may be unreadable" in caplog.text and "40 tokens" in caplog.text

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from modeling.fairseq import (
     FairseqConversionError,
     convert_fairseq,
     from_fairseq,
+    load_fairseq_checkpoint,
     read_bpe_merges,
     read_fairseq_dictionary,
 )
@@ -325,6 +327,49 @@ def test_dictionary_and_codes_are_read_as_fairseq_and_subword_nmt_read_them(tmp_
     codes = tmp_path / "codes"
     codes.write_text("#version: 0.2\na b\nc d\na b\ne f</w>\n", encoding="utf-8")
     assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]  # a repeated merge keeps its first rank
+
+
+@pytest.mark.parametrize("name", ["truncated.pt", "empty.pt", "dict.en.txt", "bpecodes", "zip.pt"])
+def test_files_that_are_not_checkpoints_are_refused_in_one_line(tmp_path, name):
+    path = tmp_path / name
+    if name == "truncated.pt":
+        path.write_bytes((FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[0] / "model.pt").read_bytes()[:100_000])
+    elif name == "empty.pt":
+        path.write_bytes(b"")
+    elif name == "zip.pt":  # a zip archive, as torch.save writes, of something else
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "not a checkpoint")
+    else:
+        shutil.copy(FAIRSEQ_FIXTURES / name, path)
+    with pytest.raises(ValueError) as error:
+        load_fairseq_checkpoint(path)
+    prefix = f"{path} is not a readable PyTorch checkpoint (truncated or not a checkpoint): "
+    assert str(error.value).startswith(prefix) and len(str(error.value)) > len(prefix)
+    assert "\n" not in str(error.value)
+
+
+class _NotAllowed:
+    """A class `torch.load(weights_only=True)` refuses to unpickle."""
+
+
+def test_a_checkpoint_holding_other_objects_is_refused_as_unsafe(tmp_path):
+    torch.save({"model": {}, "extra": _NotAllowed()}, tmp_path / "model.pt")
+    with pytest.raises(FairseqConversionError) as error:
+        load_fairseq_checkpoint(tmp_path / "model.pt")
+    message = str(error.value)
+    assert message.startswith(f"cannot read {tmp_path / 'model.pt'} safely (torch.load with weights_only=True): ")
+    assert "Unsupported global: GLOBAL test_fairseq._NotAllowed" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["dict.en.txt", "bpecodes"])
+def test_files_not_in_utf8_are_refused_naming_the_file_and_line(tmp_path, name):
+    path = tmp_path / name
+    lines = (FAIRSEQ_FIXTURES / name).read_bytes().split(b"\n")
+    lines[2] = "caf\u00e9 5".encode("latin-1") if name == "dict.en.txt" else "caf \u00e9".encode("latin-1")
+    path.write_bytes(b"\n".join(lines))
+    read = read_fairseq_dictionary if name == "dict.en.txt" else read_bpe_merges
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}:3: not valid UTF-8"):
+        read(path)
 
 
 def test_old_checkpoints_convert_to_the_same_model(converted_fairseq, tmp_path):

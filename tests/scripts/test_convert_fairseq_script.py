@@ -79,3 +79,15 @@ def test_errors_are_one_line_and_nothing_is_written(tmp_path, monkeypatch):
     assert "is not a converted fairseq model" in error(FAIRSEQ_FIXTURES / NAME / "model.pt")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["other.pt", "out", "pre_ln.pt"]
     assert [path.name for path in (tmp_path / "out").iterdir()] == ["notes.txt"]
+
+
+def test_a_truncated_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
+    truncated = tmp_path / "trunc.pt"
+    truncated.write_bytes((FAIRSEQ_FIXTURES / NAME / "model.pt").read_bytes()[:100_000])
+    arguments = ["--checkpoint", truncated, *ARGUMENTS, "--output-dir", tmp_path / "out"]
+    message = script_error("convert_fairseq.py", *arguments, monkeypatch=monkeypatch)
+    assert message == (
+        f"error: {truncated} is not a readable PyTorch checkpoint (truncated or not a checkpoint): "
+        "PytorchStreamReader failed reading zip archive: failed finding central directory"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["trunc.pt"]
