@@ -134,7 +134,8 @@ _IGNORED_KEY = re.compile(r"^(encoder|decoder)\.(version|embed_positions\._float
 
 
 class FairseqConversionError(ValueError):
-    """A fairseq checkpoint or dictionary this model cannot represent exactly; the message names the field."""
+    """A fairseq checkpoint or dictionary this model cannot represent exactly (the message names the field), or a
+    file that is no readable checkpoint (the message names the file)."""
 
 
 def _refuse(field: str, value: Any, why: str) -> None:
