@@ -61,18 +61,24 @@ LOADER = textwrap.dedent(
 )
 
 
+def run_push(endpoint: str, home, *args) -> subprocess.CompletedProcess:
+    """scripts/push_to_hub.py with `args`, in a child process that pushes to the loopback Hub with the test token."""
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), *map(str, args)],
+        env=hub_env(endpoint, home, HUB_TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_push_then_load_by_repo_id_without_the_package(hub, tmp_path, card_dir):
     endpoint, root = hub
     model_dir = tmp_path / "model"
     model, tokenizer = save_tiny_checkpoint(model_dir)
 
-    push = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), "--model", str(model_dir)]
-        + ["--repo-id", REPO_ID, "--card-from", str(card_dir)],
-        env=hub_env(endpoint, tmp_path / "home_push", HUB_TOKEN),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    push = run_push(
+        endpoint, tmp_path / "home_push", "--model", model_dir, "--repo-id", REPO_ID, "--card-from", card_dir
     )
     assert push.returncode == 0, push.stderr
     assert f"{endpoint}/{REPO_ID}" in push.stdout
@@ -224,13 +230,8 @@ def test_stale_training_curves_are_not_uploaded(hub, tmp_path, card_dir):
     save_tiny_checkpoint(model_dir)
     (model_dir / "training_curves.png").write_bytes(b"\x89PNG an earlier card's curves")
     repo_id = "tester/no-curves"
-    push = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), "--model", str(model_dir)]
-        + ["--repo-id", repo_id, "--card-from", str(tmp_path)],
-        env=hub_env(endpoint, tmp_path / "home_push", HUB_TOKEN),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    push = run_push(
+        endpoint, tmp_path / "home_push", "--model", model_dir, "--repo-id", repo_id, "--card-from", tmp_path
     )
     assert push.returncode == 0, push.stderr
     stored = {path.name for path in (root / repo_id).iterdir()}
