@@ -151,6 +151,9 @@ def _earlier_run_paths(output_dir: Path) -> list[Path]:
     directories = [*list_checkpoints(output_dir), *staging_directories(output_dir)]
     if (output_dir / "averaged" / AVERAGING_RECORD_NAME).is_file():  # an average; a user's own averaged/ stays
         directories.append(output_dir / "averaged")
+    logs = output_dir / "runs"  # the Trainer's TensorBoard logs, OUT/runs/<date>_<host>: else the new run is shown
+    if logs.is_dir():  # beside the one it replaces
+        directories += [path for path in logs.iterdir() if path.is_dir() and any(path.glob("events.out.tfevents.*"))]
     names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
     return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]

@@ -350,15 +350,20 @@ def test_training_reads_only_the_splits_it_uses(tmp_path, datasets_cache):
         train(ModelArguments(preset="tiny", **TINY), data, evaluating)
 
 
-def test_overwrite_output_dir_leaves_an_averaged_directory_that_is_no_average(tmp_path, datasets_cache):
+def test_overwrite_output_dir_removes_the_earlier_runs_logs_and_leaves_what_is_not_a_runs(tmp_path, datasets_cache):
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
     run = tmp_path / "run"
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
     (run / "averaged").mkdir()
     (run / "averaged" / "notes.txt").write_text("mine")  # the user's, not a run's
+    earlier_logs = run / "runs" / "Dec01_10-00-00_host"  # the Trainer's TensorBoard logs of the earlier run
+    earlier_logs.mkdir(parents=True)
+    (earlier_logs / "events.out.tfevents.1.host").write_bytes(b"")
+    (run / "runs" / "notes").mkdir()
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, overwrite_output_dir=True))
     assert (run / "averaged" / "notes.txt").read_text() == "mine"
+    assert not earlier_logs.exists() and (run / "runs" / "notes").is_dir()
 
 
 @pytest.mark.parametrize(("name", "value"), [("max_train_samples", 0), ("max_train_samples", -3), ("max_length", 1)])
