@@ -271,16 +271,17 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
         "language_pair": data_args.language_pair,
         "data_dir": data_args.data_dir,
     }
-    splits = {}
-    for key in ("train", "validation") if evaluate else ("train",):
-        try:
-            [(name, part)] = load_parallel_dataset(**where, splits=[key]).items()
-        except KeyError as err:
-            if key == "validation":
-                message = f"Evaluation needs a validation split ({err.args[0]}); or pass --eval_strategy no."
-                raise ValueError(message) from None
+    keys = ("train", "validation") if evaluate else ("train",)
+    try:  # one load: from the Hub, each load asks it for the split names
+        raw = load_parallel_dataset(**where, splits=list(keys))
+    except KeyError as err:  # resolve_split's "no split 'train' ...", the training split being resolved first
+        if err.args[0].startswith("no split 'train'"):
             raise ValueError(f"Training needs a training split ({err.args[0]}).") from None
-        splits[key] = require_rows(part, name, split_source(name, **where))
+        raise ValueError(f"Evaluation needs a validation split ({err.args[0]}); or pass --eval_strategy no.") from None
+    splits = {  # the real names (val, newstest2013, ...) in the order asked for
+        key: require_rows(part, name, split_source(name, **where))
+        for key, (name, part) in zip(keys, raw.items(), strict=True)
+    }
     text, cleaning = datasets.DatasetDict(splits), {}
     if data_args.clean:
         text, counts = clean_parallel_dataset(
