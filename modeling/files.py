@@ -150,9 +150,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
+    umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps
     try:
         yield temporary
-        _widen_to_umask([temporary], _umask_file_mode(path.parent))  # a writer may have replaced it with a 0600 file
+        _widen_to_umask([temporary], umask_mode)  # a writer may have replaced it with a 0600 file
         fsync_path(temporary)
         os.replace(temporary, path)
     except BaseException as error:
