@@ -397,13 +397,11 @@ class TransformerGenerationMixin(GenerationMixin):
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None:
             return attention_mask.sum(dim=-1)
-        input_ids = inputs if inputs is not None and inputs.dim() == 2 else kwargs.get("input_ids")
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is not None:
             return input_ids.ne(self.config.pad_token_id).sum(dim=-1)
         encoder_outputs = kwargs.get("encoder_outputs")
         states = encoder_outputs[0] if encoder_outputs is not None else kwargs.get("inputs_embeds")
-        if states is None and inputs is not None and inputs.dim() == 3:  # embeddings passed as `inputs`
-            states = inputs
         if states is not None:  # (B, S, D)
             return torch.full((states.shape[0],), states.shape[1], device=states.device)
         return None
