@@ -72,10 +72,18 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
         limit, averaged = self.save_total_limit, self.average_last_checkpoints
-        if limit is not None and 0 < limit < averaged and averaged > 1:  # None or 0: every checkpoint is kept
+        # With load_best_model_at_end, rotation keeps the best checkpoint, however old, in one of the limit's places:
+        # the last `averaged` must fit in the others, or an old best would be averaged with the newest ones.
+        best = 1 if self.load_best_model_at_end else 0
+        if limit is not None and 0 < limit < averaged + best and averaged > 1:  # None or 0: every one is kept
+            kept = (
+                f"with load_best_model_at_end keeps the best checkpoint and only the {limit - 1} newest, fewer"
+                if best
+                else "keeps fewer checkpoints"
+            )
             raise ValueError(
-                f"save_total_limit {limit} keeps fewer checkpoints than average_last_checkpoints {averaged} averages: "
-                "raise save_total_limit (or leave it out: the preset keeps as many as are averaged) or average fewer."
+                f"save_total_limit {limit} {kept} than average_last_checkpoints {averaged} averages: raise "
+                "save_total_limit (or leave it out: the preset keeps as many as are averaged) or average fewer."
             )
         if self.overwrite_output_dir and self.resume_from_checkpoint not in (None, "", "false", "False"):
             raise ValueError(

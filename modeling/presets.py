@@ -53,13 +53,15 @@ class TrainingPreset:
         Explicit arguments win over these (the script passes them to `HfArgumentParser.set_defaults`). `given`, the
         arguments given explicitly, moves the defaults tied to them so that rotation keeps every checkpoint to be
         averaged: `save_total_limit` rises to a larger `average_last_checkpoints`, and `average_last_checkpoints`
-        falls to a smaller `save_total_limit` (None or 0 keeps every checkpoint). Both given and in conflict are
-        refused by `TranslationTrainingArguments`.
+        falls to a smaller `save_total_limit` (None or 0 keeps every checkpoint). With `load_best_model_at_end`
+        rotation also keeps the best checkpoint, however old, so the limit is one more than the checkpoints averaged.
+        Both given and in conflict are refused by `TranslationTrainingArguments`.
         """
+        best = 1 if given.get("load_best_model_at_end") else 0
         averaged = self.average_last_checkpoints
         limit = given.get("save_total_limit")
-        if limit is not None and 0 < limit < averaged:
-            averaged = limit
+        if limit is not None and 0 < limit < averaged + best:
+            averaged = max(limit - best, 1)
         defaults = {
             "max_steps": self.max_steps,
             "warmup_steps": self.warmup_steps,
@@ -75,7 +77,7 @@ class TrainingPreset:
             "tokens_per_update": self.tokens_per_update,
             "save_strategy": "steps",
             "save_steps": self.save_steps,
-            "save_total_limit": max(averaged, given.get("average_last_checkpoints") or 0, 1),
+            "save_total_limit": max(averaged, given.get("average_last_checkpoints") or 0, 1) + best,
             "average_last_checkpoints": averaged,
             "eval_strategy": "steps",
             "eval_steps": self.eval_steps,

@@ -34,7 +34,8 @@ CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
 
 NOT_GIVEN = object()  # a default no flag can produce: tells whether a flag was given
-TIED_TO_THE_PRESET = ("save_total_limit", "average_last_checkpoints")  # see TrainingPreset.training_defaults
+# The arguments that move the preset's defaults of checkpoint rotation: see TrainingPreset.training_defaults
+TIED_TO_THE_PRESET = ("save_total_limit", "average_last_checkpoints", "load_best_model_at_end")
 
 
 class ProbeParser(HfArgumentParser):

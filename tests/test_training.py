@@ -151,6 +151,27 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     assert json.loads((run / "checkpoint-2" / "config.json").read_text())["d_model"] == 16, "started over"
 
 
+def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_not_of_an_old_best(
+    tmp_path, datasets_cache
+):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64, bleu_sample_size=0)
+    # The highest validation loss is the best: the first checkpoint stays the best, and rotation keeps it.
+    best_is_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "max_steps": 6}
+    best_is_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    with pytest.raises(ValueError, match="keeps the best checkpoint and only the 2 newest, fewer than .* 3 averages"):
+        tiny_run_args(tmp_path / "refused", **best_is_first, save_total_limit=3, average_last_checkpoints=3)
+    run = tmp_path / "run"
+    train(
+        ModelArguments(preset="tiny", **TINY),
+        data,
+        tiny_run_args(run, **best_is_first, save_total_limit=4, average_last_checkpoints=3),
+    )
+    assert sorted(path.name for path in run.glob("checkpoint-*")) == [f"checkpoint-{step}" for step in (1, 4, 5, 6)]
+    averaged = json.loads((run / "averaged" / AVERAGING_RECORD_NAME).read_text())["checkpoints"]
+    assert [Path(path).name for path in averaged] == ["checkpoint-4", "checkpoint-5", "checkpoint-6"]
+
+
 def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
     def not_reached(*args, **kwargs):
         raise AssertionError("the data was read although no checkpoint could be written")

@@ -150,6 +150,13 @@ def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
     args = script.parse([*flags, "--save_total_limit", "2"])[2]
     assert (args.save_total_limit, args.average_last_checkpoints) == (2, 2), "the preset averages what is kept"
     assert script.parse([*flags, "--save_total_limit", "0"])[2].average_last_checkpoints == 5, "0 keeps them all"
+    # load_best_model_at_end: rotation keeps the best checkpoint beside the newest ones, in one more place.
+    best = [*flags, "--eval_steps", "100", "--save_steps", "100", "--load_best_model_at_end"]
+    args = script.parse(best)[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (6, 5)
+    args = script.parse([*best, "--save_total_limit", "3"])[2]
+    assert (args.save_total_limit, args.average_last_checkpoints) == (3, 2), "the preset averages the newest kept"
+    assert script.parse([*best, "false"])[2].save_total_limit == 5
 
     config = tmp_path / "run.yaml"
     config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\naverage_last_checkpoints: 8\n")
