@@ -95,7 +95,10 @@ def load_parallel_dataset(
                     for name in names
                 }
             )
-        return normalize_translation_dataset(raw, source_lang, target_lang)
+        try:
+            return normalize_translation_dataset(raw, source_lang, target_lang)
+        except ValueError as error:
+            raise ValueError(f"{dataset}: {error}") from None
 
     if data_files is None:
         files = discover_parallel_files(data_dir, source_lang, target_lang, splits)
@@ -141,7 +144,24 @@ def normalize_translation_dataset(
             features=_translation_features(source_lang, target_lang),
             desc=f"normalise {split}",
         )
+    for split, part in out.items():
+        _check_no_missing_sentence(part, split, (source_lang, target_lang))
     return datasets.DatasetDict(out)
+
+
+def _check_no_missing_sentence(part: datasets.Dataset, split: str, languages: tuple[str, str]) -> None:
+    """Refuse null sentences (rows with one side missing, which Hub datasets may hold): they would crash cleaning or
+    tokenisation with a message naming neither the split nor the row, as local JSONL refuses them."""
+    pairs = part.with_format("arrow")["translation"]
+    for language in languages:
+        missing = pc.struct_field(pairs, language).is_null()  # a null pair counts as null on both sides
+        count = pc.sum(missing).as_py()
+        if count:
+            raise ValueError(
+                f"split {split!r}, row {pc.index(missing, True).as_py()}: the {language!r} sentence is null "
+                f"(in {count} of {len(part)} rows); drop such rows (Dataset.filter) and give the rest as JSONL "
+                "(Dataset.to_json) with --data_dir"
+            )
 
 
 def _to_translation(batch: dict[str, list], languages: tuple[str, str]) -> dict[str, list]:

@@ -255,6 +255,20 @@ def test_dataset_option_goes_through_load_dataset(tmp_path):
     assert list(ds) == ["validation"] and pairs(ds["validation"], "de", "en") == [(DE[0], EN[0])]
 
 
+def test_a_null_sentence_in_a_hub_dataset_is_refused_naming_the_split_and_row(tmp_path):
+    one_column_each = hub_like(en=["a b", None, "c", None], de=["x", "y", "z", "w"])
+    with pytest.raises(ValueError, match=r"^split 'train', row 1: the 'en' sentence is null \(in 2 of 4 rows\); drop"):
+        normalize_translation_dataset(one_column_each, "en", "de")
+    pair_missing = hub_like(translation=[{"de": "a", "en": "b"}, None])
+    with pytest.raises(ValueError, match=r"^split 'train', row 1: the 'de' sentence is null \(in 1 of 2 rows\)"):
+        normalize_translation_dataset(pair_missing, "de", "en")
+    # Through the Hub code path (`datasets.load_dataset` reads a local folder of JSONL splits): the dataset named.
+    rows = [json.dumps({"translation": {"de": d, "en": e}}) for e, d in zip(EN, DE, strict=True)]
+    write_lines(tmp_path / "train.jsonl", [*rows, json.dumps({"translation": {"de": None, "en": "x"}})])
+    with pytest.raises(ValueError, match=rf"^{tmp_path}: split 'train', row 4: the 'de' sentence is null"):
+        load_parallel_dataset(source_lang="en", target_lang="de", dataset=str(tmp_path), cache_dir=str(tmp_path / "c"))
+
+
 def test_unknown_language_in_hub_dataset():
     with pytest.raises(ValueError, match=r"split 'train' has languages \['de', 'en'\], not \['fr'\]"):
         normalize_translation_dataset(hub_like(translation=[{"de": "a", "en": "b"}]), "en", "fr")
