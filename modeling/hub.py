@@ -214,17 +214,20 @@ def push_model_dir(
     api = HfApi(token=token)
     repo_url = hub_call(api.create_repo, repo_id, private=private, exist_ok=True, repo_type="model")
     ignore_patterns = list(IGNORE_PATTERNS)  # a fresh list: upload_folder extends it in place
+    delete_patterns = []
     card = model_dir / "README.md"
     if card.is_file() and CURVES_FILE.encode() not in card.read_bytes():
-        # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted,
-        # since the file may be the user's.
+        # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted
+        # here (the file may be the user's), and deleted from the repo, where an earlier push may have put them.
         ignore_patterns.append(CURVES_FILE)
+        delete_patterns.append(CURVES_FILE)
     hub_call(
         api.upload_folder,
         repo_id=repo_url.repo_id,
         folder_path=model_dir,
         allow_patterns=list(UPLOAD_PATTERNS),
         ignore_patterns=ignore_patterns,
+        delete_patterns=delete_patterns or None,
         commit_message=commit_message,
     )
     return str(repo_url)

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_checkpoint, script_error
-from huggingface_hub import metadata_load
+from huggingface_hub import HfApi, metadata_load
 
 import modeling.hub as hub_module
 from modeling.hub_client import HUB_ATTEMPTS_ENV
@@ -222,14 +222,18 @@ def test_another_models_scores_are_refused_before_anything_is_written(tmp_path, 
     assert not (model_dir / "README.md").exists()
 
 
-def test_stale_training_curves_are_not_uploaded(hub, tmp_path, card_dir):
+def test_stale_training_curves_are_not_uploaded_and_leave_the_repo(hub, tmp_path, card_dir):
     """A card rendered without curves after one with them: the old PNG stays on disk (it may be the user's) but is
-    not uploaded beside a card that says "Training curves: not recorded"."""
+    not uploaded beside a card that says "Training curves: not recorded", and an earlier push's copy is deleted."""
     endpoint, root = hub
     model_dir = tmp_path / "model"
     save_tiny_checkpoint(model_dir)
     (model_dir / "training_curves.png").write_bytes(b"\x89PNG an earlier card's curves")
     repo_id = "tester/no-curves"
+    earlier_push = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    earlier_push.create_repo(repo_id)
+    earlier_push.upload_file(path_or_fileobj=b"\x89PNG curves", path_in_repo="training_curves.png", repo_id=repo_id)
+    assert (root / repo_id / "training_curves.png").is_file()
     push = run_push(
         endpoint, tmp_path / "home_push", "--model", model_dir, "--repo-id", repo_id, "--card-from", tmp_path
     )
