@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer
+from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import seed_worker
 
 from .arguments import TranslationTrainingArguments
@@ -494,12 +495,21 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # among them max_length=20, which would then cap every later translation (and the saved generation config)
         # at 20 tokens instead of the paper's source length + 50: give it a copy and keep the original.
         generation_config = copy.deepcopy(self.model.generation_config)
+        loss_only = prediction_loss_only or self._loss_only
+        # When it generates, `Seq2SeqTrainer.prediction_step` takes the loss from its own call of the model, smoothed
+        # only by `label_smoother`: set for that call, or the loss logged beside BLEU (eval_sample_loss, test_loss)
+        # would be unsmoothed while eval_loss, from `compute_loss`, is smoothed.
+        smooth_here = self._fused_label_smoothing and self.args.predict_with_generate and not loss_only
+        if smooth_here:
+            self.label_smoother = LabelSmoother(epsilon=self.args.label_smoothing_factor)
         try:
             loss, generated, labels = super().prediction_step(
-                model, inputs, prediction_loss_only or self._loss_only, ignore_keys=ignore_keys, **gen_kwargs
+                model, inputs, loss_only, ignore_keys=ignore_keys, **gen_kwargs
             )
         finally:
             self.model.generation_config = generation_config
+            if smooth_here:
+                self.label_smoother = None
         if generated is not None:
             # Token batches hold different numbers of sentences on different processes, and the evaluation loop
             # gathers equal shapes only: pad with rows of -100, which `bleu_metrics` drops.

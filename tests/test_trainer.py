@@ -167,6 +167,11 @@ def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
     # Only `labels` is a label: an argument named like one would leave evaluation without a loss.
     assert trainer.label_names == ["labels"]
     assert trainer.evaluate(short)["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
+    # The loss logged beside BLEU (the generating evaluation, `predict`) is smoothed too.
+    args = training_args(tmp_path, max_steps=1, max_tokens_per_device=36, predict_with_generate=True)
+    trainer = make_trainer(args, dataset, tokenizer, model)
+    assert trainer.predict(short).metrics["test_loss"] == pytest.approx(expected.item(), rel=1e-5)
+    assert trainer.label_smoother is None, "set for the generating call only"
 
 
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
