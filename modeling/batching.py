@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
-import pyarrow.compute as pc
 from torch.utils.data import Sampler
+
+if TYPE_CHECKING:  # translating imports this module, and needs neither datasets nor pyarrow
+    import datasets
 
 logger = logging.getLogger(__name__)
 
 
 def sequence_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """Source and target lengths in tokens (`input_ids`, `labels`), read from Arrow without decoding rows."""
+    import pyarrow.compute as pc  # with the datasets extra, as the dataset itself
+
     table = dataset.with_format("arrow")
     return (
         pc.list_value_length(table["input_ids"]).to_numpy(),

@@ -1,5 +1,6 @@
 """The project as users install it: `pip install .` (not editable) ships the model-card template with the code,
-so that a card renders and a model pushes from an installed copy, far from this checkout."""
+so that a card renders and a model pushes from an installed copy, far from this checkout; and translating needs
+only the core dependencies, none of the extras."""
 
 import shutil
 import subprocess
@@ -49,3 +50,31 @@ def test_a_non_editable_install_renders_a_card_and_pushes(tmp_path, hub, card_di
     pushed = root / "tester" / "installed"
     assert "sacreBLEU" in (pushed / "README.md").read_text(), "the card was rendered from the shipped template"
     assert {"model.safetensors", "generation_transformer.py"} <= {path.name for path in pushed.iterdir()}
+
+
+# The modules of the optional extras (pyproject.toml) that the core dependencies do not bring themselves (transformers
+# brings huggingface_hub, PyYAML, numpy, tqdm): made unimportable, as on a machine that installed none of them.
+EXTRAS_MODULES = (
+    "accelerate datasets evaluate pyarrow sacrebleu sacremoses tensorboard matplotlib jinja2 ctranslate2 psutil onnx "
+    "onnxruntime onnxscript"
+).split()
+
+
+def test_translating_needs_none_of_the_extras(tmp_path):
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    (tmp_path / "in.txt").write_text("a b c\n\nd e\n")
+    script = textwrap.dedent(
+        f"""
+        import runpy, sys
+        for name in {EXTRAS_MODULES!r}:
+            sys.modules[name] = None  # import raises ImportError, importlib.util.find_spec gives None
+        import modeling.translation
+        sys.argv = ["translate.py", "--model", {str(model_dir)!r}, "--input-file", {str(tmp_path / "in.txt")!r},
+                    "--output-file", {str(tmp_path / "out.txt")!r}]
+        runpy.run_path({str(REPO_ROOT / "scripts" / "translate.py")!r}, run_name="__main__")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
