@@ -356,14 +356,3 @@ def write_files_into(
         if full is not None:
             raise full from error
         raise
-
-
-def guard_disk_full(path: str | os.PathLike, action: Callable[[], Any]) -> Any:
-    """Run `action` (which writes below `path`); a full disk becomes `DiskFullError` naming `path`."""
-    try:
-        return action()
-    except Exception as error:
-        full = disk_full_error(error, path)
-        if full is not None:
-            raise full from error
-        raise
