@@ -2,9 +2,9 @@
 
 Importing this package registers the model with the Auto classes, so that `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` resolve `model_type="vaswani_transformer"`, and marks the classes for
-`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the four remote-code files
-(configuration, model and generation): a saved directory then loads with `trust_remote_code=True` where this
-package is not installed.
+`register_for_auto_class`, so that `save_pretrained` writes `auto_map` and copies the five remote-code files
+(configuration, model, generation, its cache and the oneDNN linear layers): a saved directory then loads with
+`trust_remote_code=True` where this package is not installed.
 
 The tokenizer of converted fairseq models (`tokenization_fairseq.FairseqTokenizer`) is registered the same way:
 `AutoTokenizer` finds it by the name in `tokenizer_config.json` without the flag, and its `save_pretrained` copies

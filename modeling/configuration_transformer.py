@@ -5,7 +5,7 @@ Field names follow Marian/BART so that Hugging Face tools (caches, `get_text_con
 themselves from it without special cases.
 
 Every way in (the installed package, `from_pretrained(..., trust_remote_code=True)`) imports this file before the
-model's, so the version check below guards all four remote-code files.
+model's, so the version check below guards all five remote-code files.
 """
 
 from typing import Any

@@ -14,10 +14,10 @@
 
 This file travels with every checkpoint as remote code, beside the model file that imports it: it imports only
 torch, transformers and its sibling `cache_transformer.py` (`StaticBeamCache`, where the loop keeps the decoder's
-keys and values). The loop below calls transformers' private beam-search step functions
-(`_get_top_k_continuations`, `_get_running_beams_for_next_iteration`, `_update_finished_beams`,
-`_check_early_stop_heuristic`, `_prefill`, `_update_model_kwargs_for_generation`): that is where a new transformers
-release can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
+keys and values). It overrides transformers' private `_beam_search` and `_reorder_cache`, and the loop below calls
+its private beam-search step functions (`_get_top_k_continuations`, `_get_running_beams_for_next_iteration`,
+`_update_finished_beams`, `_check_early_stop_heuristic`, `_gather_beams`): that is where a new transformers release
+can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
 """
 
 import contextvars

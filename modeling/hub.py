@@ -203,7 +203,7 @@ def push_model_dir(
 ) -> str:
     """Create `repo_id` if needed and upload the model directory to it; return the repo URL.
 
-    Uploads weights, config (with auto_map), the four remote-code files, tokenizer, generation config, card and
+    Uploads weights, config (with auto_map), the five remote-code files, tokenizer, generation config, card and
     figures; pickles, optimizer states and checkpoint subdirectories are left out. `upload_folder` has the Hub
     validate the card's metadata (`/api/validate-yaml`) before uploading anything. The directory is checked
     first (`check_model_dir`; `verify=False` when the caller just did). Hub failures raise `HubError`.

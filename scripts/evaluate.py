@@ -1,9 +1,9 @@
 """Translate a test set with a trained model and score it: sacreBLEU, the paper's BLEU, lowercased BLEU, chrF.
 
-    python scripts/evaluate.py --model outputs/base --dataset wmt/wmt14 --language-pair de-en \\
-        --source-lang en --target-lang de --split test --output-dir outputs/base/eval
-    python scripts/evaluate.py --model outputs/multi30k --data-dir ../shared/data/multi30k \\
-        --source-lang en --target-lang de --split test --output-dir outputs/multi30k/eval
+    python scripts/evaluate.py --model runs/base_en_de/averaged --dataset wmt/wmt14 --language-pair de-en \\
+        --source-lang en --target-lang de --split test --output-dir runs/base_en_de/eval
+    python scripts/evaluate.py --model runs/tiny_multi30k --data-dir ../shared/data/multi30k \\
+        --source-lang en --target-lang de --split test --output-dir runs/tiny_multi30k/eval
 
 Prints the scores and writes `eval_results_{split}.json` (scores, sacreBLEU signature, decoding settings; read
 by `scripts/push_to_hub.py --card-from`) and `hypotheses_{split}.{target_lang}` into `--output-dir`. Killed while

@@ -1,6 +1,6 @@
 """Heatmaps of encoder self-, decoder self- and cross-attention for one sentence pair.
 
-    python scripts/plot_attention.py --model outputs/base --source "The house is small." \\
+    python scripts/plot_attention.py --model runs/base_en_de/averaged --source "The house is small." \\
         --target "Das Haus ist klein." --layer all --head mean --output attention.png
 
 Without `--target`, the model's own translation of the source is used. The model is loaded with eager

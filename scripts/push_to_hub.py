@@ -1,7 +1,7 @@
 """Push a saved model directory to the Hugging Face Hub, with a model card built from measured results.
 
-    python scripts/push_to_hub.py --model outputs/base --repo-id you/transformer-base-wmt14-en-de \\
-        --card-from outputs/base/eval --card-from outputs/base [--private]
+    python scripts/push_to_hub.py --model runs/base_en_de/averaged --repo-id you/transformer-base-wmt14-en-de \\
+        --card-from runs/base_en_de/eval --card-from runs/base_en_de [--private]
 
 `--card-from` directories are searched for `eval_results_*.json` (scripts/evaluate.py), `trainer_state.json`,
 `training_args.json` and `data_stats.json`; the card (README.md) and `training_curves.png` are written into the

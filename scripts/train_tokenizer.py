@@ -1,7 +1,7 @@
 """Train the shared source/target BPE (Sec. 5.1) and save it with `save_pretrained`.
 
     python scripts/train_tokenizer.py --train-files train.en.gz train.de.gz --vocab-size 8000 --output-dir bpe
-    python scripts/train_tokenizer.py --data-dir data/multi30k --source-lang en --target-lang de \\
+    python scripts/train_tokenizer.py --data-dir ../shared/data/multi30k --source-lang en --target-lang de \\
         --vocab-size 8000 --output-dir bpe
     python scripts/train_tokenizer.py --dataset wmt/wmt14 --language-pair de-en --vocab-size 37000 --output-dir bpe
 """

@@ -1,8 +1,8 @@
 """Translate text with a saved or Hub model: one output line per input line, in order, empty lines kept.
 
-    python scripts/translate.py --model outputs/base "The house is small." "Hello!"
+    python scripts/translate.py --model runs/base_en_de/averaged "The house is small." "Hello!"
     python scripts/translate.py --model you/transformer-base --input-file news.en --output-file news.de
-    echo "The house is small." | python scripts/translate.py --model outputs/base
+    echo "The house is small." | python scripts/translate.py --model runs/base_en_de/averaged
 
 Decoding defaults to the model's generation config (the paper's beam 4, GNMT length penalty, source + 50). A file
 or stdin is translated --chunk-lines lines at a time (memory stays that of one chunk): to stdout each chunk as it is
