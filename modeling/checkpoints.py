@@ -43,7 +43,7 @@ WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
 # Config fields that change without the model changing: library version, where it was loaded from, dtype.
 VOLATILE_CONFIG_FIELDS = frozenset(
     {"transformers_version", "_name_or_path", "_commit_hash", "architectures", "auto_map", "dtype", "torch_dtype"}
@@ -276,19 +276,21 @@ def vocabulary_fingerprint(vocab: Mapping[str, int]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def tokenizer_fingerprint(directory: str | os.PathLike) -> str | None:
-    """The tokenizer of a saved directory: `vocabulary_fingerprint` of tokenizer.json's vocabulary (the same as
-    of the loaded tokenizer's `get_vocab()`), else sha256 of the other tokenizer files; None without any."""
+def saved_vocabulary_fingerprint(directory: str | os.PathLike) -> str | None:
+    """The vocabulary of the tokenizer saved in `directory`, read without loading it: `vocabulary_fingerprint` of
+    tokenizer.json's vocabulary (the same as of the loaded tokenizer's `get_vocab()`), else sha256 of the other
+    vocabulary files; None without any."""
     directory = Path(directory)
     path = directory / "tokenizer.json"
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
-        vocab = dict(state.get("model", {}).get("vocab") or {})
-        if isinstance(vocab, dict):
-            vocab.update({token["content"]: token["id"] for token in state.get("added_tokens", [])})
-            return vocabulary_fingerprint(vocab)
+        vocab = state.get("model", {}).get("vocab") or {}
+        if isinstance(vocab, list):  # Unigram: [piece, score] pairs, the id being the position
+            vocab = {piece: index for index, (piece, _) in enumerate(vocab)}
+        vocab = {**vocab, **{token["content"]: token["id"] for token in state.get("added_tokens", [])}}
+        return vocabulary_fingerprint(vocab)
     digest, found = hashlib.sha256(), False
-    for name in TOKENIZER_FILES[1:]:
+    for name in VOCABULARY_FILES[1:]:
         if (directory / name).is_file():
             digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
             found = True
@@ -364,7 +366,7 @@ def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> li
         except (OSError, ValueError):
             configs.append({})
     differences += [f"config.{name}" for name in identity_differences(*configs, shared_only=True)]
-    if tokenizer_fingerprint(first) != tokenizer_fingerprint(second):
+    if saved_vocabulary_fingerprint(first) != saved_vocabulary_fingerprint(second):
         differences.append("tokenizer")
     identities = read_run_identity(first), read_run_identity(second)
     if None not in identities:

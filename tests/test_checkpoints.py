@@ -5,7 +5,9 @@ import json
 import logging
 
 import pytest
+import tokenizers
 from helpers import save_trainer_checkpoint, word_tokenizer
+from transformers import PreTrainedTokenizerFast
 
 from modeling.checkpoints import (
     COMPLETE_MARKER,
@@ -17,7 +19,7 @@ from modeling.checkpoints import (
     latest_complete_checkpoint,
     require_complete_checkpoint,
     safetensors_problem,
-    tokenizer_fingerprint,
+    saved_vocabulary_fingerprint,
     vocabulary_fingerprint,
     write_completeness_marker,
 )
@@ -89,11 +91,18 @@ def test_identities_differ_by_named_fields():
     assert describe_differences(first, second, fields).startswith("config.d_model: 32 vs 64; data.files: ")
 
 
-def test_a_saved_tokenizer_has_the_fingerprint_of_the_loaded_one(tmp_path):
-    tokenizer = word_tokenizer()
+def unigram_tokenizer() -> PreTrainedTokenizerFast:
+    pieces = [("<unk>", 0.0), ("a", -1.0), ("b", -2.0), ("ab", -0.5)]
+    model = tokenizers.Tokenizer(tokenizers.models.Unigram(pieces, unk_id=0))
+    return PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", pad_token="<pad>")  # <pad> added
+
+
+@pytest.mark.parametrize("make_tokenizer", [word_tokenizer, unigram_tokenizer], ids=["bpe", "unigram"])
+def test_a_saved_tokenizer_has_the_fingerprint_of_the_loaded_one(make_tokenizer, tmp_path):
+    tokenizer = make_tokenizer()
     tokenizer.save_pretrained(tmp_path)
-    assert tokenizer_fingerprint(tmp_path) == vocabulary_fingerprint(tokenizer.get_vocab())
-    assert tokenizer_fingerprint(tmp_path / "nowhere") is None
+    assert saved_vocabulary_fingerprint(tmp_path) == vocabulary_fingerprint(tokenizer.get_vocab())
+    assert saved_vocabulary_fingerprint(tmp_path / "nowhere") is None
 
 
 def test_a_config_field_only_one_side_has_is_no_difference():
