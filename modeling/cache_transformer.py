@@ -23,6 +23,11 @@ class _CrossAttention:
         self.layers: list[SimpleNamespace] = []  # `.keys`, `.values`: (rows, H, S, Dh), where the attention reads
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+        # Each decoder layer stores its own once, in layer order; the attention then reads `layers[layer_idx]`.
+        if layer_idx != len(self.layers):
+            raise RuntimeError(
+                f"cross-attention keys and values of layer {layer_idx} came in layer {len(self.layers)}'s place"
+            )
         self.layers.append(SimpleNamespace(keys=key_states, values=value_states))
         return key_states, value_states
 

@@ -2,6 +2,7 @@
 
 That decoding with it gives transformers' own outputs is tested in `test_generation.py`."""
 
+import pytest
 import torch
 
 from modeling.cache_transformer import StaticBeamCache, _SelfAttention
@@ -27,3 +28,13 @@ def test_static_cache_keeps_the_selected_histories_while_its_room_grows(monkeypa
             assert torch.equal(values, -history[:, layer]), f"step {step}, layer {layer}: values"
         cache.advance()
     assert cache.self_attention_cache.buffer.shape[1] == 6, "grown to the limit, not beyond"
+
+
+def test_cross_attention_keys_are_stored_by_layer_and_out_of_order_is_refused():
+    cache = StaticBeamCache(2, 4, 2, torch.zeros(2, 5, 6), cross_attention_mask=None)
+    keys = [torch.randn(2, 2, 5, 3) for _ in range(2)]
+    cache.cross_attention_cache.update(keys[0], -keys[0], layer_idx=0)
+    with pytest.raises(RuntimeError, match="of layer 0 came in layer 1's place"):
+        cache.cross_attention_cache.update(keys[0], -keys[0], layer_idx=0)  # stored twice: layer 1 would read it
+    cache.cross_attention_cache.update(keys[1], -keys[1], layer_idx=1)
+    assert torch.equal(cache.cross_attention_cache.layers[1].keys, keys[1])
