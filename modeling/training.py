@@ -18,12 +18,16 @@ What makes it safe for long runs that get preempted and requeued:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import logging
 import os
 import shutil
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +125,41 @@ class TrainingPreempted(Exception):
 
 
 class OutputDirectoryInUseError(ValueError):
-    """A new run was pointed at an output directory that holds another run's checkpoints."""
+    """A new run was pointed at an output directory that holds another run's checkpoints, or that another training
+    process is writing into."""
+
+
+TRAINING_LOCK_FILE = ".training.lock"
+
+
+@contextlib.contextmanager
+def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]:
+    """The main process holds an exclusive lock on `output_dir/.training.lock` while it trains, averages and pushes:
+    a second run into the same directory (a job requeued while the first one still runs, here or on another machine
+    sharing the file system) is refused at once, naming the holder, before it reads, deletes or writes anything.
+    The kernel (or the NFS server) releases the lock when its process ends, however it ends; nothing to clean up.
+    On a file system without locks, a warning and no guard."""
+    if not training_args.should_save:
+        yield
+        return
+    output_dir = Path(training_args.output_dir)
+    check_writable(output_dir / RUN_IDENTITY_FILE)  # a file in the way or no permission: said now, naming it
+    with open(output_dir / TRAINING_LOCK_FILE, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.readline().strip() or "a process that has not said who it is"
+            raise OutputDirectoryInUseError(
+                f"{output_dir} is in use by another training run ({holder}): wait for it to end or stop it, then "
+                "run this command again"
+            ) from None
+        except OSError as error:
+            logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
+        handle.flush()
+        yield
 
 
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:
@@ -600,6 +638,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
     this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
     `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
+
+    The main process holds `output_dir/.training.lock` from the first check of `output_dir` to the end of the push
+    (`training_lock`): a second run into the same directory meanwhile is refused, naming this one.
     """
     _check_run_arguments(model_args, data_args)
     use_hub_timeouts()  # every Hub request (tokenizer, model, dataset, push) has a timeout
@@ -610,67 +651,70 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
 
         hub = prepare_push(training_args)
     preemption = PreemptionCallback()
-    with preemption.handling():
-        checkpoint = prepare_output_dir(training_args, model_args)
-        output_dir = Path(training_args.output_dir)
-        preset = get_preset(model_args.preset)
-        set_seed(training_args.seed)  # the same initial weights on every process and every run
-        evaluate = training_args.eval_strategy != "no"
-        text, cleaning = _load_text(data_args, evaluate=evaluate)
-        vocab_size = data_args.vocab_size or preset.vocab_size
-        tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-        model = _model(model_args, preset, len(tokenizer))
-        identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
-        _check_same_run(identity, output_dir, checkpoint)
-        if training_args.should_save:
-            write_json(output_dir / RUN_IDENTITY_FILE, identity)
-        with training_args.main_process_first(local=False, desc="tokenisation"):
-            tokenized = tokenize_parallel_dataset(
-                text,
-                tokenizer,
-                data_args.source_lang,
-                data_args.target_lang,
-                max_length=data_args.max_length,
-                num_proc=data_args.preprocessing_num_workers,
+    with training_lock(training_args):
+        with preemption.handling():
+            checkpoint = prepare_output_dir(training_args, model_args)
+            output_dir = Path(training_args.output_dir)
+            preset = get_preset(model_args.preset)
+            set_seed(training_args.seed)  # the same initial weights on every process and every run
+            evaluate = training_args.eval_strategy != "no"
+            text, cleaning = _load_text(data_args, evaluate=evaluate)
+            vocab_size = data_args.vocab_size or preset.vocab_size
+            tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
+            model = _model(model_args, preset, len(tokenizer))
+            identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
+            _check_same_run(identity, output_dir, checkpoint)
+            if training_args.should_save:
+                write_json(output_dir / RUN_IDENTITY_FILE, identity)
+            with training_args.main_process_first(local=False, desc="tokenisation"):
+                tokenized = tokenize_parallel_dataset(
+                    text,
+                    tokenizer,
+                    data_args.source_lang,
+                    data_args.target_lang,
+                    max_length=data_args.max_length,
+                    num_proc=data_args.preprocessing_num_workers,
+                )
+            bleu_size = (
+                data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
             )
-        bleu_size = data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
-        trainer = TokenBudgetSeq2SeqTrainer(
-            model=model,
-            args=_without_hub_push(training_args),
-            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-            train_dataset=tokenized["train"],
-            eval_dataset=tokenized["validation"] if evaluate else None,
-            bleu_dataset=bleu_sample(tokenized["validation"], bleu_size) if evaluate and bleu_size > 0 else None,
-            processing_class=tokenizer,
-            compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
-            preemption=preemption,
-        )
-        if trainer.is_world_process_zero():
-            hub_model_id = hub.repo_id if hub else None
-            _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
-        agreed = preemption.agreed(training_args.device)
-        if agreed is not None:  # a signal while the data was being prepared: stop before the first update
-            step = checkpoint_step(checkpoint) if checkpoint else 0
-            raise _stop_preempted(training_args, agreed.name, step, checkpoint)
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        if trainer.preempted is not None:
-            last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
-            raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
-        trainer.save_final_model()
-        trainer.log_metrics("train", result.metrics)
-        trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
-        averaged = None
-        if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
-            n = training_args.average_last_checkpoints
-            averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
-        if training_args.should_save:
-            (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
-    if hub is not None:
-        from .hub import push_trained_model
+            trainer = TokenBudgetSeq2SeqTrainer(
+                model=model,
+                args=_without_hub_push(training_args),
+                data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+                train_dataset=tokenized["train"],
+                eval_dataset=tokenized["validation"] if evaluate else None,
+                bleu_dataset=bleu_sample(tokenized["validation"], bleu_size) if evaluate and bleu_size > 0 else None,
+                processing_class=tokenizer,
+                compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
+                preemption=preemption,
+            )
+            if trainer.is_world_process_zero():
+                hub_model_id = hub.repo_id if hub else None
+                _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
+            agreed = preemption.agreed(training_args.device)
+            if agreed is not None:  # a signal while the data was being prepared: stop before the first update
+                step = checkpoint_step(checkpoint) if checkpoint else 0
+                raise _stop_preempted(training_args, agreed.name, step, checkpoint)
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+            if trainer.preempted is not None:
+                last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
+                raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
+            trainer.save_final_model()
+            trainer.log_metrics("train", result.metrics)
+            trainer.save_metrics("train", result.metrics)
+            trainer.save_state()
+            averaged = None
+            if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
+                n = training_args.average_last_checkpoints
+                averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
+            if training_args.should_save:
+                (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+        if hub is not None:
+            from .hub import push_trained_model
 
-        pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
-        push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
+            pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
+            push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
     return training_args.output_dir
 
 

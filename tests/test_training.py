@@ -1,8 +1,10 @@
 """Tests of modeling/training.py: `train()` end to end, learning, fine-tuning, and what a run records."""
 
+import fcntl
 import io
 import json
 import logging
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +32,14 @@ from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.presets import get_preset
-from modeling.training import OutputDirectoryInUseError, _model, _without_hub_push, _write_run_records, train
+from modeling.training import (
+    TRAINING_LOCK_FILE,
+    OutputDirectoryInUseError,
+    _model,
+    _without_hub_push,
+    _write_run_records,
+    train,
+)
 from modeling.translation import load_model_and_tokenizer, model_fingerprint, tokenizer_fingerprint, translate
 
 
@@ -170,6 +179,34 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     assert sorted(path.name for path in run.glob("checkpoint-*")) == [f"checkpoint-{step}" for step in (1, 4, 5, 6)]
     averaged = json.loads((run / "averaged" / AVERAGING_RECORD_NAME).read_text())["checkpoints"]
     assert [Path(path).name for path in averaged] == ["checkpoint-4", "checkpoint-5", "checkpoint-6"]
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
+    before = sorted(path.name for path in run.iterdir())
+    # The first run, still going (a job requeued while it runs): its lock, held through another open file, which
+    # flock treats as another process would be.
+    with open(run / TRAINING_LOCK_FILE, "a+") as first_run:
+        fcntl.flock(first_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first_run.truncate(0)  # as a run taking the lock does
+        first_run.write("pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n")
+        first_run.flush()
+        for args in (tiny_run_args(run, overwrite_output_dir=True), tiny_run_args(run, resume_from_checkpoint="last")):
+            with pytest.raises(
+                OutputDirectoryInUseError, match=r"in use by another training run \(pid 4242 on node-7"
+            ):
+                train(ModelArguments(preset="tiny", **TINY), data, args)
+        assert sorted(path.name for path in run.iterdir()) == before, "nothing deleted or written"
+    # Released when the holder ends, and by a run that ends (here in an error) as by one that finishes.
+    with pytest.raises(ValueError):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4, save_steps=3, seed=1))
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, overwrite_output_dir=True))
+    with open(run / TRAINING_LOCK_FILE) as after:
+        fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+        assert after.read().startswith(f"pid {os.getpid()} on ")
 
 
 def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
