@@ -1,4 +1,5 @@
-"""Linear layers on oneDNN (x86 CPUs): how this model's products run fast on a CPU, apart from what they compute.
+"""Linear layers on oneDNN (x86 CPUs not made by Intel): how this model's products run fast on a CPU, apart from
+what they compute.
 
 `modeling_transformer.py` calls every linear layer through `linear` (and a decoding step's self-attention
 projections through `linears`); the fused training loss multiplies through `matmul_transposed`. Each computes what
@@ -19,8 +20,32 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-# oneDNN's linear kernel, as PyTorch ships it (what torch.compile's CPU backend calls), where this CPU can run it.
-_ONEDNN_LINEAR = platform.machine().lower() in ("x86_64", "amd64") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+def _x86_vendor() -> str | None:
+    """The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, ...) where the system tells it, else None."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:  # Linux
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    processor = platform.processor()  # Windows: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel"
+    return next((vendor for vendor in ("GenuineIntel", "AuthenticAMD") if vendor in processor), None)
+
+
+def prefers_onednn(vendor: str | None) -> bool:
+    """Whether this model's linear layers run faster on oneDNN than on MKL, PyTorch's own, on an x86 CPU of `vendor`:
+    on CPUs not made by Intel, where MKL picks slow kernels (1.5-2.3x oneDNN's time at this model's shapes on an AMD
+    EPYC); not on Intel's, where MKL ran faster (training 1.14-1.34x, decoding 1.05-1.12x on a Xeon: docs/results.md),
+    nor where the vendor is unknown. CTranslate2 chooses its backend the same way."""
+    return vendor is not None and vendor != "GenuineIntel"
+
+
+# oneDNN's linear kernel, as PyTorch ships it (what torch.compile's CPU backend calls), where this CPU can run it;
+# taken where it beats MKL.
+_ONEDNN_KERNEL = platform.machine().lower() in ("x86_64", "amd64") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN_LINEAR = _ONEDNN_KERNEL and prefers_onednn(_x86_vendor())
 
 
 def _onednn_on() -> bool:
@@ -40,10 +65,9 @@ def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
 
     PyTorch's CPU `nn.Linear` and `@` call MKL, which picks its kernels by processor vendor and runs well below
     oneDNN on AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products)
-    picks them by instruction set. At this model's shapes it ran 1.5-2.3x MKL on this project's AMD EPYC, forward
-    and backward (docs/results.md); CTranslate2 makes the same choice off Intel CPUs. The two agree to float32
-    rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses, other devices and dtypes keep
-    MKL, and so does everything after `torch.backends.mkldnn.enabled = False`.
+    picks them by instruction set. So oneDNN is taken on x86 CPUs not made by Intel (`prefers_onednn`). The two
+    agree to float32 rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses, other devices
+    and dtypes keep MKL, and so does everything after `torch.backends.mkldnn.enabled = False`.
     """
     return (
         type(hidden_states) is torch.Tensor

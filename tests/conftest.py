@@ -20,7 +20,7 @@ from huggingface_hub import constants, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
 import modeling.hub_client as hub_client
-from modeling import TransformerForConditionalGeneration
+from modeling import TransformerForConditionalGeneration, onednn_transformer
 from modeling.evaluation import metrics_filename
 from modeling.files import write_json
 from modeling.hub_client import HUB_ATTEMPTS_ENV, HUB_TIMEOUT_ENV
@@ -35,6 +35,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def onednn_linear(monkeypatch) -> None:
+    """oneDNN's linear layers taken on any x86 CPU, Intel's included (where this project leaves MKL by default, as
+    the faster), so that their code is tested on every x86 machine; skipped where the kernel cannot run."""
+    if not onednn_transformer._ONEDNN_KERNEL:
+        pytest.skip("oneDNN's linear kernel runs on x86 CPUs only")
+    monkeypatch.setattr(onednn_transformer, "_ONEDNN_LINEAR", True)
 
 
 @pytest.fixture

@@ -239,7 +239,7 @@ def test_alternating_translations_times_every_way_and_compares_their_outputs(ben
     assert not same
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the static step multiplies by oneDNN")
+@pytest.mark.usefixtures("onednn_linear")  # the static step multiplies by oneDNN
 def test_static_shape_step_computes_what_the_decoding_step_does(benchmarks_importable):
     from compiled_decoder_step import StaticShapeStep, StepInputs, decode_as_generate, decode_static
     from fixtures import QUICK_SIZE, random_model, transformer_config

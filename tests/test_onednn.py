@@ -2,6 +2,7 @@
 where oneDNN runs them and only there; weights prepacked for decoding (fused Q/K/V among them) change no output."""
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,19 @@ from modeling.quantization import quantize_int8
 VOCAB = 50  # the tiny model's
 
 
+@pytest.mark.parametrize(
+    ("vendor", "prefers"), [("AuthenticAMD", True), ("HygonGenuine", True), ("GenuineIntel", False), (None, False)]
+)
+def test_onednn_is_preferred_on_x86_cpus_not_made_by_intel(vendor, prefers):
+    assert onednn_transformer.prefers_onednn(vendor) is prefers
+
+
+def test_the_vendor_is_read_from_the_system():
+    vendor = onednn_transformer._x86_vendor()
+    if onednn_transformer._ONEDNN_KERNEL and Path("/proc/cpuinfo").is_file():  # x86 Linux says who made the CPU
+        assert vendor and vendor.isprintable() and vendor == vendor.strip()
+
+
 def onednn_linear_calls(function) -> int:
     """How many times `function()` ran oneDNN's linear kernel, as torch's profiler records it."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
@@ -20,9 +34,7 @@ def onednn_linear_calls(function) -> int:
     return sum(event.count for event in profiler.key_averages() if event.key == "mkldnn::_linear_pointwise")
 
 
-needs_onednn_linear = pytest.mark.skipif(
-    not onednn_transformer._ONEDNN_LINEAR, reason="oneDNN's linear kernel is taken on x86 CPUs only"
-)
+needs_onednn_linear = pytest.mark.usefixtures("onednn_linear")  # taken on any x86 CPU; skipped elsewhere
 # A forward of the tiny model: 2 encoder layers x 6 linear layers (q, k, v, out, fc1, fc2), 2 decoder layers x 10
 # (four of self-attention, four of cross-attention, two of the feed-forward), and the output projection.
 TINY_FORWARD_LINEAR_LAYERS = 2 * 6 + 2 * 10 + 1
