@@ -72,12 +72,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
         limit, averaged = self.save_total_limit, self.average_last_checkpoints
-        # With load_best_model_at_end, rotation keeps the best checkpoint, however old, in one of the limit's places:
-        # the last `averaged` must fit in the others, or an old best would be averaged with the newest ones.
-        best = 1 if self.load_best_model_at_end else 0
+        # With a metric_for_best_model (load_best_model_at_end sets one), rotation keeps the best checkpoint, however
+        # old, in one of the limit's places: the last `averaged` must fit in the others, or an old best would be
+        # averaged with the newest ones.
+        best = 1 if self.metric_for_best_model is not None else 0
         if limit is not None and 0 < limit < averaged + best and averaged > 1:  # None or 0: every one is kept
             kept = (
-                f"with load_best_model_at_end keeps the best checkpoint and only the {limit - 1} newest, fewer"
+                f"with metric_for_best_model keeps the best checkpoint and only the {limit - 1} newest, fewer"
                 if best
                 else "keeps fewer checkpoints"
             )

@@ -53,11 +53,12 @@ class TrainingPreset:
         Explicit arguments win over these (the script passes them to `HfArgumentParser.set_defaults`). `given`, the
         arguments given explicitly, moves the defaults tied to them so that rotation keeps every checkpoint to be
         averaged: `save_total_limit` rises to a larger `average_last_checkpoints`, and `average_last_checkpoints`
-        falls to a smaller `save_total_limit` (None or 0 keeps every checkpoint). With `load_best_model_at_end`
-        rotation also keeps the best checkpoint, however old, so the limit is one more than the checkpoints averaged.
-        Both given and in conflict are refused by `TranslationTrainingArguments`.
+        falls to a smaller `save_total_limit` (None or 0 keeps every checkpoint). With a `metric_for_best_model` (or
+        `load_best_model_at_end`, which sets one) rotation also keeps the best checkpoint, however old, so the limit
+        is one more than the checkpoints averaged. Both given and in conflict are refused by
+        `TranslationTrainingArguments`.
         """
-        best = 1 if given.get("load_best_model_at_end") else 0
+        best = 1 if given.get("metric_for_best_model") or given.get("load_best_model_at_end") else 0
         averaged = self.average_last_checkpoints
         limit = given.get("save_total_limit")
         if limit is not None and 0 < limit < averaged + best:

@@ -35,7 +35,12 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same 
 
 NOT_GIVEN = object()  # a default no flag can produce: tells whether a flag was given
 # The arguments that move the preset's defaults of checkpoint rotation: see TrainingPreset.training_defaults
-TIED_TO_THE_PRESET = ("save_total_limit", "average_last_checkpoints", "load_best_model_at_end")
+TIED_TO_THE_PRESET = (
+    "save_total_limit",
+    "average_last_checkpoints",
+    "metric_for_best_model",
+    "load_best_model_at_end",
+)
 
 
 class ProbeParser(HfArgumentParser):

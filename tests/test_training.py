@@ -170,6 +170,9 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     best_is_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
     with pytest.raises(ValueError, match="keeps the best checkpoint and only the 2 newest, fewer than .* 3 averages"):
         tiny_run_args(tmp_path / "refused", **best_is_first, save_total_limit=3, average_last_checkpoints=3)
+    tracked_only = {**best_is_first, "load_best_model_at_end": False}  # the best is recorded, and kept, all the same
+    with pytest.raises(ValueError, match="with metric_for_best_model keeps the best checkpoint and only the 2 newest"):
+        tiny_run_args(tmp_path / "refused", **tracked_only, save_total_limit=3, average_last_checkpoints=3)
     run = tmp_path / "run"
     train(
         ModelArguments(preset="tiny", **TINY),
@@ -201,7 +204,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
                 train(ModelArguments(preset="tiny", **TINY), data, args)
         assert sorted(path.name for path in run.iterdir()) == before, "nothing deleted or written"
     # Released when the holder ends, and by a run that ends (here in an error) as by one that finishes.
-    with pytest.raises(ValueError):
+    with pytest.raises(OutputDirectoryInUseError, match="holds an earlier run"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4, save_steps=3, seed=1))
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, overwrite_output_dir=True))
     with open(run / TRAINING_LOCK_FILE) as after:

@@ -157,6 +157,8 @@ def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
     args = script.parse([*best, "--save_total_limit", "3"])[2]
     assert (args.save_total_limit, args.average_last_checkpoints) == (3, 2), "the preset averages the newest kept"
     assert script.parse([*best, "false"])[2].save_total_limit == 5
+    tracked = [*flags, "--eval_steps", "100", "--save_steps", "100", "--metric_for_best_model", "eval_sample_bleu"]
+    assert script.parse(tracked)[2].save_total_limit == 6, "a best checkpoint is recorded, and kept, all the same"
 
     config = tmp_path / "run.yaml"
     config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\naverage_last_checkpoints: 8\n")
