@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import datasets
 import numpy as np
@@ -45,7 +45,7 @@ from transformers import (
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints
-from .callbacks import PreemptionCallback
+from .callbacks import PreemptionCallback, any_rank
 from .checkpoints import (
     PREEMPTED_FILE,
     RUN_IDENTITY_FILE,
@@ -135,31 +135,50 @@ TRAINING_LOCK_FILE = ".training.lock"
 @contextlib.contextmanager
 def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]:
     """The main process holds an exclusive lock on `output_dir/.training.lock` while it trains, averages and pushes:
-    a second run into the same directory (a job requeued while the first one still runs, here or on another machine
-    sharing the file system) is refused at once, naming the holder, before it reads, deletes or writes anything.
-    The kernel (or the NFS server) releases the lock when its process ends, however it ends; nothing to clean up.
-    On a file system without locks, a warning and no guard."""
-    if not training_args.should_save:
-        yield
-        return
+    a second run into the same directory (a job requeued while the first one still runs) is refused at once, on
+    every process, naming the holder, before it reads, deletes or writes anything.
+
+    The lock is `flock`'s: released by the kernel when its holder ends, however it ends (after the holder's forked
+    children, which share it, end too). It guards across machines where the file system gives locks across
+    machines (local disks; NFSv4; Lustre mounted with `flock`); a file system that refuses locks gets a warning,
+    one that grants them locally only (NFS mounted `nolock`, Lustre `localflock`) guards each machine alone."""
     output_dir = Path(training_args.output_dir)
-    check_writable(output_dir / RUN_IDENTITY_FILE)  # a file in the way or no permission: said now, naming it
-    with open(output_dir / TRAINING_LOCK_FILE, "a+", encoding="utf-8") as handle:
+    refusal, handle = None, None
+    if training_args.process_index == 0:  # the world's main process, also with save_on_each_node
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.readline().strip() or "a process that has not said who it is"
-            raise OutputDirectoryInUseError(
-                f"{output_dir} is in use by another training run ({holder}): wait for it to end or stop it, then "
-                "run this command again"
-            ) from None
-        except OSError as error:
-            logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
-        handle.truncate(0)
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
-        handle.flush()
+            check_writable(output_dir / RUN_IDENTITY_FILE)  # a file in the way or no permission: named now
+            handle = open(output_dir / TRAINING_LOCK_FILE, "a+", encoding="utf-8")  # held to the end
+            _lock_for_training(handle, output_dir)
+        except (OSError, ValueError) as error:
+            refusal = error
+    # Every process stops when the main one cannot train here: the others would wait for it at the next barrier.
+    if any_rank(refusal is not None, training_args.device):
+        if handle is not None:
+            handle.close()
+        raise refusal or OutputDirectoryInUseError(f"{output_dir}: the main process cannot train there (it says why)")
+    try:
         yield
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def _lock_for_training(handle: IO[str], output_dir: Path) -> None:
+    """Take the lock on the open `handle` and record who holds it, or raise `OutputDirectoryInUseError`."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.readline().strip() or "a process that has not said who it is"
+        raise OutputDirectoryInUseError(
+            f"{output_dir} is in use by another training run ({holder}): wait for it to end or stop it, then run "
+            "this command again"
+        ) from None
+    except OSError as error:
+        logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
+    handle.flush()
 
 
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:
