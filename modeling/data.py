@@ -165,8 +165,9 @@ def _check_no_missing_sentence(part: datasets.Dataset, split: str, languages: tu
 
 
 def _to_translation(batch: dict[str, list], languages: tuple[str, str]) -> dict[str, list]:
-    if "translation" in batch:
-        return {"translation": [{lang: pair[lang] for lang in languages} for pair in batch["translation"]]}
+    if "translation" in batch:  # a null pair stays null, for `_check_no_missing_sentence` to name
+        pairs = batch["translation"]
+        return {"translation": [None if pair is None else {lang: pair[lang] for lang in languages} for pair in pairs]}
     return {
         "translation": [
             dict(zip(languages, texts, strict=True))

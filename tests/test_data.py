@@ -262,6 +262,9 @@ def test_a_null_sentence_in_a_hub_dataset_is_refused_naming_the_split_and_row(tm
     pair_missing = hub_like(translation=[{"de": "a", "en": "b"}, None])
     with pytest.raises(ValueError, match=r"^split 'train', row 1: the 'de' sentence is null \(in 1 of 2 rows\)"):
         normalize_translation_dataset(pair_missing, "de", "en")
+    among_three_languages = hub_like(translation=[{"de": "a", "en": "b", "fr": "c"}, None])
+    with pytest.raises(ValueError, match=r"^split 'train', row 1: the 'en' sentence is null"):
+        normalize_translation_dataset(among_three_languages, "en", "de")
     # Through the Hub code path (`datasets.load_dataset` reads a local folder of JSONL splits): the dataset named.
     rows = [json.dumps({"translation": {"de": d, "en": e}}) for e, d in zip(EN, DE, strict=True)]
     write_lines(tmp_path / "train.jsonl", [*rows, json.dumps({"translation": {"de": None, "en": "x"}})])
