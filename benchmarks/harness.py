@@ -110,7 +110,8 @@ def matmul_contender(
     size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, kernel: str = "torch.mm"
 ) -> tuple[Callable[[], None], float]:
     """A contender doing one `size` × `size` matrix product, and its FLOP count (2 size³): `torch.mm` (MKL on a
-    CPU), or `"oneDNN"`, the kernel this model's linear layers take on x86 CPUs (`matmul_transposed`).
+    CPU), or `"oneDNN"`, the kernel this model's linear layers take on x86 CPUs not made by Intel
+    (`matmul_transposed`).
 
     Run inside `measure_alternating` with the models, it gives the peak that the models could reach under the same
     load, in the same process and with the same number of threads."""
@@ -172,7 +173,7 @@ def measure_matmul_peak(
 # --------------------------------------------------------------------------------------------------------------
 
 
-# On x86 CPUs the model's linear layers run oneDNN's kernel (`onednn_transformer.linear`), whose FLOPs torch's
+# Off Intel x86 CPUs the model's linear layers run oneDNN's kernel (`onednn_transformer.linear`), whose FLOPs torch's
 # counter does not know: counted as the product it computes, input (..., K) times weight (N, K) transposed.
 ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 if ONEDNN_LINEAR is not None and ONEDNN_LINEAR not in flop_counter.flop_registry:

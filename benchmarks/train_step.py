@@ -133,7 +133,7 @@ def run_train_step(
         "step, counted analytically (6 × matmul parameters × tokens + attention, see harness.forward_flops).",
         "Both models are credited the same FLOPs; this model's training forward fuses the output projection with "
         "the loss and computes it on labelled positions only, so it executes fewer than it is credited.",
-        f"fp32 peak = best median GFLOP/s of torch.mm (MKL) and, on x86 CPUs, oneDNN (this model's kernel) at "
+        f"fp32 peak = best median GFLOP/s of torch.mm (MKL) and, where this model takes it, oneDNN at "
         f"{peak_sizes}, timed in the same alternating loop: {peak:.1f} GFLOP/s.",
         f"{repeats} repeats of {steps_per_call} step(s) each after one warm-up call, contenders alternating; "
         f"torch threads = {torch.get_num_threads()}.",

@@ -21,6 +21,13 @@ def test_onednn_is_preferred_on_x86_cpus_not_made_by_intel(vendor, prefers):
     assert onednn_transformer.prefers_onednn(vendor) is prefers
 
 
+@torch.no_grad()
+def test_this_cpu_takes_onednn_by_default_only_if_it_prefers_it():
+    model = tiny_model()
+    prefers = onednn_transformer._ONEDNN_KERNEL and onednn_transformer.prefers_onednn(onednn_transformer._x86_vendor())
+    assert onednn_linear_calls(lambda: model(**batch())) == (TINY_FORWARD_LINEAR_LAYERS if prefers else 0)
+
+
 def test_the_vendor_is_read_from_the_system():
     vendor = onednn_transformer._x86_vendor()
     if onednn_transformer._ONEDNN_KERNEL and Path("/proc/cpuinfo").is_file():  # x86 Linux says who made the CPU

@@ -10,7 +10,7 @@ one process (the module's choice switched around each call, oneDNN forced where 
 - **training**: 4 updates (AdamW, dropout) of the tiny preset's size (d_model 128) and of the benchmarks' (d_model
   256), on token batches of about 1,900 source tokens, as the CPU demo trains;
 - **generation**: beam 4 at a fixed output length (16 sentences of 8-19 tokens, 24 new tokens), random weights
-  (the same tokens both ways are checked).
+  (a difference between the two ways' tokens is printed).
 
 It prints the CPU's vendor, the time of each and MKL's speed over oneDNN's (above 1: MKL is the faster).
 """
