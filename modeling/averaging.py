@@ -15,6 +15,7 @@ checkpoints and what differs), and the result is built in `OUTPUT.partial` and s
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -32,6 +33,7 @@ from .checkpoints import (
     TRAINER_STATE_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
+    IncompleteCheckpointError,
     RunMismatchError,
     checkpoint_problems,
     checkpoint_step,
@@ -53,7 +55,8 @@ _NOT_COPIED = {TRAINER_STATE_NAME, "training_args.bin", WEIGHTS_INDEX_NAME, COMP
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int) -> list[Path]:
-    """The `n` newest complete checkpoints of `checkpoint_dir`, oldest first; an error if there are fewer.
+    """The `n` newest complete checkpoints of `checkpoint_dir`, oldest first; an error if there are fewer, or if
+    they are not the run's last `n` saves: an old best checkpoint that rotation kept (`_best_kept_by_rotation`).
 
     Incomplete checkpoints (an interrupted save, a truncated file) are skipped with a warning naming them."""
     if n < 1:
@@ -64,7 +67,54 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int) -> list[Path]:
         raise ValueError(
             f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}."
         )
-    return checkpoints[-n:]
+    last = checkpoints[-n:]
+    kept = _best_kept_by_rotation(last)
+    if kept is not None:
+        best, following, save_steps = kept
+        newer = len(last) - 1 - last.index(best)
+        raise ValueError(
+            f"{best} is not one of the last {n} saves: the Trainer's rotation (save_total_limit) kept it as the "
+            f"run's best checkpoint (best_model_checkpoint in {last[-1].name}/{TRAINER_STATE_NAME}) and deleted "
+            f"the saves of the {checkpoint_step(following) - checkpoint_step(best)} updates up to {following.name} "
+            f"(saves every {save_steps}): average the last {newer} at most, or name the checkpoints to average"
+        )
+    return last
+
+
+def named_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The checkpoints (or model directories) named, each complete: an incomplete one is refused saying what is
+    missing, not skipped as `average_checkpoints` skips those it finds."""
+    checkpoints = [Path(path) for path in paths]
+    for checkpoint in checkpoints:
+        if not checkpoint.is_dir():
+            raise IncompleteCheckpointError(f"{checkpoint} is not a directory")
+        if problems := checkpoint_problems(checkpoint, training_state=False):
+            raise IncompleteCheckpointError(f"{checkpoint} is incomplete: {describe_problems(problems)}")
+    return checkpoints
+
+
+def _best_kept_by_rotation(checkpoints: Sequence[Path]) -> tuple[Path, Path, int] | None:
+    """(best, the checkpoint after it, save_steps) when the run's best checkpoint is among `checkpoints` only
+    because transformers' rotation kept it: with `metric_for_best_model` set, rotation deletes the oldest
+    checkpoints but the best, so an early best stays before the newest ones with the saves between them deleted.
+    Saves come every `save_steps` updates or closer (a preemption's or the last update's save in between); with
+    `save_strategy="epoch"` the state records an unused `save_steps`, so the other gaps bound them too. A longer
+    gap after the best is saves that rotation deleted. None when the newest checkpoint records no best."""
+    try:
+        state = json.loads((checkpoints[-1] / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+        best_name, save_steps = Path(state["best_model_checkpoint"]).name, int(state["save_steps"])
+    except (OSError, ValueError, KeyError, TypeError):  # no state, no best recorded: nothing was kept for it
+        return None
+    names = [path.name for path in checkpoints]
+    if best_name not in names[:-1]:
+        return None
+    steps = [checkpoint_step(path) for path in checkpoints]
+    position = names.index(best_name)
+    gaps = [later - earlier for earlier, later in zip(steps, steps[1:], strict=False)]
+    after_best = gaps.pop(position)
+    if after_best > max([save_steps, *gaps]):
+        return checkpoints[position], checkpoints[position + 1], save_steps
+    return None
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -99,9 +149,13 @@ def _newest(checkpoints: Sequence[Path]) -> Path:
 
 def usable_checkpoints(checkpoint_paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The complete checkpoints among `checkpoint_paths` (others skipped with a warning naming them), checked to
-    belong to one run: two that differ in config, tokenizer or run identity are refused, both named."""
+    belong to one run: two that differ in config, tokenizer or run identity are refused, both named, and so is a
+    checkpoint given twice (it would weigh double)."""
     usable = []
+    seen: dict[Path, Path] = {}
     for path in map(Path, checkpoint_paths):
+        if (earlier := seen.setdefault(path.resolve(), path)) is not path:
+            raise ValueError(f"{path} is given twice ({earlier} is the same directory): it would weigh double")
         problems = checkpoint_problems(path, training_state=False)
         if problems:
             logger.warning("Not averaging the incomplete checkpoint %s: %s", path, describe_problems(problems))
@@ -170,4 +224,11 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     return output_dir
 
 
-__all__ = ["average_checkpoints", "last_checkpoints", "list_checkpoints", "checkpoint_step", "usable_checkpoints"]
+__all__ = [
+    "average_checkpoints",
+    "last_checkpoints",
+    "named_checkpoints",
+    "list_checkpoints",
+    "checkpoint_step",
+    "usable_checkpoints",
+]

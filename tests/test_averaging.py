@@ -112,3 +112,47 @@ def test_an_average_never_replaces_a_directory_it_did_not_write(tmp_path):
     average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
     average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")  # a previous average: replaced
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "checkpoint-1", "checkpoint-2"]
+
+
+def saves(directory, steps: list[int], **newest_state) -> None:
+    """Complete (empty) checkpoints at `steps`, the newest one's trainer_state.json holding `newest_state`."""
+    for step in steps:
+        write_completeness_marker(directory / f"checkpoint-{step}")
+    (directory / f"checkpoint-{steps[-1]}" / "trainer_state.json").write_text(json.dumps(newest_state))
+
+
+def test_last_checkpoints_refuses_an_old_best_that_rotation_kept_in_place_of_the_last_saves(tmp_path):
+    # save_total_limit 4 with metric_for_best_model, the best at step 100: rotation deleted 200 and 300, kept 100.
+    saves(tmp_path, [100, 400, 500, 600], best_model_checkpoint=str(tmp_path / "checkpoint-100"), save_steps=100)
+    with pytest.raises(ValueError) as refused:
+        last_checkpoints(tmp_path, 4)
+    message = str(refused.value)
+    assert f"{tmp_path / 'checkpoint-100'} is not one of the last 4 saves" in message
+    assert "deleted the saves of the 300 updates up to checkpoint-400 (saves every 100)" in message
+    assert "average the last 3 at most" in message
+    assert last_checkpoints(tmp_path, 3) == [tmp_path / f"checkpoint-{step}" for step in (400, 500, 600)]
+
+
+@pytest.mark.parametrize(
+    ("steps", "best", "save_steps"),
+    [
+        ([100, 200, 300, 400], 100, 100),  # the best among the last saves, where it belongs
+        ([100, 200, 250, 300], 100, 100),  # a preemption's save at 250: closer, never farther apart
+        ([227, 454, 681], 227, 500),  # save_strategy "epoch": save_steps unused, the epochs set the gaps
+        ([100, 400, 500], 500, 100),  # the newest is the best
+        ([100, 400, 500], None, 100),  # no best tracked: rotation kept nothing for it
+    ],
+)
+def test_last_checkpoints_takes_the_last_saves_with_the_best_among_them(tmp_path, steps, best, save_steps):
+    best_path = None if best is None else str(tmp_path / f"checkpoint-{best}")
+    saves(tmp_path, steps, best_model_checkpoint=best_path, save_steps=save_steps)
+    assert last_checkpoints(tmp_path, len(steps)) == [tmp_path / f"checkpoint-{step}" for step in steps]
+
+
+def test_a_checkpoint_given_twice_is_refused(tmp_path):
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    twice = [tmp_path / "checkpoint-1", tmp_path / "checkpoint-2", tmp_path / "." / "checkpoint-1"]
+    with pytest.raises(ValueError, match="checkpoint-1 is given twice .* it would weigh double"):
+        average_checkpoints(twice, tmp_path / "averaged")
+    assert not (tmp_path / "averaged").exists()

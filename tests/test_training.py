@@ -27,7 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling import TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from modeling.averaging import AVERAGING_RECORD_NAME
+from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
@@ -182,6 +182,9 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     assert sorted(path.name for path in run.glob("checkpoint-*")) == [f"checkpoint-{step}" for step in (1, 4, 5, 6)]
     averaged = json.loads((run / "averaged" / AVERAGING_RECORD_NAME).read_text())["checkpoints"]
     assert [Path(path).name for path in averaged] == ["checkpoint-4", "checkpoint-5", "checkpoint-6"]
+    # average_checkpoints.py --last 4 on this run would take the best in place of the deleted checkpoint-3.
+    with pytest.raises(ValueError, match="checkpoint-1 is not one of the last 4 saves"):
+        last_checkpoints(run, 4)
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):

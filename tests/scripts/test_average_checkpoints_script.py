@@ -31,3 +31,40 @@ def test_script_refuses_fewer_than_one_checkpoint(tmp_path, monkeypatch, capsys)
         runpy.run_path(str(SCRIPT), run_name="__main__")
     assert exit_info.value.code == 2
     assert "argument --last: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_script_averages_the_checkpoints_named_and_refuses_an_incomplete_one(tmp_path, monkeypatch, capsys):
+    for step, seed in ((1, 0), (2, 1), (3, 2)):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=seed)
+    named = [str(tmp_path / "checkpoint-1"), str(tmp_path / "checkpoint-3")]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--checkpoints", *named, "--output-dir", str(tmp_path / "avg")])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert "checkpoint-1, checkpoint-3" in capsys.readouterr().out
+    expected = [load_file(tmp_path / f"checkpoint-{step}" / "model.safetensors") for step in (1, 3)]
+    for name, tensor in load_file(tmp_path / "avg" / "model.safetensors").items():
+        torch.testing.assert_close(tensor, (expected[0][name] + expected[1][name]) / 2, atol=1e-7, rtol=0)
+
+    weights = tmp_path / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    named = [str(tmp_path / "checkpoint-2"), str(tmp_path / "checkpoint-3")]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--checkpoints", *named, "--output-dir", str(tmp_path / "avg")])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert str(exit_info.value.code).startswith(f"error: {tmp_path / 'checkpoint-2'} is incomplete: ")
+    assert "model.safetensors is truncated" in str(exit_info.value.code)
+
+
+def test_script_takes_last_with_a_checkpoint_dir_and_checkpoints_without(tmp_path, monkeypatch, capsys):
+    cases = [
+        ["--last", "2"],
+        ["--checkpoint-dir", str(tmp_path), "--checkpoints", str(tmp_path)],
+        ["--checkpoint-dir", str(tmp_path), "--last", "2", "--checkpoints", str(tmp_path)],
+    ]
+    for arguments in cases:
+        monkeypatch.setattr(sys, "argv", [str(SCRIPT), *arguments, "--output-dir", str(tmp_path / "avg")])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(SCRIPT), run_name="__main__")
+        assert exit_info.value.code == 2
+    errors = capsys.readouterr().err
+    assert errors.count("--checkpoint-dir goes with --last") == 2
+    assert "not allowed with argument" in errors
