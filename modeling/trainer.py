@@ -46,9 +46,9 @@ import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
-from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer
+from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer, TrainerState
 from transformers.trainer_pt_utils import LabelSmoother
-from transformers.trainer_utils import seed_worker
+from transformers.trainer_utils import TrainOutput, seed_worker
 
 from .arguments import TranslationTrainingArguments
 from .batching import (
@@ -232,16 +232,49 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
     # --- training, stopping, saving ---
 
-    def train(self, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | os.PathLike | None = None, **kwargs: Any) -> TrainOutput:
         """`Trainer.train`, handling SIGTERM / SIGINT / SIGUSR1 as a request to stop with a checkpoint (see
         `PreemptionCallback`); the previous signal handlers are back when it returns or raises. After a stop on
-        a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved."""
+        a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved.
+
+        Resuming from a checkpoint already at `max_steps` (a run requeued after its last update, killed while it
+        averaged or pushed) trains nothing: its weights and state are loaded and the metrics returned are empty.
+        The Trainer's own loop would make one more update before it checks the count, at every rerun."""
         with self.preemption.handling():
-            return super().train(*args, **kwargs)
+            finished = self._finished_step(resume_from_checkpoint)
+            if finished is not None:
+                logger.info(
+                    "%s is at update %d, max_steps is %d: nothing left to train",
+                    resume_from_checkpoint,
+                    finished,
+                    self.args.max_steps,
+                )
+                self._load_from_checkpoint(str(resume_from_checkpoint))
+                self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+                return TrainOutput(self.state.global_step, float("nan"), {})
+            return super().train(resume_from_checkpoint, **kwargs)
+
+    def _finished_step(self, checkpoint: str | os.PathLike | None) -> int | None:
+        """The update `checkpoint` was saved at, if that is `max_steps` or more; else None."""
+        if checkpoint is None or isinstance(checkpoint, bool) or self.args.max_steps <= 0:
+            return None
+        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        return state.global_step if state.global_step >= self.args.max_steps else None
 
     @property
     def preempted(self) -> dict | None:
         return self.preemption.preempted
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """The Trainer's warning after it loads a checkpoint (resuming, or the best one at the end), without the
+        tied copies of the shared embedding among the "missing keys": `save_pretrained` stores the matrix once, and
+        loading it fills every copy. transformers recognises only `_keys_to_ignore_on_save` as such."""
+        model = self.accelerator.unwrap_model(self.model)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        if len(missing) < len(load_result.missing_keys):
+            model.tie_weights()
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _get_output_dir(self, trial: Any) -> str:
         # While `_save_checkpoint` runs, the Trainer's own saving goes to the staging directory.

@@ -651,7 +651,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
 
     From the start to the end of training, SIGTERM, SIGINT and SIGUSR1 stop the run after the update under way
     with a complete checkpoint: then `TrainingPreempted` is raised (and `preempted.json` written), and nothing
-    else (final model, averaging, push) is done; the previous signal handlers are restored either way.
+    else (final model, averaging, push) is done; the previous signal handlers are restored either way. A signal
+    after the last update stops the run the same way once the final model and the average are written, before the
+    push. Run again, a run whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
 
     With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
@@ -720,13 +722,20 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
                 raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
             trainer.save_final_model()
-            trainer.log_metrics("train", result.metrics)
-            trainer.save_metrics("train", result.metrics)
+            if result.metrics:  # none when the checkpoint was at max_steps: the launch that trained wrote them
+                trainer.log_metrics("train", result.metrics)
+                trainer.save_metrics("train", result.metrics)
             trainer.save_state()
             averaged = None
             if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
                 n = training_args.average_last_checkpoints
                 averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
+            # A signal after the last update: stop before the push, whose requeue finds training done (above).
+            agreed = preemption.agreed(training_args.device)
+            if agreed is not None:
+                last = latest_complete_checkpoint(output_dir)
+                step = trainer.state.global_step
+                raise _stop_preempted(training_args, agreed.name, step, str(last) if last else None)
             if training_args.should_save:
                 (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         if hub is not None:

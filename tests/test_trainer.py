@@ -24,6 +24,7 @@ from helpers import (
     training_args,
     word_tokenizer,
 )
+from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from modeling.averaging import average_checkpoints, last_checkpoints
@@ -196,6 +197,37 @@ def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
         assert actual[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+def test_resuming_a_checkpoint_at_max_steps_trains_nothing_and_loads_it(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # the Trainer's warnings, to caplog
+    finished = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    finished.train()
+    saved = load_file(tmp_path / "checkpoint-6" / "model.safetensors")
+    # The same command requeued after its last update (killed while averaging or pushing, say).
+    rerun = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with caplog.at_level(logging.INFO):
+        output = rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    assert output.metrics == {} and output.global_step == rerun.state.global_step == 6
+    assert "checkpoint-6 is at update 6, max_steps is 6: nothing left to train" in caplog.text
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    weights = rerun.model.state_dict()
+    for name, tensor in saved.items():
+        torch.testing.assert_close(weights[name], tensor, atol=0, rtol=0, msg=name)
+    assert rerun.state.log_history == finished.state.log_history[:-1], "the checkpoint's, before the run's summary"
+    # Loading the shared embedding fills its tied copies: they are not "missing keys".
+    assert rerun.model.lm_head.weight is rerun.model.model.shared.weight
+    assert "missing keys" not in caplog.text
+
+
+def test_resuming_warns_of_no_missing_keys_for_the_tied_embedding_copies(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=4)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.state.global_step == 4
+    assert "missing keys" not in caplog.text
 
 
 # --- long runs: preemption, atomic checkpoints, rotation, a full disk -----------------------------------------

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,6 +36,7 @@ from modeling.presets import get_preset
 from modeling.training import (
     TRAINING_LOCK_FILE,
     OutputDirectoryInUseError,
+    TrainingPreempted,
     _model,
     _without_hub_push,
     _write_run_records,
@@ -185,6 +187,33 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     # average_checkpoints.py --last 4 on this run would take the best in place of the deleted checkpoint-3.
     with pytest.raises(ValueError, match="checkpoint-1 is not one of the last 4 saves"):
         last_checkpoints(run, 4)
+
+
+def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trains_nothing(
+    tmp_path, datasets_cache, monkeypatch
+):
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    args = tiny_run_args(run, max_steps=4, average_last_checkpoints=2, resume_from_checkpoint="last")
+    average = training.average_checkpoints
+
+    def signalled_while_averaging(*arguments, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's notice, after the last update
+        return average(*arguments, **kwargs)
+
+    monkeypatch.setattr(training, "average_checkpoints", signalled_while_averaging)
+    with pytest.raises(TrainingPreempted, match="at update 4, with the checkpoint .*checkpoint-4"):
+        train(ModelArguments(preset="tiny", **TINY), data, args)
+    assert json.loads((run / "preempted.json").read_text())["step"] == 4
+    assert (run / "averaged" / AVERAGING_RECORD_NAME).is_file() and (run / "model.safetensors").is_file()
+    final = (run / "model.safetensors").read_bytes()
+
+    monkeypatch.setattr(training, "average_checkpoints", average)
+    train(ModelArguments(preset="tiny", **TINY), data, args)  # the requeued command: nothing left to train
+    assert sorted(path.name for path in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert (run / "model.safetensors").read_bytes() == final, "the same weights, not one update more"
+    assert not (run / "preempted.json").exists()
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
