@@ -240,6 +240,7 @@ class TransformerGenerationMixin(GenerationMixin):
         second copy of those weights while the call runs.
         """
         self._check_sources(inputs, kwargs)
+        self.undo_library_default_fill()
         base_config = generation_config if generation_config is not None else self.generation_config
         unknown_to_config = {
             name: kwargs.pop(name)
@@ -310,10 +311,33 @@ class TransformerGenerationMixin(GenerationMixin):
                 else:  # on the config given: beside it, transformers would warn the user of an argument not theirs
                     generation_config = copy.deepcopy(generation_config)
                     generation_config.max_new_tokens = cap
-        with self.prepacked_for_decoding():
-            return super().generate(
-                inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-            )
+        try:
+            with self.prepacked_for_decoding():
+                return super().generate(
+                    inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+                )
+        finally:
+            self._left_unset = (self.generation_config, self._unset_library_fields(self.generation_config))
+
+    @staticmethod
+    def _unset_library_fields(generation_config: GenerationConfig) -> frozenset[str]:
+        defaults = generation_config._get_default_generation_params()
+        return frozenset(name for name in defaults if getattr(generation_config, name, None) is None)
+
+    def undo_library_default_fill(self) -> None:
+        """Unset again the fields of the model's generation config that were unset at the end of the last
+        generate() call and now hold exactly the library's defaults. transformers' `Seq2SeqTrainer` writes those
+        defaults into the model's own config after each generate() it runs to evaluate (`update(...,
+        defaults_only=True)`), `max_length=20` among them: unchecked, every later translation (and every saved
+        copy of the model) would stop at 20 tokens instead of source length + 50. A value set by hand in between
+        that differs from the library's default stays."""
+        config, unset = getattr(self, "_left_unset", (None, frozenset()))
+        if config is not self.generation_config:
+            return
+        defaults = config._get_default_generation_params()
+        for name in unset:
+            if getattr(config, name, None) is not None and getattr(config, name) == defaults[name]:
+                setattr(config, name, None)
 
     def adjust_generation_fn(
         self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path, *args, **kwargs

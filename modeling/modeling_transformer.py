@@ -351,7 +351,8 @@ class TransformerPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, refused in one line before anything is written for a model whose
-        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`)."""
+        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`). The generation
+        config is saved without the library defaults that `Seq2SeqTrainer` wrote into it (`generate()` says why)."""
         int8_layers = int8_layer_names(self)
         if int8_layers:
             raise ValueError(
@@ -359,6 +360,8 @@ class TransformerPreTrainedModel(PreTrainedModel):
                 "packed int8 weights, which safetensors cannot store; save the float model and quantise it again "
                 "after loading."
             )
+        if hasattr(self, "undo_library_default_fill"):
+            self.undo_library_default_fill()
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 

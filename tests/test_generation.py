@@ -1,10 +1,12 @@
 """Tests of modeling/generation_transformer.py: the paper's decoding (GNMT length penalty, a length limit per
 sentence) and the beam-search loop that drops finished sentences, against transformers' own loop."""
 
+import json
+
 import pytest
 import torch
-from helpers import EOS, PAD, batch, fairseq_beam_search, tiny_config, tiny_model
-from transformers import GenerationConfig
+from helpers import EOS, PAD, batch, copy_dataset, fairseq_beam_search, tiny_config, tiny_model, word_tokenizer
+from transformers import DataCollatorForSeq2Seq, GenerationConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from modeling import TransformerForConditionalGeneration
 from modeling.generation_transformer import (
@@ -428,3 +430,31 @@ def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
 def test_fairseq_decoding_fields_are_checked(settings, message):
     with pytest.raises(ValueError, match=message):
         tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, **settings)
+
+
+def test_a_plain_seq2seq_trainer_evaluation_leaves_the_length_limit_of_later_translations(tmp_path):
+    """`Seq2SeqTrainer` writes the library's defaults, max_length=20 among them, into the model's generation config
+    after each generate() it evaluates with; they must not cap later translations, nor be saved."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer))
+    args = Seq2SeqTrainingArguments(
+        tmp_path, use_cpu=True, report_to="none", predict_with_generate=True, per_device_eval_batch_size=2
+    )
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=copy_dataset([6, 8, 5, 7], len(tokenizer)),
+        data_collator=collator,
+        compute_metrics=lambda prediction: {},  # the Trainer generates only for metrics
+    )
+    trainer.evaluate()
+    assert model.generation_config.max_length == 20, "what the Trainer wrote"
+    source = torch.arange(3, 33).unsqueeze(0)  # 30 tokens: the paper's limit is 80
+    assert model.generate(source, min_new_tokens=40).shape[1] > 40
+    trainer.evaluate()
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    assert "max_length" not in saved and "top_k" not in saved and saved["max_length_offset"] == 50
+    model.generation_config.max_length = 30  # a cap set by hand stays one
+    assert model.generate(source, min_new_tokens=25).shape[1] == 30
