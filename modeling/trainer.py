@@ -34,6 +34,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -67,6 +68,7 @@ from .callbacks import (
     any_rank,
 )
 from .checkpoints import (
+    COMPLETE_MARKER,
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     complete_checkpoints,
@@ -78,6 +80,20 @@ from .schedule import noam_learning_rate, noam_scheduler
 from .scoring import corpus_scores
 
 logger = logging.getLogger(__name__)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe_batching(batching: dict[str, int]) -> str:
+    return (
+        f"{batching['processes']} process(es) × {batching['micro_batches_per_update']} micro-batch(es) per update "
+        f"of at most {batching['max_tokens_per_device']} tokens"
+    )
 
 
 def _token_counts(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -252,7 +268,62 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 self._load_from_checkpoint(str(resume_from_checkpoint))
                 self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
                 return TrainOutput(self.state.global_step, float("nan"), {})
+            if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, bool):
+                self._check_resumable(Path(resume_from_checkpoint))
             return super().train(resume_from_checkpoint, **kwargs)
+
+    def _check_resumable(self, checkpoint: Path) -> None:
+        """Refuse to resume with optimisation settings that the checkpoint's optimizer and scheduler states would
+        override without a word (the Trainer restores them whole: the new values would be logged and recorded, the
+        old ones used); warn when the batches differ from the checkpoint's, since the Trainer then skips a count
+        of the new batches, not the data already seen."""
+        given, used = [], []
+        scheduler = checkpoint / "scheduler.pt"
+        if scheduler.is_file():
+            state = torch.load(scheduler, map_location="cpu", weights_only=True)
+            if state.get("base_lrs"):
+                given.append(("learning_rate", self.args.learning_rate, state["base_lrs"][0]))
+            noam = (state.get("lr_lambdas") or [None])[0]
+            if self.args.paper_schedule and isinstance(noam, dict) and "warmup_steps" in noam:
+                given.append(("warmup_steps", self.args.get_warmup_steps(self.args.max_steps), noam["warmup_steps"]))
+        optimizer = checkpoint / "optimizer.pt"
+        if optimizer.is_file():
+            groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
+            first = groups[0] if groups else {}
+            if "betas" in first:
+                given.append(("adam_beta1", self.args.adam_beta1, first["betas"][0]))
+                given.append(("adam_beta2", self.args.adam_beta2, first["betas"][1]))
+            if "eps" in first:
+                given.append(("adam_epsilon", self.args.adam_epsilon, first["eps"]))
+            if "weight_decay" in first:
+                given.append(("weight_decay", self.args.weight_decay, first["weight_decay"]))
+        for name, value, saved in given:
+            if not math.isclose(float(value), float(saved), rel_tol=1e-9, abs_tol=0.0):
+                used.append(f"--{name} {value:g} (the checkpoint's: {saved:g})")
+        if used:
+            raise ValueError(
+                f"Cannot resume from {checkpoint} with {', '.join(used)}: a resumed run keeps the optimizer and "
+                "schedule of its checkpoint. Resume with the checkpoint's values, or train on from its weights with "
+                f"the new ones as a new run (--model_name_or_path {checkpoint}, another --output_dir)"
+            )
+        saved_batching = _read_json(checkpoint / COMPLETE_MARKER).get("batching")
+        batching = self._batching()
+        if saved_batching and saved_batching != batching:
+            logger.warning(
+                "Resuming %s with other batches (%s) than it was trained with (%s): the Trainer skips the updates "
+                "done in this epoch as counted in the new batches, so part of the epoch is skipped or seen twice",
+                checkpoint,
+                _describe_batching(batching),
+                _describe_batching(saved_batching),
+            )
+
+    def _batching(self) -> dict[str, int]:
+        """What makes an update: how many batches of at most how many tokens, on how many processes."""
+        return {
+            "processes": self.args.world_size,
+            "micro_batches_per_update": self.args.gradient_accumulation_steps,
+            "max_tokens_per_device": self.args.max_tokens_per_device,
+        }
 
     def _finished_step(self, checkpoint: str | os.PathLike | None) -> int | None:
         """The update `checkpoint` was saved at, if that is `max_steps` or more; else None."""
@@ -334,7 +405,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():
             shutil.copy2(identity, staged / RUN_IDENTITY_FILE)
         publish_tree(staged)
-        write_completeness_marker(staged, step=self.state.global_step)
+        write_completeness_marker(staged, step=self.state.global_step, batching=self._batching())
         swap_directory(staged, final)
         os.rmdir(staging_root)
         for leftover in staging_directories(final.parent):

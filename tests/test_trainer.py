@@ -244,6 +244,44 @@ def resumable_run(output_dir: Path, trainer_class=None, **overrides):
     return make_trainer(args, dataset, tokenizer, model, **({"trainer_class": trainer_class} if trainer_class else {}))
 
 
+@pytest.mark.parametrize(
+    ("changed", "refusal"),
+    [
+        ({"learning_rate": 2.0}, "--learning_rate 2 (the checkpoint's: 1)"),
+        ({"warmup_steps": 5}, "--warmup_steps 5 (the checkpoint's: 2)"),
+        ({"adam_beta2": 0.99, "weight_decay": 0.1}, "--adam_beta2 0.99 (the checkpoint's: 0.98), --weight_decay 0.1"),
+    ],
+)
+def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(tmp_path, changed, refusal):
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, **changed)
+    with pytest.raises(ValueError, match="Cannot resume from .*checkpoint-3 with ") as refused:
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert refusal in str(refused.value) and "--model_name_or_path" in str(refused.value)
+    assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-6").exists()
+
+
+def test_resuming_with_other_batches_says_that_the_data_position_moves(tmp_path, caplog):
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    marker = json.loads((tmp_path / "checkpoint-3" / "checkpoint_complete.json").read_text())
+    batching = {"processes": 1, "micro_batches_per_update": 2, "max_tokens_per_device": 24}
+    assert marker["batching"] == batching
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_tokens_per_device=36)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert "with other batches (1 process(es) × 2 micro-batch(es) per update of at most 36 tokens)" in caplog.text
+    assert (
+        "than it was trained with (1 process(es) × 2 micro-batch(es) per update of at most 24 tokens)" in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):  # the same batches: nothing to say
+        resumable_run(tmp_path / "b", save_strategy="steps", save_steps=3, max_steps=3).train()
+        resumable_run(tmp_path / "b", save_strategy="steps", save_steps=3).train(
+            resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3")
+        )
+    assert "other batches" not in caplog.text
+
+
 class SignalOnMicroBatch(TokenBudgetSeq2SeqTrainer):
     """Sends itself SIGTERM during micro-batch `signal_at` (1-based), i.e. in the middle of an update."""
 
