@@ -26,10 +26,12 @@ from helpers import (
     tiny_tokenizer,
     trained_tiny_translator,
 )
+from safetensors.torch import load_file
 from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, MarianMTModel
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from modeling import export
-from modeling.convert import from_marian
+from modeling.convert import from_marian, to_marian
 from modeling.quantization import quantize_int8
 
 FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
@@ -517,3 +519,30 @@ def test_export_dispatches_by_name_and_refuses_unknown_formats(tokenizer, tmp_pa
     assert export.export(tiny_model(len(tokenizer)), tokenizer, tmp_path / "m", to="marian") == tmp_path / "m"
     with pytest.raises(ValueError, match="unknown export format 'tflite'"):
         export.export(tiny_model(len(tokenizer)), tokenizer, tmp_path / "x", to="tflite")
+
+
+def test_a_model_loaded_as_remote_code_exports_as_the_package_model_does(trained, tokenizer, tmp_path):
+    model = trained["interleaved", False]
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    remote_class = get_class_from_dynamic_module(
+        "modeling_transformer.TransformerForConditionalGeneration", str(tmp_path / "saved")
+    )
+    remote = remote_class.from_pretrained(tmp_path / "saved")  # what trust_remote_code loads without this package
+    assert type(remote).__module__.startswith("transformers_modules"), "the checkpoint's own classes"
+    for to in ("ctranslate2", "marian"):
+        export.export(model, tokenizer, tmp_path / f"package-{to}", to=to)
+        export.export(remote, tokenizer, tmp_path / f"remote-{to}", to=to)
+    ct2 = [(tmp_path / f"{origin}-ctranslate2" / "model.bin").read_bytes() for origin in ("package", "remote")]
+    assert ct2[0] == ct2[1]
+    marian = [load_file(tmp_path / f"{origin}-marian" / "model.safetensors") for origin in ("package", "remote")]
+    assert marian[0].keys() == marian[1].keys()
+    assert all(torch.equal(marian[0][name], marian[1][name]) for name in marian[0])
+
+
+def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
+    marian = to_marian(tiny_model(len(tokenizer)))
+    with pytest.raises(
+        TypeError, match=r"expected this project's TransformerForConditionalGeneration, got .*MarianMT"
+    ):
+        export.export(marian, tokenizer, tmp_path / "out", to="ctranslate2")

@@ -3,6 +3,7 @@ and the paper's decoding fields that a runtime without them cannot apply."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,16 +73,42 @@ def refuse(field: str, value: Any, target: str, why: str) -> None:
 
 
 def check_model(model: Any) -> TransformerForConditionalGeneration:
-    """`model`, if it is this project's translation model (the exporters read its modules)."""
-    if not isinstance(model, TransformerForConditionalGeneration):
-        raise TypeError(f"expected a TransformerForConditionalGeneration, got {type(model).__name__}.")
+    """`model`, if it is this project's translation model (the exporters read its modules). The same model loaded
+    as remote code (`trust_remote_code=True`: its classes come from the checkpoint's files, not this package) is
+    rebuilt with this package's classes, its weights and generation config copied."""
     int8_layers = int8_layer_names(model)
     if int8_layers:
         raise ValueError(
             f"cannot export a model quantised by quantize_int8 ({len(int8_layers)} layers hold packed int8 weights, "
             f"{int8_layers[0]} among them): export the float model (CTranslate2 int8: quantization='int8')."
         )
-    return model
+    if isinstance(model, TransformerForConditionalGeneration):
+        return model
+    config = getattr(model, "config", None)
+    if type(model).__name__ != TransformerForConditionalGeneration.__name__ or (
+        getattr(config, "model_type", None) != TransformerConfig.model_type
+    ):
+        raise TypeError(
+            f"expected this project's TransformerForConditionalGeneration, got {type(model).__module__}."
+            f"{type(model).__name__}."
+        )
+    return _with_installed_classes(model)
+
+
+def _with_installed_classes(model: Any) -> TransformerForConditionalGeneration:
+    parameter = next(model.parameters())
+    twin = TransformerForConditionalGeneration(TransformerConfig.from_dict(model.config.to_dict()))
+    twin.to(device=parameter.device, dtype=parameter.dtype)
+    try:
+        twin.load_state_dict(model.state_dict())
+    except RuntimeError as error:
+        first = str(error).splitlines()[1].strip() if len(str(error).splitlines()) > 1 else str(error)
+        raise TypeError(
+            f"{type(model).__module__}.{type(model).__name__} (remote code) does not hold this package's modules "
+            f"({first}): load the checkpoint with `import modeling` instead of trust_remote_code."
+        ) from None
+    twin.generation_config = copy.deepcopy(model.generation_config)
+    return twin.train(model.training)
 
 
 def single_eos(config: TransformerConfig, target: str) -> int:

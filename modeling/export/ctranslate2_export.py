@@ -53,14 +53,17 @@ def _ctranslate2_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int)
     return tokens + [f"<unused_{index}>" for index in range(len(tokens), vocab_size)]
 
 
-def check_ctranslate2(model: TransformerForConditionalGeneration) -> None:
-    """Refuse, naming the field, what a CTranslate2 `TransformerSpec` cannot compute exactly."""
-    config: TransformerConfig = check_model(model).config
+def check_ctranslate2(model: TransformerForConditionalGeneration) -> TransformerForConditionalGeneration:
+    """`check_model(model)`, refused, naming the field, where a CTranslate2 `TransformerSpec` cannot compute it
+    exactly."""
+    model = check_model(model)
+    config: TransformerConfig = model.config
     if config.activation_function not in CTRANSLATE2_ACTIVATIONS:
         refuse("activation_function", config.activation_function, "CTranslate2", "it has no such activation")
     single_eos(config, "CTranslate2")
     if config.decoder_start_token_id is None:
         refuse("decoder_start_token_id", None, "CTranslate2", "the decoder needs a start token")
+    return model
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,7 +115,7 @@ def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreT
     LayerNorm, no embedding LayerNorm, the decoder starting from `decoder_start_token_id`'s embedding."""
     from ctranslate2.specs import common_spec, transformer_spec
 
-    check_ctranslate2(model)
+    model = check_ctranslate2(model)
     config: TransformerConfig = model.config
     activation = getattr(common_spec.Activation, CTRANSLATE2_ACTIVATIONS[config.activation_function])
     encoder_spec = transformer_spec.TransformerEncoderSpec(
@@ -287,10 +290,9 @@ def to_ctranslate2(
     """
     from ctranslate2.converters.converter import Converter
 
-    model = check_model(model)
     if quantization is not None and quantization not in CTRANSLATE2_QUANTIZATIONS + ("float32",):
         raise ValueError(f"unknown quantization {quantization!r}; expected one of {CTRANSLATE2_QUANTIZATIONS}.")
-    check_ctranslate2(model)
+    model = check_ctranslate2(model)
     options, not_expressed = ctranslate2_translate_options(model)
 
     class ModelConverter(Converter):

@@ -12,10 +12,11 @@ from ..modeling_transformer import TransformerForConditionalGeneration
 from .common import building_directory, check_model, paper_decoding_not_expressed, refuse, single_eos, write_record
 
 
-def check_marian(model: TransformerForConditionalGeneration) -> None:
-    """Refuse, naming the field, what MarianMTModel cannot compute exactly (the positional table is compared
-    after conversion, in `to_marian`)."""
-    config: TransformerConfig = check_model(model).config
+def check_marian(model: TransformerForConditionalGeneration) -> TransformerForConditionalGeneration:
+    """`check_model(model)`, refused, naming the field, where MarianMTModel cannot compute it exactly (the
+    positional table is compared after conversion, in `to_marian`)."""
+    model = check_model(model)
+    config: TransformerConfig = model.config
     if not config.tie_word_embeddings:
         refuse("tie_word_embeddings", False, "MarianMT", "it shares one embedding matrix three ways")
     if config.layer_norm_eps != 1e-5:
@@ -24,6 +25,7 @@ def check_marian(model: TransformerForConditionalGeneration) -> None:
         if getattr(config, name) != paper:
             refuse(name, getattr(config, name), "MarianMT", "it adds the paper's sinusoids from position 0")
     single_eos(config, "MarianMT")
+    return model
 
 
 def _check_marian_positions(model: TransformerForConditionalGeneration, marian) -> None:
@@ -65,7 +67,7 @@ def to_marian(
     default of 20 tokens would cut most translations without a word. `export.json` lists it."""
     from ..convert import to_marian as convert_to_marian
 
-    check_marian(model)
+    model = check_marian(model)
     marian = convert_to_marian(model)
     _check_marian_positions(model, marian)
     not_expressed = paper_decoding_not_expressed(model, "MarianMTModel")
