@@ -69,6 +69,19 @@ class FairseqTokenizer(FSMTTokenizer):
             **kwargs,
         )
 
+    def add_tokens(self, new_tokens, special_tokens: bool = False) -> int:
+        """Refused for ordinary tokens: every text goes through Moses and BPE, as in fairseq, never through
+        transformers' added-token matching (`split_special_tokens=True`), so an added token would never be
+        produced and its embedding row never trained. Special tokens, placed by id, are added as usual."""
+        tokens = new_tokens if isinstance(new_tokens, (list, tuple)) else [new_tokens]
+        ordinary = [token for token in tokens if not (special_tokens or getattr(token, "special", False))]
+        if ordinary:
+            raise ValueError(
+                f"{type(self).__name__} cannot add {str(ordinary[0])!r}: fairseq's Moses + BPE pipeline would never "
+                "produce it. Its BPE splits any word into known pieces; add special tokens by id if you need them."
+            )
+        return super().add_tokens(new_tokens, special_tokens=special_tokens)
+
     def moses_pipeline(self, text, lang):
         """fairseq normalises nothing before Moses tokenisation."""
         return text

@@ -77,6 +77,7 @@ from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, train_shared_bpe
+from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 logger = logging.getLogger(__name__)
@@ -402,6 +403,27 @@ def _check_unrecorded_bpe(
     logger.info("%s has no %s, but it is the BPE of this run's data: using it", path, RUN_IDENTITY_FILE)
 
 
+def _take_the_run_languages(tokenizer: PreTrainedTokenizerBase, name: str, data_args: DataArguments) -> None:
+    """A converted fairseq model's tokenizer applies the Moses rules of its languages (FSMT's `langs`, the pair it
+    was converted for): fine-tuned on another pair or direction, it takes the run's, which it saves, when its
+    source and target vocabularies are one (a joined dictionary, as fairseq's WMT models have). With two, the
+    vocabularies belong to their sides and the pair must stay."""
+    if not isinstance(tokenizer, FairseqTokenizer):
+        return
+    pair = [data_args.source_lang, data_args.target_lang]
+    languages = [tokenizer.src_lang, tokenizer.tgt_lang]
+    if languages == pair:
+        return
+    if tokenizer.encoder != {token: index for index, token in tokenizer.decoder.items()}:
+        raise ValueError(
+            f"{name}: its tokenizer is for {'-'.join(languages)} with a dictionary for each side; it cannot tokenise "
+            f"{'-'.join(pair)}: fine-tune it on {'-'.join(languages)}"
+        )
+    logger.info("%s: tokenising with the Moses rules of %s (its tokenizer had %s)", name, pair, languages)
+    tokenizer.src_lang, tokenizer.tgt_lang = pair
+    tokenizer.init_kwargs["langs"] = pair
+
+
 def _tokenizer(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -418,7 +440,9 @@ def _tokenizer(
     """
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name is not None:
-        return AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        _take_the_run_languages(tokenizer, name, data_args)
+        return tokenizer
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(local=False, desc="shared BPE"):
         path = output_dir / "tokenizer.json"

@@ -122,3 +122,13 @@ def test_sacremoses_is_named_as_a_requirement_of_the_remote_code_but_not_needed_
     script = "import sys, modeling; assert 'sacremoses' not in sys.modules, 'imported by import modeling'"
     result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_ordinary_added_tokens_are_refused_as_the_pipeline_never_produces_them(symbols):
+    tokenizer = fairseq_tokenizer(symbols, source_lang="en", target_lang="de", bpe_codes=FAIRSEQ_FIXTURES / "bpecodes")
+    size = len(tokenizer)
+    with pytest.raises(ValueError, match="cannot add 'Zebrastreifen': fairseq's Moses \\+ BPE pipeline would never"):
+        tokenizer.add_tokens(["Zebrastreifen"])
+    assert len(tokenizer) == size
+    assert tokenizer.add_tokens(["<2fr>"], special_tokens=True) == 1
+    assert tokenizer.convert_tokens_to_ids("<2fr>") == size, "a special token, placed by id"

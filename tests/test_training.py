@@ -341,6 +341,33 @@ def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(
     assert len(translate(fine_tuned, its_tokenizer, ["the small dog .", ""], max_new_tokens=4)) == 2
 
 
+def test_fine_tuning_a_converted_fairseq_model_on_another_pair_tokenises_by_the_new_languages(
+    tmp_path, datasets_cache
+):
+    _, tokenizer = convert_fairseq_fixture("transformer_wmt_en_de")
+    model, _ = convert_fairseq_fixture("transformer_wmt_en_de")
+    model.save_pretrained(tmp_path / "converted")
+    tokenizer.save_pretrained(tmp_path / "converted")
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    for split in ("train", "val"):
+        (data_dir / f"{split}.de").rename(data_dir / f"{split}.fr")
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="fr")
+    train(ModelArguments(model_name_or_path=str(tmp_path / "converted")), data, tiny_run_args(tmp_path / "ft"))
+
+    assert json.loads((tmp_path / "ft" / "tokenizer_config.json").read_text())["langs"] == ["en", "fr"]
+    fine_tuned = AutoTokenizer.from_pretrained(tmp_path / "ft")
+    french = "L'homme qu'il a vu n'est pas là."
+    # French Moses rules keep the elision with its article (`L'` `homme`); the German ones split it (`L` `'homme`).
+    assert fine_tuned(text_target=french)["input_ids"] != tokenizer(text_target=french)["input_ids"]
+    assert fine_tuned(text_target=french)["input_ids"] == [
+        fine_tuned.convert_tokens_to_ids(piece)
+        for word in fine_tuned.moses_tokenize(french, "fr")
+        for piece in fine_tuned.bpe(word).split(" ")
+    ] + [fine_tuned.eos_token_id]
+    with pytest.raises(ValueError, match="cannot add 'Zebrastreifen': fairseq's Moses \\+ BPE pipeline would never"):
+        fine_tuned.add_tokens(["Zebrastreifen"])
+
+
 def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tmp_path, datasets_cache):
     data_dir = write_corpus(tmp_path / "data", 10, word_for_word)
     (data_dir / "val.en").write_text("")
