@@ -39,6 +39,9 @@ STAGING_RE = re.compile(r"^\.checkpoint-(\d+)\.(partial|old|deleting)$")
 COMPLETE_MARKER = "checkpoint_complete.json"
 RUN_IDENTITY_FILE = "run_identity.json"
 PREEMPTED_FILE = "preempted.json"
+# Written by modeling.fairseq.convert_fairseq into a converted model's directory (a directory holding it may be
+# replaced by a new conversion); a run fine-tuning such a model copies it into its training record.
+CONVERSION_FILE = "fairseq_conversion.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TRAINER_STATE_NAME = "trainer_state.json"

@@ -34,11 +34,13 @@ from typing import Any
 
 import torch
 
-from .checkpoints import file_sha256
+from .checkpoints import (
+    CONVERSION_FILE,  # the record a conversion writes beside the model; the card reads it
+    file_sha256,
+)
 from .configuration_transformer import TransformerConfig
 from .files import check_replaceable, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
-from .model_card import CONVERSION_FILE  # the record a conversion writes beside the model; the card reads it
 from .modeling_transformer import TransformerForConditionalGeneration
 from .tokenization import iter_lines
 from .tokenization_fairseq import FairseqTokenizer, converted_spelling

@@ -18,6 +18,7 @@ model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card 
 import dataclasses
 import json
 import math
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
+from .checkpoints import CONVERSION_FILE
 from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -37,9 +39,6 @@ TRAINER_STATE_FILE = "trainer_state.json"
 TRAINING_ARGS_FILE = "training_args.json"
 DATA_STATS_FILE = "data_stats.json"
 CURVES_FILE = "training_curves.png"
-# Written by modeling.fairseq.convert_fairseq into a converted model's directory (a directory holding it may be
-# replaced by a new conversion).
-CONVERSION_FILE = "fairseq_conversion.json"
 # What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
 # examples/scaling_nmt): BLEU with compound splitting as the paper computes it, and sacreBLEU.
 FAIRSEQ_PUBLISHED_BLEU = (
@@ -240,6 +239,14 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+_HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _is_hub_repo_id(name: str) -> bool:
+    """`owner/name` that is not a local path: what the Hub's `base_model` field takes (a model tree link)."""
+    return bool(_HUB_REPO_ID.fullmatch(name)) and not Path(name).exists()
+
+
 def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]:
     if not training_args:
         return {}
@@ -303,6 +310,7 @@ def render_model_card(
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = dataset_name or first.get("dataset")
     metadata = _eval_results_metadata(eval_results, dataset_name)
+    fine_tuned_from = (training_args or {}).get("model_name_or_path")
     card_data = ModelCardData(
         model_name=model_name if metadata else None,
         eval_results=metadata or None,
@@ -313,6 +321,7 @@ def render_model_card(
         tags=["translation", "transformer", "vaswani-transformer", "custom_code", *(["fairseq"] * bool(conversion))],
         datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,
         metrics=["bleu", "chrf"] if metadata else None,
+        base_model=fine_tuned_from if fine_tuned_from and _is_hub_repo_id(fine_tuned_from) else None,
     )
     config = model_config or {}
     context = {
@@ -331,6 +340,7 @@ def render_model_card(
         "data_stats": _flatten(data_stats) if data_stats else {},
         "curve_png": curve_png,
         "conversion": conversion,
+        "fine_tuned_from": fine_tuned_from,
         "fairseq_published_bleu": FAIRSEQ_PUBLISHED_BLEU,
     }
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
@@ -361,7 +371,10 @@ def write_model_card(
     """
     model_dir = Path(model_dir)
     inputs = collect_card_inputs(card_from, model_dir)
+    # A converted model's record; a model fine-tuned from one has it in its training record.
+    fine_tuned_conversion = (inputs["training_args"] or {}).pop("fairseq_conversion", None)
     conversion = read_json(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
+    conversion = conversion or fine_tuned_conversion
     # The curves are plotted aside and moved in (a rename, in the same directory) with the card: a template that
     # fails leaves nothing written.
     with tempfile.TemporaryDirectory(dir=model_dir) as staging:

@@ -42,11 +42,13 @@ from transformers import (
     PreTrainedTokenizerBase,
     set_seed,
 )
+from transformers.utils import cached_file
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints
 from .callbacks import PreemptionCallback, any_rank
 from .checkpoints import (
+    CONVERSION_FILE,
     PREEMPTED_FILE,
     RUN_IDENTITY_FILE,
     RunMismatchError,
@@ -598,6 +600,9 @@ def _write_run_records(
         "model_name_or_path": model_args.model_name_or_path,
         "world_size": args.world_size,
     }
+    conversion = _conversion_record(model_args.model_name_or_path)
+    if conversion is not None:  # the card says what the fine-tuned model came from, and its fairseq tokenizer
+        run["fairseq_conversion"] = conversion
     write_json(Path(args.output_dir) / "training_args.json", {**shown, **run})
     stats = {
         "dataset": data_args.dataset or data_args.data_dir,
@@ -607,6 +612,19 @@ def _write_run_records(
         "vocab_size": len(trainer.processing_class),
     }
     write_json(Path(args.output_dir) / "data_stats.json", stats)
+
+
+def _conversion_record(name: str | None) -> dict | None:
+    """The `fairseq_conversion.json` of the model fine-tuned (a directory or a Hub repo), if it has one."""
+    if name is None:
+        return None
+    path = cached_file(
+        name,
+        CONVERSION_FILE,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    return json.loads(Path(path).read_text(encoding="utf-8")) if path else None
 
 
 def _average_last_checkpoints(output_dir: str, n: int, identity: dict[str, Any] | None = None) -> Path | None:

@@ -87,6 +87,17 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper
 
 
+def test_a_fine_tuned_models_card_names_its_base_model_on_the_hub(tmp_path):
+    fine_tuned = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, training_args={"model_name_or_path": "vaswani/tiny-en-de"}
+    )
+    assert fine_tuned.data.base_model == "vaswani/tiny-en-de" and card_metadata_errors(str(fine_tuned)) == []
+    (tmp_path / "local" / "model").mkdir(parents=True)
+    for local in (str(tmp_path / "local" / "model"), "runs/base/averaged"):
+        card = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args={"model_name_or_path": local})
+        assert card.data.base_model is None, local
+
+
 def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monkeypatch, capsys):
     card = render_model_card(model_name="tiny", repo_id=REPO_ID).text
     deploy = card.split("## Deploy with CTranslate2", 1)[1]

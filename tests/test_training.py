@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
 from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
+from modeling.model_card import write_model_card
 from modeling.presets import get_preset
 from modeling.training import (
     TRAINING_LOCK_FILE,
@@ -319,11 +321,12 @@ def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(t
     assert not (tmp_path / "bart-run").exists(), "refused before anything else"
 
 
-def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(tmp_path, datasets_cache):
+def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(
+    tmp_path, datasets_cache, converted_fairseq_dir
+):
     """The path of a user with fairseq's WMT weights and data of their own: convert, fine-tune, translate."""
-    model, tokenizer = convert_fairseq_fixture("transformer_wmt_en_de")
-    model.save_pretrained(tmp_path / "converted")
-    tokenizer.save_pretrained(tmp_path / "converted")
+    shutil.copytree(converted_fairseq_dir, tmp_path / "converted")  # as scripts/convert_fairseq.py writes it
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted")
     data = DataArguments(
         data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)), source_lang="en", target_lang="de"
     )
@@ -339,6 +342,13 @@ def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(
         assert getattr(fine_tuned.generation_config, field) == getattr(model.generation_config, field), field
     assert model_fingerprint(fine_tuned) != model_fingerprint(model), "trained"
     assert len(translate(fine_tuned, its_tokenizer, ["the small dog .", ""], max_new_tokens=4)) == 2
+
+    # Its card describes fairseq's decoding and tokenizer, and the fine-tuning (not "trained with fairseq").
+    card = write_model_card(output_dir, repo_id="someone/fine-tuned", card_from=[output_dir]).read_text()
+    assert f"This model was fine-tuned from `{tmp_path / 'converted'}`, whose weights were trained with" in card
+    assert "## Converted from fairseq" in card and "beam search as fairseq's" in card and "sacremoses" in card
+    assert "Trained with fairseq; what this project records" not in card and "| max_steps | 2 |" in card
+    assert "fairseq_conversion" not in card and "base_model" not in card, "a local path: no model tree link"
 
 
 def test_fine_tuning_a_converted_fairseq_model_on_another_pair_tokenises_by_the_new_languages(
