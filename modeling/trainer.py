@@ -82,6 +82,14 @@ from .scoring import corpus_scores
 logger = logging.getLogger(__name__)
 
 
+class _EvaluationAbandoned(Exception):
+    """Raised inside the evaluation loop on a preemption signal; `evaluate` turns it into a stop."""
+
+    def __init__(self, signal: Any):
+        super().__init__(signal.name)
+        self.signal = signal
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -578,14 +586,38 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `bleu_dataset`, logged as `{metric_key_prefix}_sample_bleu` (and `_paper_bleu`, `_chrf`, `_loss`).
 
         `predict` translates and scores whatever it is given."""
-        self._loss_only = True
         try:
-            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
-        finally:
-            self._loss_only = False
-        if eval_dataset is None and self.bleu_dataset is not None:
-            metrics |= super().evaluate(self.bleu_dataset, ignore_keys, f"{metric_key_prefix}_sample", **gen_kwargs)
+            self._loss_only = True
+            try:
+                metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+            finally:
+                self._loss_only = False
+            if eval_dataset is None and self.bleu_dataset is not None:
+                metrics |= super().evaluate(
+                    self.bleu_dataset, ignore_keys, f"{metric_key_prefix}_sample", **gen_kwargs
+                )
+        except _EvaluationAbandoned as abandoned:
+            self._stop_for(abandoned.signal)
+            return {}
         return metrics
+
+    def _stop_for(self, signal: Any) -> None:
+        """A signal came while evaluating during training: what `PreemptionCallback` does at the end of an update,
+        at once (the checkpoint of this update is saved next, before the grace period ends)."""
+        self.preemption.preempted = {"signal": signal.name, "step": self.state.global_step}
+        logger.warning(
+            "Preempted (%s) while evaluating at update %d: abandoning the evaluation, saving a checkpoint and "
+            "stopping",
+            signal.name,
+            self.state.global_step,
+        )
+        self.control.should_training_stop = True
+        self.control.should_save = True
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any) -> bool:
+        if not metrics and self.preempted is not None:  # an abandoned evaluation ranks nothing
+            return self.args.save_strategy == "best"  # and under save_strategy="best" the checkpoint is still due
+        return super()._determine_best_metric(metrics, trial)
 
     def prediction_step(
         self,
@@ -598,6 +630,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # `Seq2SeqTrainer.prediction_step` fills unset fields of the model's generation config with library defaults,
         # among them max_length=20, which would then cap every later translation (and the saved generation config)
         # at 20 tokens instead of the paper's source length + 50: give it a copy and keep the original.
+        if self.preempted is None and self.is_in_train:
+            # A signal while evaluating during training (the generating part can take minutes): stop here rather
+            # than after the evaluation, which could outlast the grace period before a kill. A collective, as every
+            # process runs the same number of evaluation batches.
+            agreed = self.preemption.agreed(self.args.device)
+            if agreed is not None:
+                raise _EvaluationAbandoned(agreed)
         generation_config = copy.deepcopy(self.model.generation_config)
         loss_only = prediction_loss_only or self._loss_only
         # When it generates, `Seq2SeqTrainer.prediction_step` takes the loss from its own call of the model, smoothed

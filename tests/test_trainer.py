@@ -39,7 +39,7 @@ from modeling.checkpoints import (
 )
 from modeling.files import DiskFullError
 from modeling.schedule import noam_learning_rate
-from modeling.trainer import TokenBudgetSeq2SeqTrainer
+from modeling.trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 
 def one_sgd_update(output_dir: Path, max_tokens: int, **overrides) -> dict[str, torch.Tensor]:
@@ -315,6 +315,49 @@ def test_sigterm_mid_update_finishes_it_saves_a_complete_checkpoint_and_resuming
     assert resumed.micro_batches == 6 and sorted(after) == [1, 2, 3, 4, 5, 6], "updates 4-6 run, none repeated"
     for step in (4, 5, 6):
         assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+class SignalWhileEvaluating(TokenBudgetSeq2SeqTrainer):
+    """Sends itself SIGTERM in its first evaluation batch during training; counts the evaluation batches."""
+
+    evaluation_batches = 0
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        self.evaluation_batches += 1
+        if self.evaluation_batches == 1 and self.is_in_train:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+
+
+def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_it_followed(tmp_path):
+    tokenizer = word_tokenizer()
+    validation = copy_dataset([4, 5, 6, 7] * 4, len(tokenizer), seed=5)
+    settings = {"eval_strategy": "steps", "eval_steps": 2, "save_strategy": "steps", "save_steps": 4}
+    args = training_args(
+        tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, predict_with_generate=True, **settings
+    )
+    dataset = copy_dataset([random.Random(2).randint(3, 9) for _ in range(24)], len(tokenizer), seed=3)
+    trainer = make_trainer(
+        args,
+        dataset,
+        tokenizer,
+        tiny_model(len(tokenizer)),
+        SignalWhileEvaluating,
+        eval_dataset=validation,
+        bleu_dataset=validation,
+        compute_metrics=bleu_metrics(tokenizer, "de"),
+    )
+    batches = len(trainer.get_eval_dataloader(validation))
+    assert batches >= 4
+    handler = signal.getsignal(signal.SIGTERM)
+    trainer.train()
+
+    assert trainer.preempted == {"signal": "SIGTERM", "step": 2}, "no update after the evaluation"
+    assert trainer.evaluation_batches == 1, f"abandoned before the batch it came in, of {2 * batches}"
+    assert trainer.last_checkpoint == tmp_path / "checkpoint-2" and is_complete(trainer.last_checkpoint)
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not any("eval_loss" in entry for entry in trainer.state.log_history), "no half-evaluation logged"
+    assert signal.getsignal(signal.SIGTERM) is handler
 
 
 # Where a checkpoint write is killed: after half of a file is written (weights, optimizer, trainer state, the
