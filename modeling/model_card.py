@@ -216,13 +216,23 @@ def plot_training_curves(log_history: Sequence[dict[str, Any]], output_png: str 
 
 
 def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
-    """Training length as logged by the Trainer: last step and epoch, runtime and final train loss if present."""
+    """Training length as logged by the Trainer: last step and epoch; the training loss of the whole run, the
+    mean of the logged losses weighted by the updates each covers; the runtime of the last launch.
+
+    The Trainer's own `train_loss` and `train_runtime` cover its last `train()` call only: after a resume, the
+    updates since the checkpoint. The log itself is the whole run's (it travels in the checkpoints)."""
     if not log_history:
         return {}
     summary = {"steps": max((e["step"] for e in log_history if "step" in e), default=None)}
     summary["epochs"] = max((e["epoch"] for e in log_history if "epoch" in e), default=None)
+    covered, weighted = 0, 0.0
     for entry in log_history:
-        summary.update({k: entry[k] for k in ("train_runtime", "train_loss") if k in entry})
+        if "loss" in entry and entry.get("step", 0) > covered:
+            weighted += entry["loss"] * (entry["step"] - covered)
+            covered = entry["step"]
+    summary["mean_train_loss"] = weighted / covered if covered else None
+    runtimes = [entry["train_runtime"] for entry in log_history if "train_runtime" in entry]
+    summary["last_launch_runtime_s"] = runtimes[-1] if runtimes else None
     return {k: v for k, v in summary.items() if v is not None}
 
 

@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 
 from modeling import export
 from modeling.files import write_json
-from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card
+from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card, training_summary
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -96,6 +96,24 @@ def test_a_fine_tuned_models_card_names_its_base_model_on_the_hub(tmp_path):
     for local in (str(tmp_path / "local" / "model"), "runs/base/averaged"):
         card = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args={"model_name_or_path": local})
         assert card.data.base_model is None, local
+
+
+def test_the_training_loss_is_the_whole_runs_after_a_resume():
+    # Updates 1-8 in a first launch, checkpoint-8; the resumed launch made 9-12 and logged its own train_loss.
+    resumed = [
+        {"loss": 4.0, "epoch": 0.2, "step": 4},
+        {"loss": 3.0, "epoch": 0.4, "step": 8},
+        {"loss": 2.0, "epoch": 0.6, "step": 12},
+        {"train_runtime": 5.0, "train_loss": 2.0, "epoch": 0.6, "step": 12},
+    ]
+    assert training_summary(resumed) == {
+        "steps": 12,
+        "epochs": 0.6,
+        "mean_train_loss": 3.0,
+        "last_launch_runtime_s": 5.0,
+    }
+    card = str(render_model_card(model_name="tiny", repo_id=REPO_ID, log_history=resumed))
+    assert "- mean_train_loss: 3.0" in card and "train_loss: 2.0" not in card
 
 
 def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monkeypatch, capsys):
