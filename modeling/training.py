@@ -494,6 +494,43 @@ def _check_run_arguments(model_args: ModelArguments, data_args: DataArguments) -
         preset.model_config(data_args.vocab_size or preset.vocab_size, **model_args.config_overrides())
 
 
+def _match_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_args: ModelArguments) -> None:
+    """Fine-tuning with a tokenizer other than the model's own: one that extends it (the model's tokens with their
+    ids, then added ones: language tags, say) grows the embedding matrix to hold them (new rows the mean of the
+    others, the three-way tie kept); one with another vocabulary is refused, as the model's embedding rows would
+    stand for other tokens."""
+    name = model_args.model_name_or_path
+    if name is None:
+        return
+    own = _own_vocabulary(name) if model_args.tokenizer_name_or_path is not None else None
+    if own is not None:
+        given = tokenizer.get_vocab()
+        moved = [token for token, index in own.items() if given.get(token) != index]
+        if moved:
+            raise ValueError(
+                f"The tokenizer {model_args.tokenizer_name_or_path} is not the vocabulary {name} was trained with: "
+                f"{len(moved)} of its {len(own)} tokens ({moved[0]!r}, ...) are missing or have other ids, so its "
+                "embedding rows would stand for other tokens. Fine-tune with the model's tokenizer, or one that "
+                "extends it (tokenizer.add_tokens, saved)"
+            )
+    if len(tokenizer) > model.config.vocab_size:
+        if own is None:
+            raise ValueError(
+                f"The tokenizer has {len(tokenizer)} tokens, the vocabulary of {name} {model.config.vocab_size}; "
+                "only a tokenizer that extends the model's own (its tokens with their ids first) can add rows"
+            )
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=VOCAB_MULTIPLE)
+        logger.info("Grew the vocabulary of %s to %d rows for the added tokens", name, model.config.vocab_size)
+
+
+def _own_vocabulary(name: str) -> dict[str, int] | None:
+    """The vocabulary of the tokenizer saved with the model `name`, None if it has none."""
+    try:
+        return AutoTokenizer.from_pretrained(name).get_vocab()
+    except (OSError, ValueError):
+        return None
+
+
 def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) -> PreTrainedModel:
     """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune (a MarianMT
     checkpoint is converted exactly, keeping Marian's concatenated sinusoid layout)."""
@@ -513,8 +550,6 @@ def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) 
         logger.info("Converted the MarianMT model %s exactly (concatenated sinusoids)", model_args.model_name_or_path)
     else:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides)
-    if model.config.vocab_size < vocab_size:
-        raise ValueError(f"The tokenizer has {vocab_size} tokens, the model's vocabulary {model.config.vocab_size}.")
     return model
 
 
@@ -725,6 +760,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             vocab_size = data_args.vocab_size or preset.vocab_size
             tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
             model = _model(model_args, preset, len(tokenizer))
+            _match_vocabulary(model, tokenizer, model_args)
             identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
             _check_same_run(identity, output_dir, checkpoint)
             if training_args.should_save:

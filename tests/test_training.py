@@ -35,6 +35,7 @@ from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
+from modeling.tokenization import train_shared_bpe
 from modeling.training import (
     TRAINING_LOCK_FILE,
     OutputDirectoryInUseError,
@@ -96,6 +97,33 @@ def test_fine_tuning_starts_from_the_saved_model(tmp_path):
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
     assert model.config.d_model == 32, "the saved model's architecture, not the preset's"
     assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == tokenizer.get_vocab()
+
+
+def test_fine_tuning_with_an_extended_tokenizer_grows_the_vocabulary_and_a_foreign_one_is_refused(
+    tmp_path, datasets_cache
+):
+    tokenizer = word_tokenizer()
+    pretrained = tmp_path / "pretrained"
+    tiny_model(len(tokenizer)).save_pretrained(pretrained)
+    tokenizer.save_pretrained(pretrained)
+    extended = word_tokenizer()
+    extended.add_tokens(["<2de>", "<2fr>"])
+    extended.save_pretrained(tmp_path / "extended")
+    data = DataArguments(
+        data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)), source_lang="en", target_lang="de"
+    )
+    fine_tune = ModelArguments(model_name_or_path=str(pretrained), tokenizer_name_or_path=str(tmp_path / "extended"))
+    train(fine_tune, data, tiny_run_args(tmp_path / "ft"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ft")
+    assert model.config.vocab_size >= len(extended) > len(tokenizer) and model.config.vocab_size % 8 == 0
+    assert model.lm_head.weight is model.model.shared.weight, "the three-way tie kept"
+
+    foreign = train_shared_bpe(["the small dog sees a cat", "der kleine Hund sieht eine Katze"], 48, min_frequency=1)
+    foreign.save_pretrained(tmp_path / "foreign")
+    assert len(foreign) <= len(tokenizer)
+    other = ModelArguments(model_name_or_path=str(pretrained), tokenizer_name_or_path=str(tmp_path / "foreign"))
+    with pytest.raises(ValueError, match=r"is not the vocabulary .*pretrained was trained with: \d+ of its"):
+        train(other, data, tiny_run_args(tmp_path / "refused"))
 
 
 REPO_ID = "user/tiny"
