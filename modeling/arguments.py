@@ -7,12 +7,16 @@ meaning. A preset (`modeling.presets`) supplies the defaults.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import Seq2SeqTrainingArguments
 
 from .presets import PRESETS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +65,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        if self.ddp_backend is not None and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            # A config written for torchrun, run as one process (a requeue on one GPU, a test on a laptop): the
+            # backend joins processes, and accelerate fails on it with "Default process group has not been
+            # initialized", naming no setting.
+            logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
+            self.ddp_backend = None
         super().__post_init__()
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(

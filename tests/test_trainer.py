@@ -86,6 +86,13 @@ def test_tokens_per_update_and_accumulation_steps_exclude_each_other(tmp_path):
         training_args(tmp_path, tokens_per_update=25000, gradient_accumulation_steps=2)
 
 
+def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch):
+    """A config written for torchrun, requeued as one process: accelerate would fail, naming no setting."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = training_args(tmp_path, ddp_backend="gloo")
+    assert args.ddp_backend is None and args.world_size == 1
+
+
 def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
     initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
     full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples
