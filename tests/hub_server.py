@@ -59,12 +59,17 @@ def git_blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def hub_time() -> str:
+    """Now as the Hub writes times (`2026-12-03T17:45:11.419Z`): huggingface_hub parses nothing else."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 @dataclass
 class Repo:
     private: bool
     sha: str
     files: dict[str, str] = field(default_factory=dict)  # path -> oid
-    last_modified: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    last_modified: str = field(default_factory=hub_time)
 
 
 class HubError(Exception):
@@ -143,7 +148,7 @@ class HubState:
             repo.files[path] = git_blob_oid(data)
         tree = json.dumps(sorted(repo.files.items()))
         repo.sha = hashlib.sha1(f"{repo.sha}\n{summary}\n{tree}".encode()).hexdigest()
-        repo.last_modified = datetime.now(timezone.utc).isoformat()
+        repo.last_modified = hub_time()
         return repo.sha
 
 

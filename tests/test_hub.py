@@ -210,3 +210,14 @@ def test_a_text_file_that_is_not_utf8_is_scanned_for_the_token(tmp_path, monkeyp
     (tmp_path / "NOTES.txt").write_bytes(b"caf\xe9 " + HUB_TOKEN.encode())
     with pytest.raises(ValueError, match=r"NOTES\.txt contains the Hugging Face token"):
         push_model_dir(tmp_path, REPO_ID, token=HUB_TOKEN)
+
+
+def test_the_test_hub_writes_times_as_huggingface_hub_reads_them(hub):
+    """`model_info` (which `Trainer.push_to_hub` calls) parses the Hub's times: the loopback Hub must write them
+    the Hub's way for a plain transformers push to be tested against it."""
+    from huggingface_hub import HfApi
+
+    endpoint, _ = hub
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo("user/times")
+    assert api.model_info("user/times").last_modified is not None
