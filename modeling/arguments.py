@@ -18,6 +18,9 @@ from .presets import PRESETS
 
 logger = logging.getLogger(__name__)
 
+# Where launchers put the number of processes (torchrun, MPI implementations), as accelerate reads them.
+_WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
 
 @dataclass
 class TranslationTrainingArguments(Seq2SeqTrainingArguments):
@@ -65,7 +68,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
-        if self.ddp_backend is not None and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if self.ddp_backend is not None and max(int(os.environ.get(name, "1")) for name in _WORLD_SIZE_ENV) <= 1:
             # A config written for torchrun, run as one process (a requeue on one GPU, a test on a laptop): the
             # backend joins processes, and accelerate fails on it with "Default process group has not been
             # initialized", naming no setting.

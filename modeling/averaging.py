@@ -97,24 +97,39 @@ def _best_kept_by_rotation(checkpoints: Sequence[Path]) -> tuple[Path, Path, int
     """(best, the checkpoint after it, save_steps) when the run's best checkpoint is among `checkpoints` only
     because transformers' rotation kept it: with `metric_for_best_model` set, rotation deletes the oldest
     checkpoints but the best, so an early best stays before the newest ones with the saves between them deleted.
-    Saves come every `save_steps` updates or closer (a preemption's or the last update's save in between); with
-    `save_strategy="epoch"` the state records an unused `save_steps`, so the other gaps bound them too. A longer
-    gap after the best is saves that rotation deleted. None when the newest checkpoint records no best."""
+
+    Step-based saves fall every `save_steps` updates (with a preemption's or the last update's save in between):
+    a gap longer than that, and than the gaps between the others, between two saves on that grid is saves that
+    rotation deleted. Saves off the grid (`save_strategy="epoch"` or `"best"`, whose state records an unused
+    `save_steps`), or all on the grid of the epochs' length, are not judged. None when no best is recorded."""
     try:
         state = json.loads((checkpoints[-1] / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
         best_name, save_steps = Path(state["best_model_checkpoint"]).name, int(state["save_steps"])
     except (OSError, ValueError, KeyError, TypeError):  # no state, no best recorded: nothing was kept for it
         return None
     names = [path.name for path in checkpoints]
-    if best_name not in names[:-1]:
+    if best_name not in names[:-1] or save_steps < 1:
         return None
     steps = [checkpoint_step(path) for path in checkpoints]
     position = names.index(best_name)
+    best, following = steps[position], steps[position + 1]
+    if best % save_steps or following % save_steps or _on_the_epochs_grid(steps, state):
+        return None
     gaps = [later - earlier for earlier, later in zip(steps, steps[1:], strict=False)]
     after_best = gaps.pop(position)
     if after_best > max([save_steps, *gaps]):
         return checkpoints[position], checkpoints[position + 1], save_steps
     return None
+
+
+def _on_the_epochs_grid(steps: Sequence[int], state: dict) -> bool:
+    """Whether every step is a whole number of epochs (as the state counts them: max_steps / num_train_epochs)."""
+    try:
+        epochs, total = float(state["num_train_epochs"]), int(state["max_steps"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    per_epoch = total / epochs if epochs > 0 else 0
+    return per_epoch >= 1 and per_epoch.is_integer() and all(step % int(per_epoch) == 0 for step in steps)
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -18,7 +18,6 @@ model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card 
 import dataclasses
 import json
 import math
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -249,14 +248,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-_HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def _is_hub_repo_id(name: str) -> bool:
-    """`owner/name` that is not a local path: what the Hub's `base_model` field takes (a model tree link)."""
-    return bool(_HUB_REPO_ID.fullmatch(name)) and not Path(name).exists()
-
-
 def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]:
     if not training_args:
         return {}
@@ -331,7 +322,7 @@ def render_model_card(
         tags=["translation", "transformer", "vaswani-transformer", "custom_code", *(["fairseq"] * bool(conversion))],
         datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,
         metrics=["bleu", "chrf"] if metadata else None,
-        base_model=fine_tuned_from if fine_tuned_from and _is_hub_repo_id(fine_tuned_from) else None,
+        base_model=(training_args or {}).get("base_model"),  # a Hub repo fine-tuned, as training recorded it
     )
     config = model_config or {}
     context = {

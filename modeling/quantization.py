@@ -14,8 +14,9 @@ it, and export the float model (CTranslate2 quantises its own copy, `quantizatio
 Each layer's input is quantised with one scale for the whole batch (torch's dynamic quantisation), where
 CTranslate2 takes one per row: a sentence's translation can change with the sentences batched with it (32 of 150
 Multi30k sentences translated alone differed from the same sentences in sorted batches; none in float32, none with
-CTranslate2 int8, docs/results.md). A per-row path on `torch._int_mm` was batch-independent at the same BLEU but
-slower in eager PyTorch (82 against 95 sentences/s), the speed being this path's reason to be.
+CTranslate2 int8, docs/results.md). A per-row path on `torch._int_mm` differed on 1 of 150, at the same BLEU,
+but ran at float32's speed in eager PyTorch (86 sentences/s against this path's 111 and float32's 83), the speed
+being this path's reason to be.
 """
 
 import copy

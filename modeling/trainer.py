@@ -90,6 +90,34 @@ class _EvaluationAbandoned(Exception):
         self.signal = signal
 
 
+class _StoppedBeforeAnUpdate(Exception):
+    """Raised by `evaluate` when a signal came while evaluating before this launch's first update."""
+
+
+# The flags behind the optimizer settings the Trainer passes (`get_optimizer_cls_and_kwargs`).
+_OPTIMIZER_FLAGS = {"betas": "--adam_beta1/--adam_beta2", "eps": "--adam_epsilon"}
+
+
+def _numbers(value: Any) -> tuple[float, ...] | None:
+    """A number, or a tuple or list of numbers, as a tuple of floats; None for anything else."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in values):
+        return tuple(float(item) for item in values)
+    return None
+
+
+def _close(value: Any, saved: Any) -> bool:
+    ours, theirs = _numbers(value), _numbers(saved)
+    if len(ours) != len(theirs):
+        return False
+    return all(math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0) for a, b in zip(ours, theirs, strict=True))
+
+
+def _shown(value: Any) -> str:
+    numbers = _numbers(value)
+    return ", ".join(f"{number:g}" for number in numbers) if numbers is not None else repr(value)
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -261,53 +289,72 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `PreemptionCallback`); the previous signal handlers are back when it returns or raises. After a stop on
         a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved.
 
-        Resuming from a checkpoint already at `max_steps` (a run requeued after its last update, killed while it
-        averaged or pushed) trains nothing: its weights and state are loaded and the metrics returned are empty.
-        The Trainer's own loop would make one more update before it checks the count, at every rerun."""
+        Resuming from a checkpoint already at the run's last update (a run requeued after it, killed while it
+        averaged or pushed) trains nothing: its weights and state are loaded (the best checkpoint's weights with
+        `load_best_model_at_end`, as at the end of training) and the metrics returned are empty. The Trainer's own
+        loop would make one more update before it checks the count, at every rerun."""
         with self.preemption.handling():
-            finished = self._finished_step(resume_from_checkpoint)
-            if finished is not None:
-                logger.info(
-                    "%s is at update %d, max_steps is %d: nothing left to train",
-                    resume_from_checkpoint,
-                    finished,
-                    self.args.max_steps,
-                )
-                self._load_from_checkpoint(str(resume_from_checkpoint))
-                self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+            checkpoint = None if isinstance(resume_from_checkpoint, bool) else resume_from_checkpoint
+            total = self._total_updates() if checkpoint is not None else 0
+            state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
+            if state is not None and state.global_step >= total:
+                logger.info("%s is at update %d of %d: nothing left to train", checkpoint, state.global_step, total)
+                self._load_from_checkpoint(str(checkpoint))
+                self.state = state
+                if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
+                    self._load_best_model()
                 return TrainOutput(self.state.global_step, float("nan"), {})
-            if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, bool):
-                self._check_resumable(Path(resume_from_checkpoint))
-            return super().train(resume_from_checkpoint, **kwargs)
+            if checkpoint is not None:
+                self._check_resumable(Path(checkpoint), total)
+            try:
+                return super().train(resume_from_checkpoint, **kwargs)
+            except _StoppedBeforeAnUpdate:  # a signal while evaluating before the first update (eval_on_start)
+                return TrainOutput(self.state.global_step, float("nan"), {})
 
-    def _check_resumable(self, checkpoint: Path) -> None:
+    def _total_updates(self) -> int:
+        """The run's number of updates: `max_steps`, or what the Trainer derives from `num_train_epochs` and the
+        batches each process gets per epoch (accelerate gives every process the same number)."""
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        dataset = self._token_dataset(self.train_dataset, "training")
+        sampler = TokenBudgetBatchSampler(
+            *sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=True, seed=self._data_seed
+        )
+        batches = math.ceil(len(sampler) / self.args.world_size)
+        per_epoch = max(math.ceil(batches / self.args.gradient_accumulation_steps), 1)
+        return math.ceil(self.args.num_train_epochs * per_epoch)
+
+    def _check_resumable(self, checkpoint: Path, total: int) -> None:
         """Refuse to resume with optimisation settings that the checkpoint's optimizer and scheduler states would
         override without a word (the Trainer restores them whole: the new values would be logged and recorded, the
         old ones used); warn when the batches differ from the checkpoint's, since the Trainer then skips a count
-        of the new batches, not the data already seen."""
-        given, used = [], []
+        of the new batches, not the data already seen. `total` is the run's number of updates."""
+        given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
         if scheduler.is_file():
             state = torch.load(scheduler, map_location="cpu", weights_only=True)
             if state.get("base_lrs"):
-                given.append(("learning_rate", self.args.learning_rate, state["base_lrs"][0]))
+                given.append(("--learning_rate", self.args.learning_rate, state["base_lrs"][0]))
             noam = (state.get("lr_lambdas") or [None])[0]
             if self.args.paper_schedule and isinstance(noam, dict) and "warmup_steps" in noam:
-                given.append(("warmup_steps", self.args.get_warmup_steps(self.args.max_steps), noam["warmup_steps"]))
+                given.append(("--warmup_steps", self.args.get_warmup_steps(total), noam["warmup_steps"]))
         optimizer = checkpoint / "optimizer.pt"
         if optimizer.is_file():
             groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
-            first = groups[0] if groups else {}
-            if "betas" in first:
-                given.append(("adam_beta1", self.args.adam_beta1, first["betas"][0]))
-                given.append(("adam_beta2", self.args.adam_beta2, first["betas"][1]))
-            if "eps" in first:
-                given.append(("adam_epsilon", self.args.adam_epsilon, first["eps"]))
-            if "weight_decay" in first:
-                given.append(("weight_decay", self.args.weight_decay, first["weight_decay"]))
-        for name, value, saved in given:
-            if not math.isclose(float(value), float(saved), rel_tol=1e-9, abs_tol=0.0):
-                used.append(f"--{name} {value:g} (the checkpoint's: {saved:g})")
+            saved = groups[0] if groups else {}
+            # What the Trainer would give the optimizer now (its class's own settings: Adam's betas and epsilon,
+            # SGD's momentum, ...), against what the checkpoint's optimizer holds; lr is the schedule's, above.
+            _, settings = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            for key, value in sorted(settings.items()):
+                if key != "lr" and key in saved:
+                    given.append((_OPTIMIZER_FLAGS.get(key, f"optimizer {key}"), value, saved[key]))
+            if "weight_decay" in saved:
+                given.append(("--weight_decay", self.args.weight_decay, saved["weight_decay"]))
+        used = [
+            f"{flag} {_shown(value)} (the checkpoint's: {_shown(saved_value)})"
+            for flag, value, saved_value in given
+            if _numbers(value) is not None and _numbers(saved_value) is not None and not _close(value, saved_value)
+        ]
         if used:
             raise ValueError(
                 f"Cannot resume from {checkpoint} with {', '.join(used)}: a resumed run keeps the optimizer and "
@@ -332,13 +379,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             "micro_batches_per_update": self.args.gradient_accumulation_steps,
             "max_tokens_per_device": self.args.max_tokens_per_device,
         }
-
-    def _finished_step(self, checkpoint: str | os.PathLike | None) -> int | None:
-        """The update `checkpoint` was saved at, if that is `max_steps` or more; else None."""
-        if checkpoint is None or isinstance(checkpoint, bool) or self.args.max_steps <= 0:
-            return None
-        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
-        return state.global_step if state.global_step >= self.args.max_steps else None
 
     @property
     def preempted(self) -> dict | None:
@@ -598,6 +638,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 )
         except _EvaluationAbandoned as abandoned:
             self._stop_for(abandoned.signal)
+            if self.state.global_step == getattr(self, "_initial_global_step", None):
+                raise _StoppedBeforeAnUpdate from None  # nothing new to save, and no update to wait for
             return {}
         return metrics
 

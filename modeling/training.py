@@ -630,12 +630,11 @@ def _write_run_records(
     if args.paper_schedule:
         shown.pop("lr_scheduler_type")
         shown["learning_rate_schedule"] = "learning_rate × d_model^-0.5 × min(step^-0.5, step × warmup^-1.5)"
-    run = {
-        "preset": model_args.preset,
-        "model_name_or_path": model_args.model_name_or_path,
-        "world_size": args.world_size,
-    }
-    conversion = _conversion_record(model_args.model_name_or_path)
+    name = model_args.model_name_or_path
+    run = {"preset": model_args.preset, "model_name_or_path": name, "world_size": args.world_size}
+    if name is not None and not os.path.isdir(name):
+        run["base_model"] = name  # a Hub repo: the card links it
+    conversion = _conversion_record(name)
     if conversion is not None:  # the card says what the fine-tuned model came from, and its fairseq tokenizer
         run["fairseq_conversion"] = conversion
     write_json(Path(args.output_dir) / "training_args.json", {**shown, **run})
@@ -808,12 +807,20 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
                 n = training_args.average_last_checkpoints
                 averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
-            # A signal after the last update: stop before the push, whose requeue finds training done (above).
+            # A signal after the last update: stop before the push, if a checkpoint holds that update (the requeue
+            # then finds training done, above); without one (save_strategy "no", say), the run finishes.
             agreed = preemption.agreed(training_args.device)
             if agreed is not None:
-                last = latest_complete_checkpoint(output_dir)
                 step = trainer.state.global_step
-                raise _stop_preempted(training_args, agreed.name, step, str(last) if last else None)
+                final = output_dir / f"checkpoint-{step}"
+                if any_rank(
+                    trainer.is_world_process_zero() and final == latest_complete_checkpoint(output_dir),
+                    training_args.device,
+                ):
+                    raise _stop_preempted(training_args, agreed.name, step, str(final))
+                logger.warning(
+                    "Got %s after the last update, which no checkpoint holds: finishing the run", agreed.name
+                )
             if training_args.should_save:
                 (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         if hub is not None:

@@ -139,13 +139,17 @@ def test_last_checkpoints_refuses_an_old_best_that_rotation_kept_in_place_of_the
         ([100, 200, 300, 400], 100, 100),  # the best among the last saves, where it belongs
         ([100, 200, 250, 300], 100, 100),  # a preemption's save at 250: closer, never farther apart
         ([227, 454, 681], 227, 500),  # save_strategy "epoch": save_steps unused, the epochs set the gaps
+        ([681, 1362], 681, 500),  # the same, two epochs: no other gap to compare with
+        ([1000, 2000], 1000, 500),  # epochs of 1,000 updates, on the save_steps grid too
+        ([1000, 2300], 1000, 500),  # save_strategy "best", then a preemption's save
         ([100, 400, 500], 500, 100),  # the newest is the best
         ([100, 400, 500], None, 100),  # no best tracked: rotation kept nothing for it
     ],
 )
 def test_last_checkpoints_takes_the_last_saves_with_the_best_among_them(tmp_path, steps, best, save_steps):
     best_path = None if best is None else str(tmp_path / f"checkpoint-{best}")
-    saves(tmp_path, steps, best_model_checkpoint=best_path, save_steps=save_steps)
+    epochs = {"num_train_epochs": 3, "max_steps": 3000} if steps == [1000, 2000] else {}
+    saves(tmp_path, steps, best_model_checkpoint=best_path, save_steps=save_steps, **epochs)
     assert last_checkpoints(tmp_path, len(steps)) == [tmp_path / f"checkpoint-{step}" for step in steps]
 
 

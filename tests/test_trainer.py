@@ -88,7 +88,8 @@ def test_tokens_per_update_and_accumulation_steps_exclude_each_other(tmp_path):
 
 def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch):
     """A config written for torchrun, requeued as one process: accelerate would fail, naming no setting."""
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     args = training_args(tmp_path, ddp_backend="gloo")
     assert args.ddp_backend is None and args.world_size == 1
 
@@ -216,7 +217,7 @@ def test_resuming_a_checkpoint_at_max_steps_trains_nothing_and_loads_it(tmp_path
     with caplog.at_level(logging.INFO):
         output = rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert output.metrics == {} and output.global_step == rerun.state.global_step == 6
-    assert "checkpoint-6 is at update 6, max_steps is 6: nothing left to train" in caplog.text
+    assert "checkpoint-6 is at update 6 of 6: nothing left to train" in caplog.text
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
     weights = rerun.model.state_dict()
     for name, tensor in saved.items():
@@ -240,7 +241,7 @@ def test_resuming_warns_of_no_missing_keys_for_the_tied_embedding_copies(tmp_pat
 # --- long runs: preemption, atomic checkpoints, rotation, a full disk -----------------------------------------
 
 
-def resumable_run(output_dir: Path, trainer_class=None, **overrides):
+def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, **overrides):
     """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything."""
     tokenizer = word_tokenizer()
     lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
@@ -248,7 +249,9 @@ def resumable_run(output_dir: Path, trainer_class=None, **overrides):
     args = training_args(output_dir, **{**settings, **overrides})
     dataset = copy_dataset(lengths, len(tokenizer), seed=3)
     model = tiny_model(len(tokenizer), dropout=0.1)
-    return make_trainer(args, dataset, tokenizer, model, **({"trainer_class": trainer_class} if trainer_class else {}))
+    return make_trainer(
+        args, dataset, tokenizer, model, trainer_class or TokenBudgetSeq2SeqTrainer, eval_dataset=eval_dataset
+    )
 
 
 @pytest.mark.parametrize(
@@ -256,7 +259,10 @@ def resumable_run(output_dir: Path, trainer_class=None, **overrides):
     [
         ({"learning_rate": 2.0}, "--learning_rate 2 (the checkpoint's: 1)"),
         ({"warmup_steps": 5}, "--warmup_steps 5 (the checkpoint's: 2)"),
-        ({"adam_beta2": 0.99, "weight_decay": 0.1}, "--adam_beta2 0.99 (the checkpoint's: 0.98), --weight_decay 0.1"),
+        (
+            {"adam_beta2": 0.99, "weight_decay": 0.1},
+            "--adam_beta1/--adam_beta2 0.9, 0.99 (the checkpoint's: 0.9, 0.98)",
+        ),
     ],
 )
 def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(tmp_path, changed, refusal):
@@ -266,6 +272,52 @@ def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(t
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert refusal in str(refused.value) and "--model_name_or_path" in str(refused.value)
     assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-6").exists()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_steps": -1, "num_train_epochs": 2, "warmup_steps": 0.5},  # a warmup ratio of updates the epochs set
+        {"optim": "sgd"},
+        {"optim": "rmsprop"},  # torch's own epsilon, not adam_epsilon
+        {"optim": "adafactor", "paper_schedule": False},  # epsilon a pair
+    ],
+)
+def test_resuming_with_unchanged_settings_is_never_refused(tmp_path, settings):
+    preempted = resumable_run(tmp_path, SignalOnMicroBatch, save_strategy="steps", save_steps=100, **settings)
+    preempted.train()  # stopped at update 3, its checkpoint saved
+    assert preempted.preempted["step"] == 3
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=100, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.state.global_step == resumed.state.max_steps > 3
+
+
+def test_rerunning_a_finished_epoch_run_trains_nothing_even_with_fractional_epochs(tmp_path):
+    settings = {"max_steps": -1, "num_train_epochs": 1.5, "save_strategy": "steps", "save_steps": 100}
+    finished = resumable_run(tmp_path, **settings)
+    finished.train()
+    total = finished.state.global_step
+    assert latest_complete_checkpoint(tmp_path) == tmp_path / f"checkpoint-{total}"
+    rerun = resumable_run(tmp_path, **settings)
+    assert rerun.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{total}")).metrics == {}
+    assert rerun.state.global_step == total
+
+
+def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_training_did(tmp_path):
+    # The highest validation loss is the best: the first checkpoint stays the best.
+    best_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    best_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    tokenizer = word_tokenizer()
+    validation = copy_dataset([4, 5, 6], len(tokenizer), seed=5)
+    finished = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
+    finished.train()
+    best = Path(finished.state.best_model_checkpoint)
+    assert best != tmp_path / "checkpoint-3"
+    rerun = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
+    rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    expected = load_file(best / "model.safetensors")
+    weights = rerun.model.state_dict()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
 
 
 def test_resuming_with_other_batches_says_that_the_data_position_moves(tmp_path, caplog):
@@ -365,6 +417,20 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not any("eval_loss" in entry for entry in trainer.state.log_history), "no half-evaluation logged"
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_path):
+    tokenizer = word_tokenizer()
+    validation = copy_dataset([4, 5, 6, 7] * 4, len(tokenizer), seed=5)
+    evaluation = {"eval_strategy": "steps", "eval_steps": 2, "eval_on_start": True}
+    args = training_args(tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, **evaluation)
+    dataset = copy_dataset([random.Random(2).randint(3, 9) for _ in range(24)], len(tokenizer), seed=3)
+    trainer = make_trainer(
+        args, dataset, tokenizer, tiny_model(len(tokenizer)), SignalWhileEvaluating, eval_dataset=validation
+    )
+    trainer.train()
+    assert trainer.preempted == {"signal": "SIGTERM", "step": 0} and trainer.evaluation_batches == 1
+    assert not any("loss" in entry for entry in trainer.state.log_history), "no update made"
 
 
 # Where a checkpoint write is killed: after half of a file is written (weights, optimizer, trainer state, the

@@ -36,6 +36,7 @@ from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
 from modeling.tokenization import train_shared_bpe
+from modeling.trainer import TokenBudgetSeq2SeqTrainer
 from modeling.training import (
     TRAINING_LOCK_FILE,
     OutputDirectoryInUseError,
@@ -220,7 +221,7 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
 
 
 def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trains_nothing(
-    tmp_path, datasets_cache, monkeypatch
+    tmp_path, datasets_cache, monkeypatch, caplog
 ):
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
@@ -244,6 +245,20 @@ def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trai
     assert sorted(path.name for path in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert (run / "model.safetensors").read_bytes() == final, "the same weights, not one update more"
     assert not (run / "preempted.json").exists()
+
+    # Without a checkpoint of the last update there is nothing to resume from: the run finishes instead.
+    save_final_model = TokenBudgetSeq2SeqTrainer.save_final_model
+
+    def signalled_while_saving(self, *arguments, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return save_final_model(self, *arguments, **kwargs)
+
+    monkeypatch.setattr(TokenBudgetSeq2SeqTrainer, "save_final_model", signalled_while_saving)
+    unsaved = tmp_path / "unsaved"
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(unsaved, save_strategy="no", max_steps=4))
+    assert "Got SIGTERM after the last update, which no checkpoint holds: finishing the run" in caplog.text
+    assert (unsaved / "model.safetensors").is_file() and not (unsaved / "preempted.json").exists()
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
