@@ -15,10 +15,13 @@ checkpoints and what differs), and the result is built in `OUTPUT.partial` and s
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import pickle
 import shutil
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,12 +101,15 @@ def _best_kept_by_rotation(checkpoints: Sequence[Path]) -> tuple[Path, Path, int
     because transformers' rotation kept it: with `metric_for_best_model` set, rotation deletes the oldest
     checkpoints but the best, so an early best stays before the newest ones with the saves between them deleted.
 
-    Step-based saves fall every `save_steps` updates (with a preemption's or the last update's save in between):
-    a gap longer than that, and than the gaps between the others, between two saves on that grid is saves that
-    rotation deleted. Saves off the grid (`save_strategy="epoch"` or `"best"`, whose state records an unused
-    `save_steps`), or all on the grid of the epochs' length, are not judged. None when no best is recorded."""
+    With `save_strategy="steps"` saves come every `save_steps` updates or closer (a preemption's, a timed one, the
+    last update's in between): a longer gap after the best is saves that rotation deleted. The strategy is read
+    from the newest checkpoint (this project's `checkpoint_complete.json`, or the Trainer's `training_args.bin`
+    read without running its pickle); where neither tells it, such a gap that is also longer than the others is
+    only warned of. Other strategies save at epochs or at new bests, at no fixed distance. None when the run
+    records no best."""
+    newest = checkpoints[-1]
     try:
-        state = json.loads((checkpoints[-1] / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+        state = json.loads((newest / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
         best_name, save_steps = Path(state["best_model_checkpoint"]).name, int(state["save_steps"])
     except (OSError, ValueError, KeyError, TypeError):  # no state, no best recorded: nothing was kept for it
         return None
@@ -112,24 +118,60 @@ def _best_kept_by_rotation(checkpoints: Sequence[Path]) -> tuple[Path, Path, int
         return None
     steps = [checkpoint_step(path) for path in checkpoints]
     position = names.index(best_name)
-    best, following = steps[position], steps[position + 1]
-    if best % save_steps or following % save_steps or _on_the_epochs_grid(steps, state):
-        return None
     gaps = [later - earlier for earlier, later in zip(steps, steps[1:], strict=False)]
     after_best = gaps.pop(position)
-    if after_best > max([save_steps, *gaps]):
-        return checkpoints[position], checkpoints[position + 1], save_steps
+    kept = checkpoints[position], checkpoints[position + 1], save_steps
+    strategy = _save_strategy(newest)
+    if strategy == "steps":
+        return kept if after_best > save_steps else None
+    if strategy is None and after_best > max([save_steps, *gaps]):
+        logger.warning(
+            "%s, the run's best checkpoint, is %d updates before %s where saves came every %d: if save_total_limit "
+            "deleted the saves between them, it is not one of the last saves",
+            kept[0],
+            after_best,
+            kept[1].name,
+            save_steps,
+        )
     return None
 
 
-def _on_the_epochs_grid(steps: Sequence[int], state: dict) -> bool:
-    """Whether every step is a whole number of epochs (as the state counts them: max_steps / num_train_epochs)."""
+def _save_strategy(checkpoint: Path) -> str | None:
+    """The run's `save_strategy` ("steps", "epoch", "best", "no"): recorded by this project's trainer in the
+    completeness marker, else found in the Trainer's pickled arguments; None where neither says."""
     try:
-        epochs, total = float(state["num_train_epochs"]), int(state["max_steps"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    per_epoch = total / epochs if epochs > 0 else 0
-    return per_epoch >= 1 and per_epoch.is_integer() and all(step % int(per_epoch) == 0 for step in steps)
+        return str(json.loads((checkpoint / COMPLETE_MARKER).read_text(encoding="utf-8"))["save_strategy"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        with zipfile.ZipFile(checkpoint / "training_args.bin") as archive:
+            data = next(name for name in archive.namelist() if name.endswith("data.pkl"))
+            arguments = _InertUnpickler(io.BytesIO(archive.read(data))).load()
+        strategy = vars(arguments)["save_strategy"]
+        return str(strategy.args[0] if isinstance(strategy, _Inert) else strategy)
+    except Exception:  # an older format, a pickle of something else: the strategy is unknown
+        return None
+
+
+class _Inert:
+    """What `_InertUnpickler` makes of every class and function a pickle names: a record of its arguments."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def __setstate__(self, state):
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+
+
+class _InertUnpickler(pickle.Unpickler):
+    """Reads a pickle without importing or calling anything it names: every global is `_Inert`."""
+
+    def find_class(self, module, name):
+        return _Inert
+
+    def persistent_load(self, pid):
+        return None
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

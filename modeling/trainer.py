@@ -94,8 +94,23 @@ class _StoppedBeforeAnUpdate(Exception):
     """Raised by `evaluate` when a signal came while evaluating before this launch's first update."""
 
 
-# The flags behind the optimizer settings the Trainer passes (`get_optimizer_cls_and_kwargs`).
-_OPTIMIZER_FLAGS = {"betas": "--adam_beta1/--adam_beta2", "eps": "--adam_epsilon"}
+# The flags behind optimizer settings; those the schedule sets, or that change how and not what it computes.
+_OPTIMIZER_FLAGS = {"betas": "--adam_beta1/--adam_beta2", "eps": "--adam_epsilon", "weight_decay": "--weight_decay"}
+_SCHEDULED_OR_IMPLEMENTATION = {"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"}
+
+
+def _same(value: Any, saved: Any) -> bool:
+    if _numbers(value) is not None and _numbers(saved) is not None:
+        return _close(value, saved)
+    return value == saved
+
+
+def _overridden(checkpoint: Path, used: list[str]) -> ValueError:
+    return ValueError(
+        f"Cannot resume from {checkpoint} with {', '.join(used)}: a resumed run keeps the optimizer and schedule of "
+        "its checkpoint. Resume with the checkpoint's values, or train on from its weights with the new ones as a new "
+        f"run (--model_name_or_path {checkpoint}, another --output_dir)"
+    )
 
 
 def _numbers(value: Any) -> tuple[float, ...] | None:
@@ -300,6 +315,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if state is not None and state.global_step >= total:
                 logger.info("%s is at update %d of %d: nothing left to train", checkpoint, state.global_step, total)
                 self._load_from_checkpoint(str(checkpoint))
+                state.is_local_process_zero = self.is_local_process_zero()  # saved by the main process
+                state.is_world_process_zero = self.is_world_process_zero()
                 self.state = state
                 if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                     self._load_best_model()
@@ -325,10 +342,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         return math.ceil(self.args.num_train_epochs * per_epoch)
 
     def _check_resumable(self, checkpoint: Path, total: int) -> None:
-        """Refuse to resume with optimisation settings that the checkpoint's optimizer and scheduler states would
-        override without a word (the Trainer restores them whole: the new values would be logged and recorded, the
-        old ones used); warn when the batches differ from the checkpoint's, since the Trainer then skips a count
-        of the new batches, not the data already seen. `total` is the run's number of updates."""
+        """Refuse to resume with a learning rate or warmup that the checkpoint's scheduler state would override
+        without a word (the Trainer restores it whole: the new values would be logged and recorded, the old ones
+        used; the optimizer's own settings are compared in `_load_optimizer_and_scheduler`); warn when the batches
+        differ from the checkpoint's, since the Trainer then skips a count of the new batches, not the data already
+        seen. `total` is the run's number of updates."""
         given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
         if scheduler.is_file():
@@ -338,29 +356,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             noam = (state.get("lr_lambdas") or [None])[0]
             if self.args.paper_schedule and isinstance(noam, dict) and "warmup_steps" in noam:
                 given.append(("--warmup_steps", self.args.get_warmup_steps(total), noam["warmup_steps"]))
-        optimizer = checkpoint / "optimizer.pt"
-        if optimizer.is_file():
-            groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
-            saved = groups[0] if groups else {}
-            # What the Trainer would give the optimizer now (its class's own settings: Adam's betas and epsilon,
-            # SGD's momentum, ...), against what the checkpoint's optimizer holds; lr is the schedule's, above.
-            _, settings = self.get_optimizer_cls_and_kwargs(self.args, self.model)
-            for key, value in sorted(settings.items()):
-                if key != "lr" and key in saved:
-                    given.append((_OPTIMIZER_FLAGS.get(key, f"optimizer {key}"), value, saved[key]))
-            if "weight_decay" in saved:
-                given.append(("--weight_decay", self.args.weight_decay, saved["weight_decay"]))
         used = [
             f"{flag} {_shown(value)} (the checkpoint's: {_shown(saved_value)})"
             for flag, value, saved_value in given
             if _numbers(value) is not None and _numbers(saved_value) is not None and not _close(value, saved_value)
         ]
         if used:
-            raise ValueError(
-                f"Cannot resume from {checkpoint} with {', '.join(used)}: a resumed run keeps the optimizer and "
-                "schedule of its checkpoint. Resume with the checkpoint's values, or train on from its weights with "
-                f"the new ones as a new run (--model_name_or_path {checkpoint}, another --output_dir)"
-            )
+            raise _overridden(checkpoint, used)
         saved_batching = _read_json(checkpoint / COMPLETE_MARKER).get("batching")
         batching = self._batching()
         if saved_batching and saved_batching != batching:
@@ -371,6 +373,30 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 _describe_batching(batching),
                 _describe_batching(saved_batching),
             )
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """The Trainer's loading of the checkpoint's optimizer state, refused where it would override the optimizer
+        the arguments just built (another `--optim`, Adam's betas or epsilon, weight decay, `--optim_args`): the
+        saved settings would be used where the new ones are logged and recorded."""
+        optimizer = Path(checkpoint) / "optimizer.pt" if checkpoint is not None else None
+        if optimizer is not None and optimizer.is_file() and self.optimizer is not None:
+            groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
+            saved, built = (groups or [{}])[0], self.optimizer.param_groups[0]
+            saved_keys = saved.keys() - _SCHEDULED_OR_IMPLEMENTATION
+            built_keys = built.keys() - _SCHEDULED_OR_IMPLEMENTATION
+            if saved_keys - built_keys and built_keys - saved_keys:  # settings of another optimizer on both sides
+                optim = getattr(self.args.optim, "value", self.args.optim)
+                raise _overridden(Path(checkpoint), [f"--optim {optim} (not the checkpoint's optimizer)"])
+            # Settings only one side has: a newer torch's (a saved state loads into them with their defaults).
+            used = [
+                f"{_OPTIMIZER_FLAGS.get(key, f'optimizer {key}')} {_shown(built[key])} "
+                f"(the checkpoint's: {_shown(saved[key])})"
+                for key in sorted(saved_keys & built_keys)
+                if not _same(built[key], saved[key])
+            ]
+            if used:
+                raise _overridden(Path(checkpoint), used)
+        super()._load_optimizer_and_scheduler(checkpoint)
 
     def _batching(self) -> dict[str, int]:
         """What makes an update: how many batches of at most how many tokens, on how many processes."""
@@ -453,7 +479,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():
             shutil.copy2(identity, staged / RUN_IDENTITY_FILE)
         publish_tree(staged)
-        write_completeness_marker(staged, step=self.state.global_step, batching=self._batching())
+        strategy = getattr(self.args.save_strategy, "value", self.args.save_strategy)  # for averaging's judgement
+        write_completeness_marker(
+            staged, step=self.state.global_step, batching=self._batching(), save_strategy=strategy
+        )
         swap_directory(staged, final)
         os.rmdir(staging_root)
         for leftover in staging_directories(final.parent):

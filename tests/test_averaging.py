@@ -4,6 +4,7 @@ only, the output swapped in whole."""
 import errno
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -114,43 +115,64 @@ def test_an_average_never_replaces_a_directory_it_did_not_write(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "checkpoint-1", "checkpoint-2"]
 
 
-def saves(directory, steps: list[int], **newest_state) -> None:
-    """Complete (empty) checkpoints at `steps`, the newest one's trainer_state.json holding `newest_state`."""
+def saves(directory, steps: list[int], save_strategy: str | None = "steps", **newest_state) -> None:
+    """Complete (empty) checkpoints at `steps`, the newest one's trainer_state.json holding `newest_state` and its
+    marker the run's `save_strategy` (None: not recorded, as in a plain Trainer's checkpoint without arguments)."""
     for step in steps:
-        write_completeness_marker(directory / f"checkpoint-{step}")
+        write_completeness_marker(
+            directory / f"checkpoint-{step}", **({"save_strategy": save_strategy} if save_strategy else {})
+        )
     (directory / f"checkpoint-{steps[-1]}" / "trainer_state.json").write_text(json.dumps(newest_state))
 
 
-def test_last_checkpoints_refuses_an_old_best_that_rotation_kept_in_place_of_the_last_saves(tmp_path):
-    # save_total_limit 4 with metric_for_best_model, the best at step 100: rotation deleted 200 and 300, kept 100.
-    saves(tmp_path, [100, 400, 500, 600], best_model_checkpoint=str(tmp_path / "checkpoint-100"), save_steps=100)
+@pytest.mark.parametrize(
+    ("steps", "best"),
+    [
+        ([100, 400, 500, 600], 100),  # save_total_limit 4, the best at 100: rotation deleted 200 and 300
+        ([200, 550], 200),  # max_steps 550, save_total_limit 2: the last update's save after the deleted ones
+        ([200, 450, 500], 200),  # a preemption's save at 450
+        ([200, 737, 800, 900], 200),  # a timed save (save_every_minutes) at 737
+    ],
+)
+def test_last_checkpoints_refuses_an_old_best_that_rotation_kept_in_place_of_the_last_saves(tmp_path, steps, best):
+    saves(tmp_path, steps, best_model_checkpoint=str(tmp_path / f"checkpoint-{best}"), save_steps=100)
     with pytest.raises(ValueError) as refused:
-        last_checkpoints(tmp_path, 4)
+        last_checkpoints(tmp_path, len(steps))
     message = str(refused.value)
-    assert f"{tmp_path / 'checkpoint-100'} is not one of the last 4 saves" in message
-    assert "deleted the saves of the 300 updates up to checkpoint-400 (saves every 100)" in message
-    assert "average the last 3 at most" in message
-    assert last_checkpoints(tmp_path, 3) == [tmp_path / f"checkpoint-{step}" for step in (400, 500, 600)]
+    assert f"{tmp_path / f'checkpoint-{best}'} is not one of the last {len(steps)} saves" in message
+    assert (
+        f"deleted the saves of the {steps[1] - best} updates up to checkpoint-{steps[1]} (saves every 100)" in message
+    )
+    assert f"average the last {len(steps) - 1} at most" in message
+    assert last_checkpoints(tmp_path, len(steps) - 1) == [tmp_path / f"checkpoint-{step}" for step in steps[1:]]
 
 
 @pytest.mark.parametrize(
-    ("steps", "best", "save_steps"),
+    ("steps", "best", "strategy"),
     [
-        ([100, 200, 300, 400], 100, 100),  # the best among the last saves, where it belongs
-        ([100, 200, 250, 300], 100, 100),  # a preemption's save at 250: closer, never farther apart
-        ([227, 454, 681], 227, 500),  # save_strategy "epoch": save_steps unused, the epochs set the gaps
-        ([681, 1362], 681, 500),  # the same, two epochs: no other gap to compare with
-        ([1000, 2000], 1000, 500),  # epochs of 1,000 updates, on the save_steps grid too
-        ([1000, 2300], 1000, 500),  # save_strategy "best", then a preemption's save
-        ([100, 400, 500], 500, 100),  # the newest is the best
-        ([100, 400, 500], None, 100),  # no best tracked: rotation kept nothing for it
+        ([100, 200, 300, 400], 100, "steps"),  # the best among the last saves, where it belongs
+        ([100, 200, 250, 300], 100, "steps"),  # a preemption's save at 250: closer, never farther apart
+        ([100, 400, 500], 500, "steps"),  # the newest is the best
+        ([100, 400, 500], None, "steps"),  # no best tracked: rotation kept nothing for it
+        ([681, 1362], 681, "epoch"),  # epochs of 681 updates; save_steps (500) unused
+        ([1000, 2000, 2500], 1000, "epoch"),  # 2.5 epochs of 1,000
+        ([1000, 2000, 2400, 3000], 1000, "epoch"),  # and a preemption's save
+        ([1000, 2300], 1000, "best"),  # saved at new bests, then a preemption's save
+        ([1000, 2000], 1000, None),  # a strategy nobody recorded: warned of, not refused
     ],
 )
-def test_last_checkpoints_takes_the_last_saves_with_the_best_among_them(tmp_path, steps, best, save_steps):
+def test_last_checkpoints_takes_the_last_saves_with_the_best_among_them(tmp_path, steps, best, strategy, caplog):
     best_path = None if best is None else str(tmp_path / f"checkpoint-{best}")
-    epochs = {"num_train_epochs": 3, "max_steps": 3000} if steps == [1000, 2000] else {}
-    saves(tmp_path, steps, best_model_checkpoint=best_path, save_steps=save_steps, **epochs)
-    assert last_checkpoints(tmp_path, len(steps)) == [tmp_path / f"checkpoint-{step}" for step in steps]
+    saves(
+        tmp_path,
+        steps,
+        save_strategy=strategy,
+        best_model_checkpoint=best_path,
+        save_steps=100 if strategy == "steps" else 500,
+    )
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        assert last_checkpoints(tmp_path, len(steps)) == [tmp_path / f"checkpoint-{step}" for step in steps]
+    assert ("if save_total_limit deleted the saves between them" in caplog.text) == (strategy is None)
 
 
 def test_a_checkpoint_given_twice_is_refused(tmp_path):
@@ -160,3 +182,22 @@ def test_a_checkpoint_given_twice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="checkpoint-1 is given twice .* it would weigh double"):
         average_checkpoints(twice, tmp_path / "averaged")
     assert not (tmp_path / "averaged").exists()
+
+
+def test_the_save_strategy_is_read_from_the_trainers_arguments_without_running_their_pickle(tmp_path):
+    from transformers import Seq2SeqTrainingArguments
+
+    from modeling.averaging import _save_strategy
+
+    checkpoint = tmp_path / "checkpoint-8"
+    checkpoint.mkdir()
+    arguments = Seq2SeqTrainingArguments(tmp_path / "out", save_strategy="epoch", use_cpu=True, report_to="none")
+    torch.save(arguments, checkpoint / "training_args.bin")  # as the Trainer saves them
+    assert _save_strategy(checkpoint) == "epoch"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    torch.save({"save_strategy": Payload()}, checkpoint / "training_args.bin")
+    assert _save_strategy(checkpoint) is None and not (tmp_path / "ran").exists()
