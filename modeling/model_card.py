@@ -238,6 +238,14 @@ def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, 
 # --- the card -------------------------------------------------------------------------------------------------
 
 
+def _public(value: Any) -> Any:
+    """A local absolute path as a public card shows it, by its last component (`/home/alice/wmt14/data` says
+    nothing to the card's readers, and more than its writer may want); anything else as it is."""
+    if isinstance(value, str) and (value.startswith(("/", "~")) or Path(value).is_absolute()):
+        return Path(value).name or value
+    return value
+
+
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
@@ -306,12 +314,13 @@ def render_model_card(
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
     variable fails instead of silently printing nothing.
     """
+    eval_results = [{**result, "dataset": _public(result.get("dataset"))} for result in eval_results]
     first = eval_results[0] if eval_results else {}
     source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
-    dataset_name = dataset_name or first.get("dataset")
+    dataset_name = _public(dataset_name or first.get("dataset"))
     metadata = _eval_results_metadata(eval_results, dataset_name)
-    fine_tuned_from = (training_args or {}).get("model_name_or_path")
+    fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(
         model_name=model_name if metadata else None,
         eval_results=metadata or None,
@@ -336,9 +345,9 @@ def render_model_card(
         "metrics": [(key, name) for key, _, name in CARD_METRICS],
         "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],
         "num_parameters": f"{num_parameters:,}" if num_parameters else None,
-        "training_args": _shown_training_args(training_args),
+        "training_args": {key: _public(value) for key, value in _shown_training_args(training_args).items()},
         "training_summary": training_summary(log_history),
-        "data_stats": _flatten(data_stats) if data_stats else {},
+        "data_stats": {key: _public(value) for key, value in _flatten(data_stats or {}).items()},
         "curve_png": curve_png,
         "conversion": conversion,
         "fine_tuned_from": fine_tuned_from,

@@ -113,6 +113,23 @@ def test_the_training_loss_is_the_whole_runs_after_a_resume():
     assert "- mean_train_loss: 3.0" in card and "train_loss: 2.0" not in card
 
 
+def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
+    """A card is public: the directories of the writer's machine stay off it."""
+    local = {**eval_result, "dataset": "/home/alice/corpora/multi30k"}
+    card = str(
+        render_model_card(
+            model_name="tiny",
+            repo_id=REPO_ID,
+            eval_results=[local],
+            training_args={"model_name_or_path": "/home/alice/runs/base/averaged", "learning_rate": 1.0},
+            data_stats={"dataset": "/home/alice/corpora/multi30k", "vocab_size": 64},
+        )
+    )
+    assert "/home/alice" not in card and card_metadata_errors(card) == []
+    assert "| model_name_or_path | averaged |" in card and "| dataset | multi30k |" in card
+    assert "**multi30k" in card, "the evaluation's dataset, named"
+
+
 def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monkeypatch, capsys):
     card = render_model_card(model_name="tiny", repo_id=REPO_ID).text
     deploy = card.split("## Deploy with CTranslate2", 1)[1]
