@@ -204,6 +204,15 @@ def _newest(checkpoints: Sequence[Path]) -> Path:
     return checkpoints[-1]
 
 
+def _relative(checkpoint: Path, output_dir: Path) -> str:
+    """`checkpoint` as the record of an average in `output_dir` names it: relative to that directory (the record
+    travels with the averaged model, to the Hub too, where the writer's absolute paths have no business)."""
+    try:
+        return os.path.relpath(checkpoint.resolve(), output_dir.resolve())
+    except ValueError:  # another drive (Windows): no relative path
+        return checkpoint.name
+
+
 def usable_checkpoints(checkpoint_paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The complete checkpoints among `checkpoint_paths` (others skipped with a warning naming them), checked to
     belong to one run: two that differ in config, tokenizer or run identity are refused, both named, and so is a
@@ -234,10 +243,10 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     Floating-point tensors are summed in float64 and cast back to their dtype; other tensors (integer buffers) must
     be equal and are kept. Everything else of the newest checkpoint is copied (config, generation config, tokenizer
     files, remote code, run identity), but not its optimizer, scheduler or Trainer state.
-    `checkpoint_averaging.json` records the checkpoints averaged. Incomplete checkpoints are skipped with a
-    warning; checkpoints of different runs are refused (`usable_checkpoints`). `output_dir` is built aside and
-    swapped into place whole: a failure leaves the old one intact; only a previous average (or an empty directory)
-    is ever replaced, never a run's directory given by mistake. Returns `output_dir`.
+    `checkpoint_averaging.json` records the checkpoints averaged, relative to `output_dir`. Incomplete checkpoints
+    are skipped with a warning; checkpoints of different runs are refused (`usable_checkpoints`). `output_dir` is
+    built aside and swapped into place whole: a failure leaves the old one intact; only a previous average (or an
+    empty directory) is ever replaced, never a run's directory given by mistake. Returns `output_dir`.
     """
     if not checkpoint_paths:
         raise ValueError("No checkpoints to average.")
@@ -276,7 +285,10 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
                 shutil.copy2(path, staging / path.name)
         contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
         save_file(contiguous, staging / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
-        record = {"checkpoints": [str(path) for path in checkpoints], "configuration_from": str(newest)}
+        record = {
+            "checkpoints": [_relative(path, output_dir) for path in checkpoints],
+            "configuration_from": _relative(newest, output_dir),
+        }
         write_json(staging / AVERAGING_RECORD_NAME, record)
     return output_dir
 

@@ -70,10 +70,9 @@ def test_incomplete_checkpoints_are_skipped_naming_them(tmp_path, caplog):
     averaged = load_file(output_dir / "model.safetensors")
     name = next(iter(averaged))
     torch.testing.assert_close(averaged[name], (first[name] + third[name]) / 2, atol=1e-7, rtol=0)
-    assert json.loads((output_dir / "checkpoint_averaging.json").read_text())["checkpoints"] == [
-        str(tmp_path / "checkpoint-1"),
-        str(tmp_path / "checkpoint-3"),
-    ]
+    record = json.loads((output_dir / "checkpoint_averaging.json").read_text())
+    assert record["checkpoints"] == ["../checkpoint-1", "../checkpoint-3"], "relative: no absolute path published"
+    assert record["configuration_from"] == "../checkpoint-3"
 
 
 def test_checkpoints_of_two_runs_are_refused_naming_both_and_what_differs(tmp_path):
