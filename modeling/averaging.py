@@ -43,6 +43,7 @@ from .checkpoints import (
     complete_checkpoints,
     describe_problems,
     list_checkpoints,
+    marker_record,
     model_differences,
     weight_files,
 )
@@ -139,10 +140,9 @@ def _best_kept_by_rotation(checkpoints: Sequence[Path]) -> tuple[Path, Path, int
 def _save_strategy(checkpoint: Path) -> str | None:
     """The run's `save_strategy` ("steps", "epoch", "best", "no"): recorded by this project's trainer in the
     completeness marker, else found in the Trainer's pickled arguments; None where neither says."""
-    try:
-        return str(json.loads((checkpoint / COMPLETE_MARKER).read_text(encoding="utf-8"))["save_strategy"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    recorded = marker_record(checkpoint).get("save_strategy")
+    if recorded is not None:
+        return str(recorded)
     try:
         with zipfile.ZipFile(checkpoint / "training_args.bin") as archive:
             data = next(name for name in archive.namelist() if name.endswith("data.pkl"))

@@ -263,6 +263,16 @@ def write_completeness_marker(checkpoint: str | os.PathLike, **extra: Any) -> Pa
     return write_json(checkpoint / COMPLETE_MARKER, {**extra, "files": files})
 
 
+def marker_record(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """What `write_completeness_marker` recorded of `checkpoint` (its `extra` among it); empty where there is no
+    readable marker (a checkpoint of another Trainer, or of an older release)."""
+    try:
+        record = json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 # --- provenance ----------------------------------------------------------------------------------------------
 
 
@@ -394,6 +404,7 @@ __all__ = [
     "is_complete",
     "latest_complete_checkpoint",
     "list_checkpoints",
+    "marker_record",
     "model_differences",
     "read_run_identity",
     "require_complete_checkpoint",

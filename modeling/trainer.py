@@ -68,10 +68,10 @@ from .callbacks import (
     any_rank,
 )
 from .checkpoints import (
-    COMPLETE_MARKER,
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     complete_checkpoints,
+    marker_record,
     staging_directories,
     write_completeness_marker,
 )
@@ -131,13 +131,6 @@ def _close(value: Any, saved: Any) -> bool:
 def _shown(value: Any) -> str:
     numbers = _numbers(value)
     return ", ".join(f"{number:g}" for number in numbers) if numbers is not None else repr(value)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
@@ -359,11 +352,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         used = [
             f"{flag} {_shown(value)} (the checkpoint's: {_shown(saved_value)})"
             for flag, value, saved_value in given
-            if _numbers(value) is not None and _numbers(saved_value) is not None and not _close(value, saved_value)
+            if not _same(value, saved_value)
         ]
         if used:
             raise _overridden(checkpoint, used)
-        saved_batching = _read_json(checkpoint / COMPLETE_MARKER).get("batching")
+        saved_batching = marker_record(checkpoint).get("batching")
         batching = self._batching()
         if saved_batching and saved_batching != batching:
             logger.warning(
