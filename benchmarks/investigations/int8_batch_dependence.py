@@ -23,9 +23,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmark suite: fixtures, harness, ...
 
-import ctranslate2
 import sacrebleu
+from decoding import DecodingSettings, ctranslate2_translate, load_translator
 from fixtures import add_decoding_comparison_arguments, decoding_comparison_setup
+from generation import in_batches
 from harness import measure_alternating, positive_int
 
 from modeling.quantization import quantize_int8
@@ -64,14 +65,17 @@ def rowwise_int8(model: nn.Module) -> nn.Module:
 
 
 def ctranslate2_translations(directory: Path, tokenizer, sources: list[str], compute_type: str, alone: bool):
-    translator = ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type, intra_threads=1)
+    """CTranslate2's translations of `sources`, one at a time or in batches of 32 sorted by length, in order."""
     tokens = [tokenizer.convert_ids_to_tokens(tokenizer(source).input_ids) for source in sources]
-    settings = {"beam_size": 4, "length_penalty": 0.6, "max_decoding_length": 256}
-    if alone:
-        results = [translator.translate_batch([sentence], **settings)[0] for sentence in tokens]
-    else:
-        results = translator.translate_batch(tokens, max_batch_size=32, batch_type="examples", **settings)
-    return [result.hypotheses[0] for result in results]
+    by_length = sorted(range(len(tokens)), key=lambda i: (-len(tokens[i]), i))
+    batches = in_batches(by_length, 1 if alone else 32)
+    translator = load_translator(directory, compute_type, threads=1)
+    settings = DecodingSettings(max_new_tokens=256)
+    outputs = ctranslate2_translate(translator, [[tokens[i] for i in batch] for batch in batches], settings)
+    translations = [None] * len(tokens)
+    for index, output in zip((i for batch in batches for i in batch), outputs, strict=True):
+        translations[index] = output
+    return translations
 
 
 def main() -> None:
