@@ -71,6 +71,7 @@ from .checkpoints import (
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     complete_checkpoints,
+    latest_complete_checkpoint,
     marker_record,
     staging_directories,
     write_completeness_marker,
@@ -292,17 +293,19 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
     # --- training, stopping, saving ---
 
-    def train(self, resume_from_checkpoint: str | os.PathLike | None = None, **kwargs: Any) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | os.PathLike | bool | None = None, **kwargs: Any) -> TrainOutput:
         """`Trainer.train`, handling SIGTERM / SIGINT / SIGUSR1 as a request to stop with a checkpoint (see
         `PreemptionCallback`); the previous signal handlers are back when it returns or raises. After a stop on
         a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved.
+        `resume_from_checkpoint=True` is the newest complete checkpoint of `output_dir`, incomplete newer ones
+        skipped with a warning (`--resume_from_checkpoint last`), and is checked like a path.
 
         Resuming from a checkpoint already at the run's last update (a run requeued after it, killed while it
         averaged or pushed) trains nothing: its weights and state are loaded (the best checkpoint's weights with
         `load_best_model_at_end`, as at the end of training) and the metrics returned are empty. The Trainer's own
         loop would make one more update before it checks the count, at every rerun."""
         with self.preemption.handling():
-            checkpoint = None if isinstance(resume_from_checkpoint, bool) else resume_from_checkpoint
+            checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
             total = self._total_updates() if checkpoint is not None else 0
             state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
             if state is not None and state.global_step >= total:
@@ -317,9 +320,17 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if checkpoint is not None:
                 self._check_resumable(Path(checkpoint), total)
             try:
-                return super().train(resume_from_checkpoint, **kwargs)
+                return super().train(checkpoint, **kwargs)
             except _StoppedBeforeAnUpdate:  # a signal while evaluating before the first update (eval_on_start)
                 return TrainOutput(self.state.global_step, float("nan"), {})
+
+    def _checkpoint_to_resume(self, resume_from_checkpoint: str | os.PathLike | bool | None) -> str | None:
+        if resume_from_checkpoint is not True:
+            return None if resume_from_checkpoint is False else resume_from_checkpoint
+        checkpoint = latest_complete_checkpoint(self.args.output_dir)
+        if checkpoint is None:
+            raise ValueError(f"No complete checkpoint in {self.args.output_dir} to resume from.")
+        return str(checkpoint)
 
     def _total_updates(self) -> int:
         """The run's number of updates: `max_steps`, or what the Trainer derives from `num_train_epochs` and the

@@ -281,6 +281,25 @@ def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(t
     assert max(losses(resumed.state.log_history), default=0) <= 3 and not (tmp_path / "checkpoint-6").exists()
 
 
+def test_resuming_with_true_takes_the_newest_complete_checkpoint_and_checks_it_like_a_path(tmp_path, caplog):
+    with pytest.raises(ValueError, match=f"No complete checkpoint in {tmp_path} to resume from"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3).train(resume_from_checkpoint=True)
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    (tmp_path / "checkpoint-5").mkdir()  # incomplete: skipped, with a warning
+    with pytest.raises(ValueError, match="--learning_rate 2 \\(the checkpoint's: 1\\)"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3, learning_rate=2.0).train(
+            resume_from_checkpoint=True
+        )
+    assert "Skipping the incomplete checkpoint" in caplog.text
+    shutil.rmtree(tmp_path / "checkpoint-5")
+    counting = type("CountingMicroBatches", (SignalOnMicroBatch,), {"signal_at": 0})
+    resumed = resumable_run(tmp_path, counting, save_strategy="steps", save_steps=3)
+    assert resumed.train(resume_from_checkpoint=True).global_step == 6
+    assert resumed.micro_batches == 6, "updates 4 to 6, two micro-batches each"
+    rerun = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    assert rerun.train(resume_from_checkpoint=True).metrics == {}  # at the last update: nothing to train
+
+
 @pytest.mark.parametrize(
     "settings",
     [
