@@ -28,13 +28,17 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     max_tokens_per_device: int = field(
         default=4096,
-        metadata={"help": "Padded tokens per batch and per side (source, target) on each device (Sec. 5.1)."},
+        metadata={
+            "help": "Padded tokens per batch and per side (source, target) on each device, at most (Sec. 5.1); "
+            "tokens_per_update may make batches smaller."
+        },
     )
     tokens_per_update: int | None = field(
         default=None,
         metadata={
             "help": "Real target tokens per optimizer update, over all devices (paper: 25000). When set, "
-            "gradient_accumulation_steps is derived from it, the world size and the data."
+            "gradient_accumulation_steps is derived from it, the world size and the data, and batches are made "
+            "smaller than max_tokens_per_device where one per device would hold too many."
         },
     )
     paper_schedule: bool = field(

@@ -14,6 +14,7 @@ length-sorted examples while `count × longest ≤ max_tokens` holds on each sid
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -171,39 +172,72 @@ def token_budget_batches(lengths: Sequence[int], order: Sequence[int], max_token
     return [batch.tolist() for batch in np.split(order, ends[:-1])] if ends else []
 
 
-def gradient_accumulation_steps_for(tokens_per_update: int, tokens_per_batch: float, world_size: int) -> int:
-    """Micro-batches per update so that `world_size × steps × tokens_per_batch` comes closest to the target.
+_BUDGET_CORRECTIONS = 8
 
-    The paper's "25000 source tokens and 25000 target tokens" per update (Sec. 5.1) then hold on any number of
-    GPUs: 8 GPUs take one batch each, 1 GPU accumulates 8. Warns when the closest achievable count is more than 10%
-    away from the target.
-    """
+
+def gradient_accumulation_steps_for(tokens_per_update: int, tokens_per_batch: float, world_size: int) -> int:
+    """Micro-batches per update so that `world_size × steps × tokens_per_batch` comes closest to the target, or
+    reaches it where the closest count falls more than 10% short (the batches can then be made smaller, see
+    `update_batching`)."""
     if tokens_per_update <= 0 or tokens_per_batch <= 0 or world_size < 1:
         raise ValueError(
             f"tokens_per_update ({tokens_per_update}), tokens_per_batch ({tokens_per_batch}) and world_size "
             f"({world_size}) must be positive."
         )
-    steps = max(1, round(tokens_per_update / (tokens_per_batch * world_size)))
-    achieved = steps * tokens_per_batch * world_size
+    exact = tokens_per_update / (tokens_per_batch * world_size)
+    steps = max(1, round(exact))
+    return math.ceil(exact) if steps < 0.9 * exact else steps
+
+
+def update_batching(
+    tokens_per_update: int, dataset: datasets.Dataset, max_tokens: int, world_size: int
+) -> tuple[int, int]:
+    """Micro-batches per update, and padded tokens per batch (at most `max_tokens`), that make an update of
+    `world_size` processes hold about `tokens_per_update` real target tokens of `dataset`.
+
+    The paper's "approximately 25000 source tokens and 25000 target tokens" per update (Sec. 5.1) then hold on any
+    number of GPUs. One GPU accumulates 6 batches of 4096; where one batch of `max_tokens` on every process already
+    holds more than 10% too many (8 GPUs × 4096 hold ~31,000 real target tokens, 16 GPUs ~62,000), the batches are
+    made smaller instead, never larger than `max_tokens` (the memory a device was given). Logs the result, and warns
+    where it is still more than 10% off.
+    """
+    budget = max_tokens
+    per_batch = mean_target_tokens_per_batch(dataset, budget)
+    steps = gradient_accumulation_steps_for(tokens_per_update, per_batch, world_size)
+    # Real tokens grow about in proportion to the budget where batches are full; a few corrections cover the rest.
+    for _ in range(_BUDGET_CORRECTIONS):
+        if steps * per_batch * world_size <= 1.1 * tokens_per_update or budget == 1:
+            break
+        budget = max(round(budget * tokens_per_update / (steps * per_batch * world_size)), 1)
+        per_batch = mean_target_tokens_per_batch(dataset, budget)
+    if budget < max_tokens:
+        logger.info(
+            "Batches of at most %d tokens instead of %d, so that an update holds ~%d target tokens",
+            budget,
+            max_tokens,
+            tokens_per_update,
+        )
+    achieved = steps * per_batch * world_size
     logger.info(
         "%d process(es) × %d micro-batch(es) of ~%.0f target tokens = ~%.0f target tokens per update (asked %d)",
         world_size,
         steps,
-        tokens_per_batch,
+        per_batch,
         achieved,
         tokens_per_update,
     )
     if abs(achieved - tokens_per_update) > 0.1 * tokens_per_update:
         logger.warning(
-            "An update holds ~%.0f target tokens, %+.0f%% off the %d asked: change max_tokens_per_device "
-            "(%d processes, ~%.0f target tokens per batch).",
+            "An update holds ~%.0f target tokens, %+.0f%% off the %d asked (%d processes, ~%.0f target tokens per "
+            "batch of at most %d): change max_tokens_per_device or tokens_per_update.",
             achieved,
             100 * (achieved / tokens_per_update - 1),
             tokens_per_update,
             world_size,
-            tokens_per_batch,
+            per_batch,
+            budget,
         )
-    return steps
+    return steps, budget
 
 
 def mean_target_tokens_per_batch(dataset: datasets.Dataset, max_tokens: int) -> float:

@@ -55,10 +55,9 @@ from .arguments import TranslationTrainingArguments
 from .batching import (
     FixedBatchSampler,
     TokenBudgetBatchSampler,
-    gradient_accumulation_steps_for,
-    mean_target_tokens_per_batch,
     sequence_lengths,
     split_batches_to_multiple,
+    update_batching,
 )
 from .callbacks import (
     PreemptionCallback,
@@ -187,10 +186,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise ValueError("BLEU on bleu_dataset needs predict_with_generate=True.")
         if args.tokens_per_update is not None and train_dataset is not None:
             args = copy.copy(args)  # the caller's arguments stay as given
-            args.gradient_accumulation_steps = gradient_accumulation_steps_for(
-                args.tokens_per_update,
-                mean_target_tokens_per_batch(train_dataset, args.max_tokens_per_device),
-                args.world_size,
+            args.gradient_accumulation_steps, args.max_tokens_per_device = update_batching(
+                args.tokens_per_update, train_dataset, args.max_tokens_per_device, args.world_size
             )
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, **kwargs)
         self.bleu_dataset = bleu_dataset

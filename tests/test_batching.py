@@ -1,6 +1,9 @@
 """Tests of modeling/batching.py: token-budget batches for training, evaluation and translation, and the number of
 micro-batches per update."""
 
+import logging
+
+import datasets
 import numpy as np
 import pytest
 
@@ -9,6 +12,7 @@ from modeling.batching import (
     gradient_accumulation_steps_for,
     padding_efficiency,
     split_batches_to_multiple,
+    update_batching,
 )
 
 
@@ -112,12 +116,39 @@ def test_empty_and_invalid_inputs():
         TokenBudgetBatchSampler([1], [1], 10, num_replicas=0)
 
 
-def test_gradient_accumulation_steps_follow_the_world_size(caplog):
+def test_gradient_accumulation_steps_follow_the_world_size():
     assert gradient_accumulation_steps_for(25000, 3300, world_size=1) == 8
     assert gradient_accumulation_steps_for(25000, 3300, world_size=8) == 1
+    assert gradient_accumulation_steps_for(25000, 5000, world_size=8) == 1  # 40000 tokens: smaller batches, then
+    assert gradient_accumulation_steps_for(25000, 2200, world_size=8) == 2  # 1 would be 17600: 30% short
+
+
+def token_dataset(source: np.ndarray, target: np.ndarray) -> datasets.Dataset:
+    return datasets.Dataset.from_dict(
+        {"input_ids": [[5] * int(n) for n in source], "labels": [[6] * int(n) for n in target]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("world_size", "steps", "smaller"), [(1, 7, False), (3, 2, False), (8, 1, True), (16, 1, True)]
+)
+def test_an_update_holds_the_tokens_asked_on_any_number_of_processes(world_size, steps, smaller, caplog):
+    source, target = random_lengths(20000, seed=1)  # batches of 4096 padded tokens hold ~3,600 real target ones
+    with caplog.at_level(logging.INFO, logger="modeling.batching"):
+        derived = update_batching(25000, token_dataset(source, target), 4096, world_size)
+    assert derived[0] == steps and (derived[1] < 4096) == smaller
+    batches = len(TokenBudgetBatchSampler(source, target, derived[1]))
+    achieved = steps * world_size * target.sum() / batches  # real target tokens per update, on average
+    assert abs(achieved / 25000 - 1) < 0.1, achieved
     assert "off the" not in caplog.text
-    assert gradient_accumulation_steps_for(25000, 5000, world_size=8) == 1  # 40000 tokens: 60% too many
-    assert "+60% off the 25000 asked" in caplog.text
+    assert ("instead of 4096" in caplog.text) == smaller
+
+
+def test_an_update_that_cannot_come_near_the_tokens_asked_is_a_warning(caplog):
+    source = target = np.full(64, 200)  # sentences of 200 tokens: 1 of them holds 200 target tokens, 2 hold 400
+    steps, budget = update_batching(300, token_dataset(source, target), 4096, 1)
+    assert (steps, budget) == (1, 384)  # batches of 20, 20, 20 and 4: 3,200 on average; 4096 × 300 / 3200
+    assert "An update holds ~200 target tokens, -33% off the 300 asked" in caplog.text
 
 
 def test_split_batches_to_multiple_keeps_every_example_once():

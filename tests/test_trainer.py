@@ -94,6 +94,23 @@ def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch):
     assert args.ddp_backend is None and args.world_size == 1
 
 
+def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_smaller(tmp_path):
+    tokenizer = word_tokenizer()
+    settings = {"max_steps": 2, "warmup_steps": 1, "save_strategy": "steps", "save_steps": 2}
+    args = training_args(tmp_path, max_tokens_per_device=1000, tokens_per_update=28, **settings)
+    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, tiny_model(len(tokenizer)))
+    assert (trainer.args.gradient_accumulation_steps, trainer.args.max_tokens_per_device) == (1, 62)
+    assert args.max_tokens_per_device == 1000, "the caller's arguments stay as given"
+    trainer.train()
+    per_update = [entry["target_tokens_per_update"] for entry in trainer.state.log_history[:2]]
+    assert sum(per_update) == 56, "one of the two batches in each update: 28 target tokens on average"
+    assert json.loads((tmp_path / "checkpoint-2" / "checkpoint_complete.json").read_text())["batching"] == {
+        "processes": 1,
+        "micro_batches_per_update": 1,
+        "max_tokens_per_device": 62,
+    }
+
+
 def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
     initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
     full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples
