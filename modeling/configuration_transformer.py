@@ -53,9 +53,10 @@ class TransformerConfig(PreTrainedConfig):
         positional_encoding_layout: `"interleaved"` is the paper's formula (sin on even, cos on odd dimensions,
             Sec. 3.5); `"concatenated"` puts all sines first, then all cosines, as tensor2tensor, fairseq and
             Marian do. The two differ only by a permutation of hidden dimensions.
-        positional_encoding_frequencies: `"paper"` gives frequency i the wavelength 10000^(2i/d_model) (Sec. 3.5);
-            `"tensor2tensor"` gives it exp(-ln(10000) · i / (d_model/2 - 1)), so that the last frequency is exactly
-            1/10000, computed in float32 as fairseq computes it (its published WMT models use it).
+        positional_encoding_frequencies: `"paper"` gives sinusoid i the angular frequency 10000^(-2i/d_model), a
+            wavelength of 2π · 10000^(2i/d_model) (Sec. 3.5: "a geometric progression from 2π to 10000 · 2π");
+            `"tensor2tensor"` gives it exp(-ln(10000) · i / (d_model/2 - 1)) instead, so that the last frequency is
+            exactly 1/10000, computed in float32 as fairseq computes it (its published WMT models use it).
         positional_encoding_offset: position p (0 for the first token) is encoded as position p + offset. fairseq
             numbers positions from `padding_idx + 1`, i.e. 2 for its dictionaries; 0 is the paper's.
         scale_embedding: multiply embeddings by sqrt(d_model) (Sec. 3.4).

@@ -9,17 +9,28 @@
   that keeps the first `num_beams` finished hypotheses;
 - a beam-search loop that drops each sentence from the batch once its result is final and runs the first step on
   one beam per sentence (CTranslate2's two economies), with the outputs of transformers' own loop;
-- on x86 CPUs, decoding steps that multiply by weights laid out once per call for oneDNN (the model file's
-  `prepacked_for_decoding`), as CTranslate2 lays out its weights once at loading.
+- on x86 CPUs not made by Intel, in float32, decoding steps that multiply by weights laid out once per call for
+  oneDNN (`prepacked_for_decoding`), as CTranslate2 lays out its weights once at loading.
 
 This file travels with every checkpoint as remote code, beside the model file that imports it: it imports only
-torch, transformers and its sibling `cache_transformer.py` (`StaticBeamCache`, where the loop keeps the decoder's
-keys and values). It overrides transformers' private `_beam_search` and `_reorder_cache`, and the loop below calls
-its private beam-search step functions (`_get_top_k_continuations`, `_get_running_beams_for_next_iteration`,
-`_update_finished_beams`, `_check_early_stop_heuristic`, `_gather_beams`): that is where a new transformers release
-can break it, and `tests/test_generation.py` compares it with the library's loop token for token.
+torch, transformers and its siblings `cache_transformer.py` (`StaticBeamCache`, where the loop keeps the decoder's
+keys and values) and `onednn_transformer.py` (`onednn_prepacked`). It relies on these private members of
+transformers, which is where a new release can break it:
+
+- `GenerationMixin._beam_search` and `_update_finished_beams`, which it overrides;
+- `_reorder_cache`, which it defines: `GenerationMixin` has no such method, but its beam-search loop calls one where
+  the model has it (`hasattr(self, "_reorder_cache")`) instead of the cache's own `reorder_cache`;
+- the beam-search step functions that the loop below calls (`_get_top_k_continuations`,
+  `_get_running_beams_for_next_iteration`, `_update_finished_beams`, `_check_early_stop_heuristic`,
+  `_gather_beams`), and the special-token tensors that `generate()` puts on the generation config for them
+  (`_pad_token_tensor`, `_eos_token_tensor`);
+- `GenerationConfig._get_default_generation_params()`, the library's defaults, and the generation config's
+  `_from_model_config` flag.
+
+`tests/test_generation.py` compares the loop with the library's token for token.
 """
 
+import contextlib
 import contextvars
 import copy
 import inspect
@@ -34,11 +45,13 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, Log
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from transformers.generation.utils import GenerateOutput
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import ModelOutput
 from transformers.utils import GENERATION_CONFIG_NAME, logging
 
 from .cache_transformer import STATIC_CACHE_ATTENTION, StaticBeamCache
+from .onednn_transformer import onednn_prepacked
 
 LENGTH_PENALTY_TYPES = ("gnmt", "transformers")
 BEAM_FINALIZATIONS = ("best", "first")
@@ -208,7 +221,7 @@ class TransformerGenerationMixin(GenerationMixin):
         generation_config: GenerationConfig | None = None,
         logits_processor: LogitsProcessorList | None = None,
         **kwargs,
-    ):
+    ) -> GenerateOutput | torch.LongTensor:
         """`GenerationMixin.generate` with the paper's decoding (Sec. 6.1), as the generation config asks:
 
         - `max_length_offset` (default 50): each sentence's output holds at most its source length plus this many
@@ -235,9 +248,10 @@ class TransformerGenerationMixin(GenerationMixin):
         no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
         decodes a translation of nothing).
 
-        On x86 CPUs in float32 the decoder's and the output projection's weights are laid out for oneDNN once per
-        call, for every step to use (the model's `prepacked_for_decoding`): the same outputs, faster steps, and a
-        second copy of those weights while the call runs.
+        On x86 CPUs not made by Intel, in float32 (where `onednn_transformer.py` runs linear layers on oneDNN), the
+        decoder's and the output projection's weights are laid out for oneDNN once per call, for every step to use
+        (`prepacked_for_decoding`): the same outputs, faster steps, and a second copy of those weights while the
+        call runs.
         """
         self._check_sources(inputs, kwargs)
         self.undo_library_default_fill()
@@ -283,22 +297,8 @@ class TransformerGenerationMixin(GenerationMixin):
         if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
             # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
             raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
-        max_lengths = None  # (B,): tokens each sentence may hold, end-of-sentence included
         fairseq_limit = self._fairseq_max_length(setting("max_length_a", None), setting("max_length_b", None))
-        if fairseq_limit is not None:
-            if offset is not None:
-                raise ValueError(
-                    f"max_length_offset={offset!r} and max_length_a/max_length_b both set a length limit: "
-                    "set max_length_offset=None for fairseq's limit, or max_length_a=max_length_b=None."
-                )
-            width = self._source_width(inputs, kwargs)
-            if width is not None:
-                a, b = fairseq_limit
-                tokens_before_eos = min(int(a * width[1] + b), self.config.max_position_embeddings - 1)
-                max_lengths = torch.full((width[0],), tokens_before_eos + 1, device=self.device)
-        elif offset is not None:
-            source_lengths = self._source_lengths(inputs, kwargs)
-            max_lengths = source_lengths + offset if source_lengths is not None else None
+        max_lengths = self._sentence_max_lengths(inputs, kwargs, offset, fairseq_limit)  # (B,) or None
         if max_lengths is not None:
             eos_token_id = setting("eos_token_id", self.config.eos_token_id)
             eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
@@ -318,6 +318,16 @@ class TransformerGenerationMixin(GenerationMixin):
                 )
         finally:
             self._left_unset = (self.generation_config, self._unset_library_fields(self.generation_config))
+
+    def prepacked_for_decoding(self) -> contextlib.AbstractContextManager:
+        """The block where generate() decodes: the decoder's and the output projection's weights laid out once for
+        oneDNN (`onednn_prepacked`, which does so only where linear layers run on oneDNN: x86 CPUs not made by
+        Intel, float32), for every decoding step to use."""
+        self_attentions = [layer.self_attn for layer in self.model.decoder.layers]
+        return onednn_prepacked(
+            [*self.model.decoder.modules(), self.lm_head],
+            fused=[(attention.q_proj, attention.k_proj, attention.v_proj) for attention in self_attentions],
+        )
 
     @staticmethod
     def _unset_library_fields(generation_config: GenerationConfig) -> frozenset[str]:
@@ -376,6 +386,34 @@ class TransformerGenerationMixin(GenerationMixin):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}.")
         return a, b
+
+    def _sentence_max_lengths(
+        self,
+        inputs: torch.Tensor | None,
+        kwargs: dict,
+        offset: int | None,
+        fairseq_limit: tuple[float, int | float] | None,
+    ) -> torch.Tensor | None:
+        """(B,): the tokens each sentence's output may hold, end-of-sentence included. With `fairseq_limit` (a, b),
+        min(int(a · W + b), max_position_embeddings - 1) + 1 for every sentence, W the padded source width; else
+        with `offset`, each sentence's source length + offset (the paper). None when no limit is set or the sources
+        give no length."""
+        if fairseq_limit is not None:
+            if offset is not None:
+                raise ValueError(
+                    f"max_length_offset={offset!r} and max_length_a/max_length_b both set a length limit: "
+                    "set max_length_offset=None for fairseq's limit, or max_length_a=max_length_b=None."
+                )
+            width = self._source_width(inputs, kwargs)  # (B, W)
+            if width is None:
+                return None
+            a, b = fairseq_limit
+            tokens_before_eos = min(int(a * width[1] + b), self.config.max_position_embeddings - 1)
+            return torch.full((width[0],), tokens_before_eos + 1, device=self.device)
+        if offset is None:
+            return None
+        source_lengths = self._source_lengths(inputs, kwargs)  # (B,)
+        return source_lengths + offset if source_lengths is not None else None
 
     def _source_width(self, inputs: torch.Tensor | None, kwargs: dict) -> tuple[int, int] | None:
         """(batch size, padded source width), from the input ids, the attention mask or the encoder output."""
@@ -544,8 +582,7 @@ class TransformerGenerationMixin(GenerationMixin):
         plumbing (the cross-attention mask is made once, with the cache)."""
         decoder = self.model.decoder
         inputs_embeds = decoder.embed_tokens(tokens[:, None])  # (rows, 1, D)
-        positions = decoder.embed_positions(cache.length, 1).to(inputs_embeds.dtype)  # (1, D)
-        hidden_states = inputs_embeds * decoder.embed_scale + positions  # (rows, 1, D)
+        hidden_states = decoder.embed(inputs_embeds, start=cache.length)  # (rows, 1, D)
         for layer in decoder.layers:
             hidden_states = layer(
                 hidden_states,

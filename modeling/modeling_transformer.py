@@ -11,9 +11,9 @@ This file travels with every checkpoint as remote code: it imports only torch, t
 `onednn_transformer.py`, through which every linear layer runs, on oneDNN where that is faster).
 """
 
-import contextlib
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -39,7 +39,10 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_transformer import TransformerConfig
 from .generation_transformer import TransformerGenerationMixin, set_paper_decoding
-from .onednn_transformer import is_plain_linear, linear, linears, matmul_transposed, onednn_prepacked
+from .onednn_transformer import is_plain_linear, linear, linears, matmul_transposed
+
+if TYPE_CHECKING:  # hints only: generate()'s beam-search cache (`cache_transformer.py`), read like the library's
+    from .generation_transformer import StaticBeamCache
 
 # --------------------------------------------------------------------------------------------------------------
 # Positional encoding (Sec. 3.5)
@@ -62,8 +65,8 @@ def sinusoidal_positional_encoding(
     if frequencies == "tensor2tensor":
         half = d_model // 2
         scale = math.log(10000) / max(half - 1, 1)
-        inverse_wavelengths = torch.exp(torch.arange(half, dtype=torch.float32) * -scale)  # (D/2,)
-        angles = positions.to(torch.float32)[:, None] * inverse_wavelengths[None, :]  # (T, D/2)
+        angular_frequencies = torch.exp(torch.arange(half, dtype=torch.float32) * -scale)  # (D/2,)
+        angles = positions.to(torch.float32)[:, None] * angular_frequencies[None, :]  # (T, D/2)
     else:
         frequency_exponents = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # (D/2,)
         angles = positions.to(torch.float64)[:, None] / torch.pow(10000.0, frequency_exponents)[None, :]  # (T, D/2)
@@ -183,7 +186,7 @@ class TransformerAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
+        cache: "EncoderDecoderCache | StaticBeamCache | None" = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross_attention = key_value_states is not None
@@ -293,7 +296,7 @@ class TransformerDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        cache: EncoderDecoderCache | None = None,
+        cache: "EncoderDecoderCache | StaticBeamCache | None" = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
@@ -389,7 +392,28 @@ def _check_mask_shape(mask: torch.Tensor | None, expected: tuple[int, ...], name
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {tuple(expected)}.")
 
 
-class TransformerEncoder(TransformerPreTrainedModel):
+class TransformerStack(TransformerPreTrainedModel):
+    """What the encoder and the decoder share: the embedding of their input."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        self.dropout = config.dropout
+        # Sec. 3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)."
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = TransformerPositionalEncoding(config)
+        self.gradient_checkpointing = False
+
+    def embed(self, inputs_embeds: torch.Tensor, start: int) -> torch.Tensor:
+        """The first layer's input: the token embeddings `inputs_embeds` (B, T, D) scaled by sqrt(d_model)
+        (Sec. 3.4), plus the positional encodings of tokens start, ..., start + T - 1 (Sec. 3.5), with dropout on
+        the sum (Sec. 5.4). The stacks' forward and generate()'s decoding step (`_decoder_step`) all embed here."""
+        positions = self.embed_positions(start, inputs_embeds.shape[1]).to(inputs_embeds.dtype)  # (T, D)
+        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, D)
+        return apply_dropout(hidden_states, p=self.dropout, training=self.training)
+
+
+class TransformerEncoder(TransformerStack):
     """N identical layers over the scaled token embeddings plus positional encodings."""
 
     _can_record_outputs = {
@@ -399,13 +423,7 @@ class TransformerEncoder(TransformerPreTrainedModel):
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
-        self.dropout = config.dropout
-        # Sec. 3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)."
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = TransformerPositionalEncoding(config)
         self.layers = nn.ModuleList([TransformerEncoderLayer(config) for _ in range(config.encoder_layers)])
-        self.gradient_checkpointing = False
         self.post_init()
 
     @merge_with_config_defaults
@@ -424,11 +442,7 @@ class TransformerEncoder(TransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         _check_mask_shape(attention_mask, inputs_embeds.shape[:2], "attention_mask")
 
-        # Sec. 3.5 and 5.4: dropout on the sum of the embeddings and the positional encodings.
-        positions = self.embed_positions(0, inputs_embeds.shape[1]).to(inputs_embeds.dtype)  # (T, D)
-        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, D)
-        hidden_states = apply_dropout(hidden_states, p=self.dropout, training=self.training)
-
+        hidden_states = self.embed(inputs_embeds, start=0)  # (B, T, D)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
         )
@@ -437,7 +451,7 @@ class TransformerEncoder(TransformerPreTrainedModel):
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class TransformerDecoder(TransformerPreTrainedModel):
+class TransformerDecoder(TransformerStack):
     """N identical layers; the causal mask keeps position i from attending to later positions (Sec. 3.1)."""
 
     _can_record_outputs = {
@@ -448,14 +462,9 @@ class TransformerDecoder(TransformerPreTrainedModel):
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
-        self.dropout = config.dropout
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = TransformerPositionalEncoding(config)
         self.layers = nn.ModuleList(
             [TransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
-        self.gradient_checkpointing = False
         self.post_init()
 
     @merge_with_config_defaults
@@ -484,15 +493,11 @@ class TransformerDecoder(TransformerPreTrainedModel):
             if cache_length == 0:  # later steps feed back ids the model itself produced
                 _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
-        batch_size, target_length = inputs_embeds.shape[:2]
         _check_mask_shape(
             encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask (of the encoder input)"
         )
 
-        positions = self.embed_positions(cache_length, target_length).to(inputs_embeds.dtype)  # (T, D)
-        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, D)
-        hidden_states = apply_dropout(hidden_states, p=self.dropout, training=self.training)
-
+        hidden_states = self.embed(inputs_embeds, start=cache_length)  # (B, T, D)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
@@ -787,15 +792,6 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
     def project_to_vocabulary(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The pre-softmax projection by the shared embedding matrix (Sec. 3.4): (..., D) -> (..., V) logits."""
         return linear(self.lm_head, hidden_states)
-
-    def prepacked_for_decoding(self) -> contextlib.AbstractContextManager:
-        """The block where generate() decodes: the decoder's and the output projection's weights laid out once for
-        oneDNN (`onednn_prepacked`), for every decoding step to use."""
-        self_attentions = [layer.self_attn for layer in self.model.decoder.layers]
-        return onednn_prepacked(
-            [*self.model.decoder.modules(), self.lm_head],
-            fused=[(attention.q_proj, attention.k_proj, attention.v_proj) for attention in self_attentions],
-        )
 
     def _lm_head_is_plain_linear(self) -> bool:
         """The fused loss multiplies by `lm_head.weight` itself: only right for a bias-free `nn.Linear` with no
