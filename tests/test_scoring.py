@@ -1,5 +1,5 @@
-"""Tests of modeling/scoring.py: sacreBLEU, the paper's tokenised BLEU with compound splitting, lowercased BLEU and
-chrF."""
+"""Tests of modeling/scoring.py: sacreBLEU, the paper's tokenised BLEU (compounds split into German), lowercased
+BLEU and chrF."""
 
 import math
 
@@ -38,6 +38,15 @@ def test_compound_splitting_gives_the_hand_computed_paper_bleu():
     # Paper BLEU: "rich ##AT##-##AT## text" makes 8 tokens, precisions 7/8, 5/7, 4/6, 3/5: BLEU = 1/sqrt(2).
     assert scores["paper_bleu"] == pytest.approx(100 / math.sqrt(2))
     assert scores["paper_bleu"] > scores["sacrebleu"]
+
+
+def test_compounds_are_split_into_german_only():
+    hyp, ref = ["Il est peut-être allé au centre-ville."], ["Il est peut-être parti au centre-ville."]
+    french = corpus_scores(hyp, ref, "fr")
+    assert french["paper_bleu"] == pytest.approx(french["tokenized_bleu_lc"])  # the same case: only splitting differs
+    assert "compound-split" not in french["paper_bleu_signature"]
+    split = corpus_scores(hyp, ref, "de")  # the same words scored as German: split, more easy matches
+    assert split["paper_bleu"] > french["paper_bleu"]
 
 
 def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_does_not():
