@@ -5,11 +5,12 @@ Three BLEU numbers circulate for the same outputs, and they are not comparable w
 - **sacreBLEU** (`sacrebleu`): cased, on detokenised text, sacreBLEU's own `13a` tokenisation. The only one of
   the three that is reproducible across papers; always report its signature with it.
 - **Paper BLEU** (`paper_bleu`): what Table 2 of Vaswani et al. (2017) reports: Moses punctuation normalisation
-  and tokenisation of hypothesis and reference, then `multi-bleu.perl` on the tokens. Into German, every
-  hyphenated compound `a-b` is first split into `a ##AT##-##AT## b`, as tensor2tensor's `get_ende_bleu.sh` does
-  (an English-German script); into other languages not, since splitting French's `peut-être` or `centre-ville`
-  would add easy matches that the published numbers never had. Splitting adds easy-to-match tokens, so the German
-  number is typically higher than sacreBLEU.
+  and tokenisation, then `multi-bleu.perl` on the tokens. Into German it is tensor2tensor's `get_ende_bleu.sh`
+  exactly: the hypotheses normalised and tokenised, the reference only tokenised (the script read the tokenised
+  `newstest2014.tok.de`, so a hypothesis's `“`, normalised to `"`, misses the reference's), then every hyphenated
+  compound `a-b` on both sides split into `a ##AT##-##AT## b`. Into other languages both sides are normalised and
+  nothing is split: that script is English-German only, and splitting French's `peut-être` or `centre-ville` would
+  add easy matches. Splitting adds easy-to-match tokens, so the German number is typically higher than sacreBLEU.
 - **Lowercased tokenised BLEU** (`tokenized_bleu_lc`): `multi-bleu.perl -lc` on Moses-tokenised text, the
   number most Multi30k papers report.
 
@@ -39,10 +40,12 @@ def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
     return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
 
-def moses_tokenize(sentence: str, lang: str) -> str:
-    """`replace-unicode-punctuation.perl` then `tokenizer.perl -l LANG` (default escaping, no `-a`)."""
+def moses_tokenize(sentence: str, lang: str, *, normalize: bool = True) -> str:
+    """`replace-unicode-punctuation.perl` (unless `normalize` is False) then `tokenizer.perl -l LANG` (default
+    escaping, no `-a`)."""
     normalizer, tokenizer = _moses(lang)
-    return tokenizer.tokenize(normalizer.replace_unicode_punct(sentence), return_str=True, escape=True)
+    text = normalizer.replace_unicode_punct(sentence) if normalize else sentence
+    return tokenizer.tokenize(text, return_str=True, escape=True)
 
 
 def _tokenized_bleu(hypotheses: list[str], references: list[str], *, lowercase: bool) -> tuple[float, str]:
@@ -70,9 +73,13 @@ def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str
 
     hyp_tok = [moses_tokenize(h, target_lang) for h in hypotheses]
     ref_tok = [moses_tokenize(r, target_lang) for r in references]
-    paper_tok = (lambda tokens: [split_compounds(t) for t in tokens]) if target_lang == "de" else list
-    paper_bleu, paper_signature = _tokenized_bleu(paper_tok(hyp_tok), paper_tok(ref_tok), lowercase=False)
-    splitting = "compound-split:atat|" if target_lang == "de" else ""
+    if target_lang == "de":  # get_ende_bleu.sh: its reference, newstest2014.tok.de, was tokenised, not normalised
+        paper_hyp = [split_compounds(h) for h in hyp_tok]
+        paper_ref = [split_compounds(moses_tokenize(r, target_lang, normalize=False)) for r in references]
+    else:
+        paper_hyp, paper_ref = hyp_tok, ref_tok
+    paper_bleu, paper_signature = _tokenized_bleu(paper_hyp, paper_ref, lowercase=False)
+    steps = "ref-unnormalized|compound-split:atat|" if target_lang == "de" else ""
     lc_bleu, lc_signature = _tokenized_bleu(hyp_tok, ref_tok, lowercase=True)
 
     return {
@@ -81,7 +88,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str
         "sacrebleu_signature": str(sacrebleu_metric.get_signature()),
         "sacrebleu_details": str(sacrebleu_score),
         "paper_bleu": paper_bleu,
-        "paper_bleu_signature": f"moses-tok:{target_lang}|{splitting}{paper_signature}",
+        "paper_bleu_signature": f"moses-tok:{target_lang}|{steps}{paper_signature}",
         "tokenized_bleu_lc": lc_bleu,
         "tokenized_bleu_lc_signature": f"moses-tok:{target_lang}|{lc_signature}",
         "chrf": chrf_score.score,

@@ -49,6 +49,15 @@ def test_compounds_are_split_into_german_only():
     assert split["paper_bleu"] > french["paper_bleu"]
 
 
+def test_into_german_the_reference_is_tokenised_without_normalising_its_punctuation_as_get_ende_bleu_did():
+    sentence = ["Er sagte „ja“ und ging nach Hause, weil es schon spät war."]
+    german = corpus_scores(sentence, sentence, "de")
+    # 16 tokens; the hypothesis's “ becomes " (&quot;) and misses the reference's “, and so do the n-grams over it.
+    assert german["paper_bleu"] == pytest.approx(100 * (15 / 16 * 13 / 15 * 11 / 14 * 9 / 13) ** 0.25)
+    assert "ref-unnormalized|compound-split:atat" in german["paper_bleu_signature"]
+    assert corpus_scores(sentence, sentence, "fr")["paper_bleu"] == pytest.approx(100.0)
+
+
 def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_does_not():
     hyp, ref = ["THE SMALL DOG SEES A BALL."], ["the small dog sees a ball."]
     scores = corpus_scores(hyp, ref, "en")
