@@ -22,8 +22,9 @@ import os
 import pickle
 import shutil
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -42,9 +43,11 @@ from .checkpoints import (
     checkpoint_step,
     complete_checkpoints,
     describe_problems,
+    identity_differences,
     list_checkpoints,
     marker_record,
     model_differences,
+    read_run_identity,
     weight_files,
 )
 from .files import check_replaceable, replacing_directory, write_json
@@ -58,31 +61,59 @@ REPLACEABLE = "an average of checkpoints"  # what a directory holding that recor
 _NOT_COPIED = {TRAINER_STATE_NAME, "training_args.bin", WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
 
 
-def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int) -> list[Path]:
+def last_checkpoints(
+    checkpoint_dir: str | os.PathLike,
+    n: int,
+    *,
+    identity: Mapping[str, Any] | None = None,
+    at_most: bool = False,
+) -> list[Path]:
     """The `n` newest complete checkpoints of `checkpoint_dir`, oldest first; an error if there are fewer, or if
     they are not the run's last `n` saves: an old best checkpoint that rotation kept (`_best_kept_by_rotation`).
 
-    Incomplete checkpoints (an interrupted save, a truncated file) are skipped with a warning naming them."""
+    Incomplete checkpoints (an interrupted save, a truncated file) are skipped with a warning naming them, and so,
+    given a run's `identity` (its `run_identity.json`), are checkpoints that record another run's.
+
+    With `at_most=True` (a run averaging its own checkpoints at its end: it averages what it has) neither is an
+    error: fewer checkpoints are taken with a warning, none at all is an empty list, and an old best kept by
+    rotation is left out with those before it, with a warning."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}.")
     checkpoints = complete_checkpoints(checkpoint_dir)
-    if len(checkpoints) < n:
-        names = [path.name for path in checkpoints]
-        raise ValueError(
-            f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}."
-        )
+    if identity is not None:
+        checkpoints = [checkpoint for checkpoint in checkpoints if _same_run(checkpoint, identity)]
     last = checkpoints[-n:]
-    kept = _best_kept_by_rotation(last)
+    if len(last) < n:
+        names = [path.name for path in checkpoints]
+        if not at_most:
+            raise ValueError(
+                f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}."
+            )
+        logger.warning("Averaging the %d checkpoints in %s rather than %d", len(last), checkpoint_dir, n)
+    kept = _best_kept_by_rotation(last) if last else None
     if kept is not None:
         best, following, save_steps = kept
         newer = len(last) - 1 - last.index(best)
-        raise ValueError(
+        problem = (
             f"{best} is not one of the last {n} saves: the Trainer's rotation (save_total_limit) kept it as the "
             f"run's best checkpoint (best_model_checkpoint in {last[-1].name}/{TRAINER_STATE_NAME}) and deleted "
             f"the saves of the {checkpoint_step(following) - checkpoint_step(best)} updates up to {following.name} "
-            f"(saves every {save_steps}): average the last {newer} at most, or name the checkpoints to average"
+            f"(saves every {save_steps})"
         )
+        if not at_most:
+            raise ValueError(f"{problem}: average the last {newer} at most, or name the checkpoints to average")
+        logger.warning("%s: averaging the last %d only", problem, newer)
+        last = last[last.index(best) + 1 :]
     return last
+
+
+def _same_run(checkpoint: Path, identity: Mapping[str, Any]) -> bool:
+    """Whether `checkpoint` is of the run `identity` describes; one that records no identity is taken as such."""
+    recorded = read_run_identity(checkpoint)
+    if recorded is not None and identity_differences(recorded, identity):
+        logger.warning("Not averaging %s: it belongs to another run", checkpoint)
+        return False
+    return True
 
 
 def named_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Path]:

@@ -45,6 +45,9 @@ CONVERSION_FILE = "fairseq_conversion.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TRAINER_STATE_NAME = "trainer_state.json"
+# A training run's records beside its model, which the model card reads (`modeling.model_card`).
+TRAINING_ARGS_FILE = "training_args.json"
+DATA_STATS_FILE = "data_stats.json"
 PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
 # Config fields that change without the model changing: library version, where it was loaded from, dtype.
@@ -248,10 +251,6 @@ def describe_problems(problems: list[str]) -> str:
     return "; ".join(problems)
 
 
-def is_complete(checkpoint: str | os.PathLike) -> bool:
-    return not checkpoint_problems(checkpoint)
-
-
 def write_completeness_marker(checkpoint: str | os.PathLike, **extra: Any) -> Path:
     """List every file below `checkpoint` with its size in `checkpoint_complete.json` (written last)."""
     checkpoint = Path(checkpoint)
@@ -369,7 +368,7 @@ def describe_differences(first: Mapping[str, Any], second: Mapping[str, Any], fi
 
 
 def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> list[str]:
-    """What differs between two saved models of checkpoints: config fields, tokenizer, run identity fields."""
+    """What differs between two saved models or checkpoints: config fields, tokenizer, run identity fields."""
     first, second = Path(first), Path(second)
     differences = []
     configs = []
@@ -393,15 +392,16 @@ def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> li
 
 __all__ = [
     "COMPLETE_MARKER",
+    "DATA_STATS_FILE",
     "IncompleteCheckpointError",
     "PREEMPTED_FILE",
     "RUN_IDENTITY_FILE",
     "RunMismatchError",
+    "TRAINING_ARGS_FILE",
     "checkpoint_problems",
     "checkpoint_step",
     "complete_checkpoints",
     "identity_differences",
-    "is_complete",
     "latest_complete_checkpoint",
     "list_checkpoints",
     "marker_record",

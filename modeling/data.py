@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
+from .files import iter_lines
 from .hub_client import use_hub_timeouts
-from .tokenization import iter_lines
 
 logger = logging.getLogger(__name__)
 

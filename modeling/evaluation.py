@@ -12,20 +12,22 @@ from typing import Any
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .files import write_text
+from .files import iter_lines, write_text
+from .generation_transformer import MODEL_DECODING_FIELDS
 from .scoring import corpus_scores
-from .tokenization import iter_lines
 from .translation import as_lines, translate, translate_file
 
-# Recorded with every evaluation, so that its numbers can be reproduced; the last two are this model's own
-# generation config fields (GNMT length penalty, per-sentence limit of source length + offset).
+# Recorded with every evaluation, so that its numbers can be reproduced: the transformers generation config fields
+# that the paper's and fairseq's decoding set (`set_paper_decoding`, `set_fairseq_decoding`), then all of this
+# model's own (the GNMT length penalty and per-sentence length limits, fairseq's decoding rules).
 DECODING_SETTINGS = (
     "num_beams",
     "length_penalty",
     "early_stopping",
     "max_new_tokens",
-    "length_penalty_type",
-    "max_length_offset",
+    "min_new_tokens",
+    "suppress_tokens",
+    *MODEL_DECODING_FIELDS,
 )
 
 

@@ -39,10 +39,9 @@ from .checkpoints import (
     file_sha256,
 )
 from .configuration_transformer import TransformerConfig
-from .files import check_replaceable, replacing_directory, write_json
+from .files import check_replaceable, iter_lines, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
 from .modeling_transformer import TransformerForConditionalGeneration
-from .tokenization import iter_lines
 from .tokenization_fairseq import FairseqTokenizer, converted_spelling
 
 # fairseq's Dictionary: these four first, then the dictionary file's tokens in order.

@@ -1,4 +1,5 @@
-"""Writing files so that a crash, a kill or a full disk never leaves a half-written one in place of the old one.
+"""Writing files so that a crash, a kill or a full disk never leaves a half-written one in place of the old one;
+reading text files line by line.
 
 Every file the project writes goes through `atomic_path` / `atomic_write`: the new content is written to a
 temporary file in the same directory (a name that matches no pattern the project reads: `.NAME.tmp-…`), flushed
@@ -10,20 +11,28 @@ old file or the new one, never a mix. Directories are built under `NAME.partial`
 A write that fails because the disk is full raises `DiskFullError`, one line naming the path: errno ENOSPC, or
 any error (torch and safetensors report a full disk as a bare "write failed") while the file system has almost no
 free space left.
+
+Every text file the project reads (corpora, sources to translate, references, hypotheses) goes through
+`iter_lines`: UTF-8 only, one "\n" per line, gzip recognised by its bytes, each refusal one line naming the file
+(and the line); `reads_once` says whether a path is a pipe that can be read only once.
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import logging
 import os
 import secrets
 import shutil
+import stat
+import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -356,3 +365,79 @@ def write_files_into(
         if full is not None:
             raise full from error
         raise
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (plain or gzipped; `-`: standard input) without their line terminators.
+
+    Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
+    parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
+    a ValueError naming the file and its exact line (`file:line`); a truncated or corrupt gzip file raises one
+    naming the file and the number of lines read. Gzip data is recognised by its first bytes whatever the file's
+    name (`.gz` or not). A byte order mark at the very start of the text is dropped; a U+FEFF anywhere else is text.
+    """
+    path = os.fspath(path)
+    name = "<stdin>" if path == "-" else path
+    line_number = 0
+    try:
+        with ExitStack() as stack:
+            for raw in _open_binary(path, stack):
+                line_number += 1
+                line = raw.decode("utf-8").rstrip("\r\n")
+                # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
+                # that no hypothesis matches, a vocabulary entry).
+                yield line[1:] if line_number == 1 and line.startswith(_BYTE_ORDER_MARK) else line
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{name}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
+            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from err
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
+
+
+_BYTE_ORDER_MARK = "\ufeff"
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: what Windows' "Unicode" saves
+
+
+def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
+    """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip data."""
+    if path.endswith(".gz"):
+        return stack.enter_context(gzip.open(path, "rb"))
+    handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+    # Gzip data named like text (`train.de`, `zcat` forgotten) is read as gzip rather than refused: no UTF-8 text
+    # can start with these bytes (0x8b is a continuation byte), so no text file is ever misread this way.
+    head = _peek(handle, len(_GZIP_MAGIC))
+    if head == _GZIP_MAGIC:
+        return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))  # closes not `handle`, the stack does
+    if head in _UTF16_BYTE_ORDER_MARKS:  # else "not valid UTF-8 ... iconv -f latin1", which would garble it
+        name = "<stdin>" if path == "-" else path
+        raise ValueError(f"{name} is UTF-16 text: convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
+    return handle
+
+
+def _peek(handle: BinaryIO, size: int) -> bytes:
+    """The next `size` bytes of `handle`, left unread (fewer from a pipe that has not delivered them yet)."""
+    if hasattr(handle, "peek"):  # open(..., "rb") and a real standard input: works on pipes too
+        return handle.peek(size)[:size]
+    if handle.seekable():  # io.BytesIO standing in for standard input
+        start = handle.tell()
+        head = handle.read(size)
+        handle.seek(start)
+        return head
+    return b""
+
+
+def reads_once(path: str | os.PathLike) -> bool:
+    """Whether `path` can be read only once: `-` (standard input), a pipe (`<(command)`, `/dev/stdin` fed by one),
+    a FIFO or a terminal. A second `open` of it does not start again from its first line, so whoever reads it must
+    read it once, from the start to the end. False for a path that does not exist (`iter_lines` names it)."""
+    path = os.fspath(path)
+    if path == "-":
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)

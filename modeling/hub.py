@@ -22,18 +22,10 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, TrainingArguments
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-from .checkpoints import safetensors_problem
+from .checkpoints import DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, safetensors_problem
 from .export.common import refuse_an_export
 from .hub_client import hub_call
-from .model_card import (
-    CURVES_FILE,
-    DATA_STATS_FILE,
-    EVAL_RESULTS_GLOB,
-    TRAINER_STATE_FILE,
-    TRAINING_ARGS_FILE,
-    read_json,
-    write_model_card,
-)
+from .model_card import CURVES_FILE, EVAL_RESULTS_GLOB, read_json, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +279,7 @@ def stage_card_inputs(model_dir: Path, output_dir: Path, staging: Path) -> None:
     JSON older than the weights scored an earlier model (a previous run in this output_dir): it is left out of the
     card with a warning.
     """
-    for name in (TRAINER_STATE_FILE, TRAINING_ARGS_FILE, DATA_STATS_FILE):
+    for name in (TRAINER_STATE_NAME, TRAINING_ARGS_FILE, DATA_STATS_FILE):
         if (output_dir / name).is_file():
             shutil.copy(output_dir / name, staging / name)
     weights_time = min(path.stat().st_mtime for path in model_dir.glob("*.safetensors"))

@@ -21,19 +21,16 @@ Choices the rest of the project relies on:
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import json
 import logging
 import os
-import stat
-import sys
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from .files import iter_lines
 
 PAD_TOKEN, UNK_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "</s>"
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, EOS_TOKEN]  # ids 0, 1, 2 in this order
@@ -64,7 +61,7 @@ def train_shared_bpe(
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
-    target_size = _round_up(vocab_size, VOCAB_MULTIPLE)
+    target_size = round_up(vocab_size, VOCAB_MULTIPLE)
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
     tokenizer.normalizer = normalizers.NFKC()
@@ -90,7 +87,7 @@ def train_shared_bpe(
             f"no text to train the BPE on: {source or 'the input'} hold(s) no line with a non-blank character"
         )
     trained_size = tokenizer.get_vocab_size()
-    tokenizer = _pad_vocab(tokenizer, _round_up(trained_size, VOCAB_MULTIPLE))
+    tokenizer = _pad_vocab(tokenizer, round_up(trained_size, VOCAB_MULTIPLE))
     if trained_size > target_size:
         logger.warning(
             "the vocabulary has %d entries, more than vocab_size=%d: the corpus has %d distinct characters, all "
@@ -118,7 +115,8 @@ def train_shared_bpe(
     )
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is at least `n`."""
     return -(-n // multiple) * multiple
 
 
@@ -135,85 +133,10 @@ def _pad_vocab(tokenizer: Tokenizer, size: int) -> Tokenizer:
 
 
 def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
-    """Yield every line of every file in turn; files ending in `.gz` are decompressed on the fly."""
+    """Yield every line of every file in turn (`iter_lines`: gzip data is decompressed on the fly, whatever the
+    file's name)."""
     for path in paths:
         yield from iter_lines(path)
-
-
-def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzipped; `-`: standard input) without their line terminators.
-
-    Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
-    parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
-    a ValueError naming the file and its exact line (`file:line`); a truncated or corrupt gzip file raises one
-    naming the file and the number of lines read. Gzip data is recognised by its first bytes whatever the file's
-    name (`.gz` or not). A byte order mark at the very start of the text is dropped; a U+FEFF anywhere else is text.
-    """
-    path = os.fspath(path)
-    name = "<stdin>" if path == "-" else path
-    line_number = 0
-    try:
-        with contextlib.ExitStack() as stack:
-            for raw in _open_binary(path, stack):
-                line_number += 1
-                line = raw.decode("utf-8").rstrip("\r\n")
-                # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
-                # that no hypothesis matches, a vocabulary entry).
-                yield line[1:] if line_number == 1 and line.startswith(_BYTE_ORDER_MARK) else line
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{name}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
-            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from err
-    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-        raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
-
-
-_BYTE_ORDER_MARK = "\ufeff"
-_GZIP_MAGIC = b"\x1f\x8b"
-_UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: what Windows' "Unicode" saves
-
-
-def _open_binary(path: str, stack: contextlib.ExitStack) -> BinaryIO:
-    """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip data."""
-    if path.endswith(".gz"):
-        return stack.enter_context(gzip.open(path, "rb"))
-    handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
-    # Gzip data named like text (`train.de`, `zcat` forgotten) is read as gzip rather than refused: no UTF-8 text
-    # can start with these bytes (0x8b is a continuation byte), so no text file is ever misread this way.
-    head = _peek(handle, len(_GZIP_MAGIC))
-    if head == _GZIP_MAGIC:
-        return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))  # closes not `handle`, the stack does
-    if head in _UTF16_BYTE_ORDER_MARKS:  # else "not valid UTF-8 ... iconv -f latin1", which would garble it
-        name = "<stdin>" if path == "-" else path
-        raise ValueError(f"{name} is UTF-16 text: convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
-    return handle
-
-
-def _peek(handle: BinaryIO, size: int) -> bytes:
-    """The next `size` bytes of `handle`, left unread (fewer from a pipe that has not delivered them yet)."""
-    if hasattr(handle, "peek"):  # open(..., "rb") and a real standard input: works on pipes too
-        return handle.peek(size)[:size]
-    if handle.seekable():  # io.BytesIO standing in for standard input
-        start = handle.tell()
-        head = handle.read(size)
-        handle.seek(start)
-        return head
-    return b""
-
-
-def reads_once(path: str | os.PathLike) -> bool:
-    """Whether `path` can be read only once: `-` (standard input), a pipe (`<(command)`, `/dev/stdin` fed by one),
-    a FIFO or a terminal. A second `open` of it does not start again from its first line, so whoever reads it must
-    read it once, from the start to the end. False for a path that does not exist (`iter_lines` names it)."""
-    path = os.fspath(path)
-    if path == "-":
-        return True
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
 
 
 def iter_corpus_text(dataset: Any, languages: Sequence[str], *, batch_size: int = 1000) -> Iterator[str]:

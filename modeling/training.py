@@ -45,15 +45,17 @@ from transformers import (
 from transformers.utils import cached_file
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints
+from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
 from .callbacks import PreemptionCallback, any_rank
 from .checkpoints import (
     CONVERSION_FILE,
+    DATA_STATS_FILE,
     PREEMPTED_FILE,
     RUN_IDENTITY_FILE,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_FILE,
     RunMismatchError,
     checkpoint_step,
-    complete_checkpoints,
     config_identity,
     describe_differences,
     describe_files,
@@ -78,7 +80,7 @@ from .files import check_replaceable, check_writable, write_files_into, write_js
 from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
-from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, train_shared_bpe
+from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, round_up, train_shared_bpe
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
@@ -90,9 +92,9 @@ MARIAN_MODEL_TYPE = "marian"
 RUN_RECORD_FILES = (
     RUN_IDENTITY_FILE,
     PREEMPTED_FILE,
-    "training_args.json",
-    "data_stats.json",
-    "trainer_state.json",
+    TRAINING_ARGS_FILE,
+    DATA_STATS_FILE,
+    TRAINER_STATE_NAME,
     "train_results.json",
     "all_results.json",
 )
@@ -353,10 +355,6 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
     return text, cleaning
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:
     """The BPE of an earlier run in output_dir must be the one this run asks for.
 
@@ -372,7 +370,7 @@ def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size
         )
     fingerprint = vocabulary_fingerprint(tokenizer.get_vocab())
     trained_here = recorded == vocab_size and identity.get("tokenizer") == fingerprint
-    if not trained_here and len(tokenizer) > _round_up(vocab_size, VOCAB_MULTIPLE):
+    if not trained_here and len(tokenizer) > round_up(vocab_size, VOCAB_MULTIPLE):
         raise ValueError(
             f"{path} has {len(tokenizer)} tokens, more than --vocab_size {vocab_size} allows: pass the vocab_size "
             "it was trained with, or start over with --overwrite_output_dir."
@@ -477,7 +475,8 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     if model_type not in (TransformerConfig.model_type, MARIAN_MODEL_TYPE):
         raise ValueError(
             f"Cannot fine-tune {name}: it is a {model_type!r} model; only this project's "
-            f"({TransformerConfig.model_type!r}) and MarianMT ('marian', converted exactly) can be fine-tuned."
+            f"({TransformerConfig.model_type!r}) and MarianMT ({MARIAN_MODEL_TYPE!r}, converted exactly) can be "
+            "fine-tuned."
         )
     return model_type
 
@@ -531,16 +530,19 @@ def _own_vocabulary(name: str) -> dict[str, int] | None:
         return None
 
 
-def _model(model_args: ModelArguments, preset: TrainingPreset, vocab_size: int) -> PreTrainedModel:
-    """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune (a MarianMT
-    checkpoint is converted exactly, keeping Marian's concatenated sinusoid layout)."""
+def _model(
+    model_args: ModelArguments, preset: TrainingPreset, vocab_size: int, source_type: str | None
+) -> PreTrainedModel:
+    """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune, whose
+    model_type `check_fine_tuning_source` returned as `source_type` (a MarianMT checkpoint is converted exactly,
+    keeping Marian's concatenated sinusoid layout)."""
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
         return TransformerForConditionalGeneration(preset.model_config(vocab_size, **overrides))
     architecture = sorted(set(overrides) - {"dropout"})
     if architecture:
         raise ValueError(f"{architecture} cannot change when fine-tuning {model_args.model_name_or_path}.")
-    if check_fine_tuning_source(model_args) == MARIAN_MODEL_TYPE:
+    if source_type == MARIAN_MODEL_TYPE:
         from transformers import MarianMTModel
 
         from .convert import from_marian
@@ -637,7 +639,7 @@ def _write_run_records(
     conversion = _conversion_record(name)
     if conversion is not None:  # the card says what the fine-tuned model came from, and its fairseq tokenizer
         run["fairseq_conversion"] = conversion
-    write_json(Path(args.output_dir) / "training_args.json", {**shown, **run})
+    write_json(Path(args.output_dir) / TRAINING_ARGS_FILE, {**shown, **run})
     stats = {
         "dataset": data_args.dataset or data_args.data_dir,
         "language_pair": f"{data_args.source_lang}-{data_args.target_lang}",
@@ -645,7 +647,7 @@ def _write_run_records(
         "cleaning": cleaning,
         "vocab_size": len(trainer.processing_class),
     }
-    write_json(Path(args.output_dir) / "data_stats.json", stats)
+    write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
 
 
 def _conversion_record(name: str | None) -> dict | None:
@@ -664,20 +666,9 @@ def _conversion_record(name: str | None) -> dict | None:
 def _average_last_checkpoints(output_dir: str, n: int, identity: dict[str, Any] | None = None) -> Path | None:
     """Average the last `n` complete checkpoints of this run into output_dir/averaged; return that directory, or
     None without any. Incomplete checkpoints are skipped with a warning naming them, and so are checkpoints of
-    another run (a different run_identity.json)."""
-    checkpoints = complete_checkpoints(output_dir)
-    if identity is not None:
-        ours = []
-        for checkpoint in checkpoints:
-            recorded = read_run_identity(checkpoint)
-            if recorded is not None and identity_differences(recorded, identity):
-                logger.warning("Not averaging %s: it belongs to another run", checkpoint)
-            else:
-                ours.append(checkpoint)
-        checkpoints = ours
-    checkpoints = checkpoints[-n:]
-    if len(checkpoints) < n:
-        logger.warning("Averaging the %d checkpoints in %s rather than %d", len(checkpoints), output_dir, n)
+    another run (a different run_identity.json): `last_checkpoints` with `at_most=True`, which averages fewer than
+    `n` with a warning rather than refusing."""
+    checkpoints = last_checkpoints(output_dir, n, identity=identity, at_most=True)
     if not checkpoints:
         return None
     averaged = average_checkpoints(checkpoints, os.path.join(output_dir, "averaged"))
@@ -716,6 +707,43 @@ def _stop_preempted(
     return preempted
 
 
+def _finish_run(
+    trainer: TokenBudgetSeq2SeqTrainer,
+    metrics: dict[str, float],
+    training_args: TranslationTrainingArguments,
+    preemption: PreemptionCallback,
+    identity: dict[str, Any],
+) -> Path | None:
+    """The end of a run whose training is done: save the final model, its metrics and the Trainer's state, average
+    the last checkpoints (main process); return the average's directory, or None without one.
+
+    A signal after the last update then stops the run (`TrainingPreempted`) if a checkpoint holds that update (the
+    requeue finds training done); without one (save_strategy "no", say), the run finishes."""
+    output_dir = Path(training_args.output_dir)
+    trainer.save_final_model()
+    if metrics:  # none when the checkpoint was at max_steps: the launch that trained wrote them
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    averaged = None
+    if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
+        n = training_args.average_last_checkpoints
+        averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
+    agreed = preemption.agreed(training_args.device)
+    if agreed is not None:
+        step = trainer.state.global_step
+        final = output_dir / f"checkpoint-{step}"
+        if any_rank(
+            trainer.is_world_process_zero() and final == latest_complete_checkpoint(output_dir),
+            training_args.device,
+        ):
+            raise _stop_preempted(training_args, agreed.name, step, str(final))
+        logger.warning("Got %s after the last update, which no checkpoint holds: finishing the run", agreed.name)
+    if training_args.should_save:
+        (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+    return averaged
+
+
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> str:
     """Train (or fine-tune) a Transformer and save it, with tokenizer and generation config, to `output_dir`.
 
@@ -741,7 +769,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     """
     _check_run_arguments(model_args, data_args)
     use_hub_timeouts()  # every Hub request (tokenizer, model, dataset, push) has a timeout
-    check_fine_tuning_source(model_args)
+    source_type = check_fine_tuning_source(model_args)
     hub = None
     if training_args.push_to_hub:
         from .hub import prepare_push  # the Hub extras (jinja2, matplotlib) are needed only for a push
@@ -758,7 +786,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             text, cleaning = _load_text(data_args, evaluate=evaluate)
             vocab_size = data_args.vocab_size or preset.vocab_size
             tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-            model = _model(model_args, preset, len(tokenizer))
+            model = _model(model_args, preset, len(tokenizer), source_type)
             _match_vocabulary(model, tokenizer, model_args)
             identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
             _check_same_run(identity, output_dir, checkpoint)
@@ -798,31 +826,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             if trainer.preempted is not None:
                 last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
                 raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
-            trainer.save_final_model()
-            if result.metrics:  # none when the checkpoint was at max_steps: the launch that trained wrote them
-                trainer.log_metrics("train", result.metrics)
-                trainer.save_metrics("train", result.metrics)
-            trainer.save_state()
-            averaged = None
-            if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():
-                n = training_args.average_last_checkpoints
-                averaged = _average_last_checkpoints(training_args.output_dir, n, identity)
-            # A signal after the last update: stop before the push, if a checkpoint holds that update (the requeue
-            # then finds training done, above); without one (save_strategy "no", say), the run finishes.
-            agreed = preemption.agreed(training_args.device)
-            if agreed is not None:
-                step = trainer.state.global_step
-                final = output_dir / f"checkpoint-{step}"
-                if any_rank(
-                    trainer.is_world_process_zero() and final == latest_complete_checkpoint(output_dir),
-                    training_args.device,
-                ):
-                    raise _stop_preempted(training_args, agreed.name, step, str(final))
-                logger.warning(
-                    "Got %s after the last update, which no checkpoint holds: finishing the run", agreed.name
-                )
-            if training_args.should_save:
-                (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+            averaged = _finish_run(trainer, result.metrics, training_args, preemption, identity)
         if hub is not None:
             from .hub import push_trained_model
 

@@ -28,14 +28,20 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 from .batching import token_budget_batches
 from .checkpoints import file_sha256, weights_problems
+from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
-from .files import check_distinct_outputs, check_writable, disk_full_error, fsync_path, write_json
+from .files import (
+    check_distinct_outputs,
+    check_writable,
+    disk_full_error,
+    fsync_path,
+    iter_lines,
+    reads_once,
+    write_json,
+)
 from .hub_client import naming_hub_failures, use_hub_timeouts
-from .tokenization import iter_lines, reads_once
 
 logger = logging.getLogger(__name__)
-
-MODEL_TYPE = "vaswani_transformer"
 
 
 class TranslationInProgressError(RuntimeError):
@@ -209,11 +215,9 @@ def translate_file(
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
     only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
     stdin or a pipe, read once, starts over; the source is known by its lines, so the same file at another path
-    resumes); a
-    partial translation of another text, model or decoding is started over
-    (logged), never continued (`workers`, like torch's thread count, is not part of the decoding: a rerun with
-    another number resumes); a second process translating into the same file is refused
-    (`TranslationInProgressError`).
+    resumes); a partial translation of another text, model or decoding is started over (logged), never continued
+    (`workers`, like torch's thread count, is not part of the decoding: a rerun with another number resumes); a
+    second process translating into the same file is refused (`TranslationInProgressError`).
     """
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
@@ -447,9 +451,10 @@ def load_model_and_tokenizer(
                 f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
                 f"reachable Hub repo id. ({error})"
             ) from error
-        if config.model_type != MODEL_TYPE:
+        model_type = TransformerConfig.model_type
+        if config.model_type != model_type:
             raise ValueError(
-                f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {MODEL_TYPE!r} one; "
+                f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {model_type!r} one; "
                 "these tools only handle this project's models (convert others first, e.g. modeling.convert)."
             )
         if os.path.isdir(name_or_path) and (glob.glob(os.path.join(glob.escape(name_or_path), "*.safetensors"))):

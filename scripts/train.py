@@ -26,6 +26,7 @@ import typing
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from modeling.callbacks import PREEMPTION_SIGNALS
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
@@ -74,7 +75,7 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
 def exit_now_on_signal(code: int) -> None:
     """After the checkpoint is saved, a further signal (a launcher stopping the other workers) exits at once with
     `code`, rather than killing the process with another code."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, lambda *_: os._exit(code))
 
 

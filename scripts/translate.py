@@ -16,9 +16,8 @@ import os
 import sys
 
 from modeling.cli import add_decoding_arguments
-from modeling.files import check_distinct_outputs, check_writable, write_text
+from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
-from modeling.tokenization import iter_lines, reads_once
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,

@@ -14,7 +14,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import modeling.averaging as averaging
 from modeling.averaging import average_checkpoints, last_checkpoints, list_checkpoints
-from modeling.checkpoints import RunMismatchError, write_completeness_marker
+from modeling.checkpoints import RUN_IDENTITY_FILE, RunMismatchError, write_completeness_marker
 from modeling.files import DiskFullError
 
 
@@ -172,6 +172,31 @@ def test_last_checkpoints_takes_the_last_saves_with_the_best_among_them(tmp_path
     with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
         assert last_checkpoints(tmp_path, len(steps)) == [tmp_path / f"checkpoint-{step}" for step in steps]
     assert ("if save_total_limit deleted the saves between them" in caplog.text) == (strategy is None)
+
+
+def test_at_most_takes_what_there_is_of_the_run_and_leaves_an_old_best_out(tmp_path, caplog):
+    """As a run averages its own checkpoints at its end: warned of, never refused."""
+    ours, theirs = {"config": {"d_model": 32}, "seed": 1}, {"config": {"d_model": 32}, "seed": 2}
+    saves(tmp_path, [100, 200, 300])
+    (tmp_path / "checkpoint-100" / RUN_IDENTITY_FILE).write_text(json.dumps(theirs))
+    (tmp_path / "checkpoint-300" / RUN_IDENTITY_FILE).write_text(json.dumps(ours))  # 200 records none: ours
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        taken = last_checkpoints(tmp_path, 3, identity=ours, at_most=True)
+    assert taken == [tmp_path / "checkpoint-200", tmp_path / "checkpoint-300"]
+    assert "Not averaging" in caplog.text and "checkpoint-100: it belongs to another run" in caplog.text
+    assert "Averaging the 2 checkpoints" in caplog.text and "rather than 3" in caplog.text
+    with pytest.raises(ValueError, match="found 2 complete"):
+        last_checkpoints(tmp_path, 3, identity=ours)
+    (tmp_path / "empty").mkdir()
+    assert last_checkpoints(tmp_path / "empty", 2, at_most=True) == [], "no checkpoint: nothing to average"
+
+    rotated = tmp_path / "rotated"  # save_total_limit 4, the best at 100: rotation deleted 200 and 300
+    saves(rotated, [100, 400, 500, 600], best_model_checkpoint=str(rotated / "checkpoint-100"), save_steps=100)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        taken = last_checkpoints(rotated, 4, at_most=True)
+    assert taken == [rotated / f"checkpoint-{step}" for step in (400, 500, 600)]
+    assert "is not one of the last 4 saves" in caplog.text and "averaging the last 3 only" in caplog.text
 
 
 def test_a_checkpoint_given_twice_is_refused(tmp_path):

@@ -10,6 +10,7 @@ from helpers import EchoModel, synthetic_pairs, tiny_tokenizer, tiny_translator
 from modeling import translation
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import write_json
+from modeling.generation_transformer import MODEL_DECODING_FIELDS, set_fairseq_decoding
 from modeling.translation import translate
 
 
@@ -31,6 +32,22 @@ def test_evaluate_split_scores_the_split_and_records_decoding_settings(tokenizer
     path = write_json(tmp_path / "out" / metrics_filename("test"), metrics)
     assert path.name == "eval_results_test.json"
     assert json.loads(path.read_text()) == metrics
+
+
+def test_a_converted_fairseq_models_decoding_settings_are_recorded(tokenizer):
+    model = EchoModel()  # with the generation config that scripts/convert_fairseq.py writes
+    set_fairseq_decoding(model.generation_config, pad_token_id=tokenizer.pad_token_id, num_beams=5)
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(2, seed=6)])
+    metrics, _ = evaluate_split(model, tokenizer, split, source_lang="en", target_lang="de", max_length_b=10)
+
+    expected = {name: getattr(model.generation_config, name) for name in MODEL_DECODING_FIELDS}
+    assert {name: metrics[name] for name in MODEL_DECODING_FIELDS} == expected | {"max_length_b": 10}
+    assert metrics["beam_finalization"] == "first" and metrics["forced_eos_keeps_log_prob"] is True
+    assert (metrics["num_beams"], metrics["suppress_tokens"], metrics["min_new_tokens"]) == (
+        5,
+        [tokenizer.pad_token_id],
+        1,
+    )
 
 
 def test_an_evaluation_into_a_hypotheses_file_resumes_after_a_kill(tokenizer, tmp_path, monkeypatch):

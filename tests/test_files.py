@@ -1,9 +1,13 @@
 """Tests of modeling/files.py: atomic writes leave the old file intact on any failure, a full disk is one line,
-an unwritable destination is named before the work."""
+an unwritable destination is named before the work; text files are read line by line, gzip or not, each refusal
+naming the file and the line."""
 
 import errno
+import gzip
+import io
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from modeling.files import (
     check_distinct_outputs,
     check_replaceable,
     check_writable,
+    iter_lines,
     replace_files,
     replacing_directory,
     write_files_into,
@@ -260,3 +265,89 @@ def test_written_files_get_the_permissions_the_umask_gives(tmp_path, umask, expe
         assert path.stat().st_mode & 0o777 == expected, path
     assert (tmp_path / "whole/script.sh").stat().st_mode & 0o777 == 0o755 | expected
     assert sorted(path.name for path in (tmp_path / "whole").iterdir()) == ["model.safetensors", "script.sh"]
+
+
+# --- reading text files ---------------------------------------------------------------------------------------
+
+
+def test_iter_lines_plain_and_gzip(tmp_path):
+    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+    plain.write_bytes(b"one\r\ntwo\rstill two\n\nfour")  # only \n ends a line
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write("über\nfünf\n")
+    assert list(iter_lines(plain)) == ["one", "two\rstill two", "", "four"]
+
+
+def test_iter_lines_names_unreadable_file(tmp_path):
+    broken = tmp_path / "broken.en.gz"
+    broken.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])
+    with pytest.raises(ValueError, match="broken.en.gz"):
+        list(iter_lines(broken))
+    latin1 = tmp_path / "latin1.de"
+    latin1.write_bytes("grün\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.de:1: not valid UTF-8"):
+        list(iter_lines(latin1))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_an_invalid_utf8_byte_is_located_on_its_exact_line(tmp_path, suffix):
+    """Text-mode reading decodes ahead in blocks: line by line from bytes names the very line, gzip too."""
+    lines = [f"line {i} ist grün".encode() for i in range(1, 5000)]
+    lines[4321] = "line 4322 ist grün".encode("latin-1")
+    path = tmp_path / f"train.de{suffix}"
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(gzip.compress(data) if suffix else data)
+    with pytest.raises(ValueError, match=rf"train\.de{suffix}:4322: not valid UTF-8") as error:
+        list(iter_lines(path))
+    assert "iconv" in str(error.value)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_byte_order_mark_is_dropped_at_the_start_of_the_file_only(tmp_path, suffix):
+    # Windows editors write one: kept, it would open the first reference (lower BLEU) or join the vocabulary.
+    path = tmp_path / f"refs.de{suffix}"
+    data = b"\xef\xbb\xbfeins\nzwei \xef\xbb\xbf drei\n\xef\xbb\xbfvier\n"
+    path.write_bytes(gzip.compress(data) if suffix else data)
+    assert list(iter_lines(path)) == ["eins", "zwei \ufeff drei", "\ufeffvier"]  # later ones are text
+
+
+def test_a_byte_order_mark_is_dropped_from_standard_input(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfone\ntwo\n"), encoding="utf-8"))
+    assert list(iter_lines("-")) == ["one", "two"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_utf16_text_is_named_as_such(tmp_path, encoding):
+    path = tmp_path / "train.en"
+    path.write_bytes(("\ufeff" if encoding.endswith("be") else "").encode(encoding) + "a cat\n".encode(encoding))
+    with pytest.raises(ValueError, match=r"^.*train\.en is UTF-16 text: convert it to UTF-8 \(e\.g\. iconv -f utf-16"):
+        list(iter_lines(path))
+
+
+def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
+    # Its first bytes, 1f 8b, cannot start UTF-8 text, so reading it as gzip cannot misread a text file.
+    path = tmp_path / "train.txt"
+    path.write_bytes(gzip.compress("\ufeffüber\nfünf\n".encode()))
+    assert list(iter_lines(path)) == ["über", "fünf"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(b"one\ntwo\n")), encoding="utf-8"))
+    assert list(iter_lines("-")) == ["one", "two"]
+    path.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])  # truncated: named as gzip, not as Latin-1
+    with pytest.raises(ValueError, match=r"^cannot read .*train\.txt after \d+ lines"):
+        list(iter_lines(path))
+
+
+def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):
+    (tmp_path / "one").write_bytes(b"\x1f")
+    (tmp_path / "empty").write_bytes(b"")
+    assert list(iter_lines(tmp_path / "one")) == ["\x1f"]
+    assert list(iter_lines(tmp_path / "empty")) == []
+
+
+def test_iter_lines_reads_standard_input_as_it_reads_files(monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO(b"one\r\ntwo\rstill two\n\nvier"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert list(iter_lines("-")) == ["one", "two\rstill two", "", "vier"]
+    assert not stdin.closed, "standard input stays open for whoever reads it next"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("grün\n".encode("latin-1")), encoding="utf-8"))
+    with pytest.raises(ValueError, match=r"^<stdin>:1: not valid UTF-8"):
+        list(iter_lines("-"))

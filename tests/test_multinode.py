@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT, subprocess_env, word_for_word, write_corpus, write_run_config
 
-from modeling.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints, staging_directories
+from modeling.checkpoints import COMPLETE_MARKER, checkpoint_problems, list_checkpoints, staging_directories
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds workers through /proc (Linux)")
 
@@ -89,7 +89,8 @@ def test_two_nodes_checkpoint_once_stop_together_on_sigterm_and_resume(tmp_path)
     step = record["step"]
     checkpoint = run / f"checkpoint-{step}"
     assert record["checkpoint"] == str(checkpoint) and record["signal"] == "SIGTERM", "rank 0 agreed to rank 1's"
-    assert is_complete(checkpoint) and list_checkpoints(run)[-1] == checkpoint and staging_directories(run) == []
+    assert not checkpoint_problems(checkpoint) and list_checkpoints(run)[-1] == checkpoint
+    assert staging_directories(run) == []
     listed = json.loads((checkpoint / COMPLETE_MARKER).read_text())["files"]
     assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(listed)
     assert not list(tmp_path.glob("**/checkpoint-*/checkpoint-*")), "one checkpoint directory per save, by rank 0"

@@ -1,10 +1,8 @@
-"""Tests of modeling/tokenization.py: the shared BPE and the line readers."""
+"""Tests of modeling/tokenization.py: the shared BPE and the corpus readers that feed it."""
 
 import gzip
-import io
 import json
 import logging
-import sys
 import unicodedata
 
 import datasets
@@ -12,7 +10,7 @@ import pytest
 from helpers import MULTI30K
 from transformers import AutoTokenizer
 
-from modeling.tokenization import _round_up, iter_corpus_text, iter_lines, iter_text_files, train_shared_bpe
+from modeling.tokenization import iter_corpus_text, iter_text_files, round_up, train_shared_bpe
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +95,7 @@ def test_a_vocabulary_larger_than_asked_is_explained(corpus, caplog):
     characters = len(set("".join(corpus)))
     with caplog.at_level(logging.WARNING, logger="modeling.tokenization"):
         tokenizer = train_shared_bpe(iter(corpus), vocab_size=4)
-    assert len(tokenizer) == _round_up(characters + 3, 8) > 8
+    assert len(tokenizer) == round_up(characters + 3, 8) > 8
     assert f"{len(tokenizer)} entries, more than vocab_size=4" in caplog.text
     assert f"{characters} distinct characters" in caplog.text
     caplog.clear()
@@ -120,79 +118,15 @@ def test_save_and_load_through_auto_tokenizer(tokenizer, corpus, tmp_path):
     assert loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True) == text
 
 
-def test_iter_lines_plain_and_gzip(tmp_path):
-    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+def test_iter_text_files_reads_each_file_in_turn(tmp_path):
+    plain, packed, unnamed = tmp_path / "a.txt", tmp_path / "b.txt.gz", tmp_path / "c.txt"
     plain.write_bytes(b"one\r\ntwo\rstill two\n\nfour")  # only \n ends a line
-    with gzip.open(packed, "wt", encoding="utf-8") as f:
-        f.write("über\nfünf\n")
-    assert list(iter_lines(plain)) == ["one", "two\rstill two", "", "four"]
-    assert list(iter_text_files([plain, packed])) == ["one", "two\rstill two", "", "four", "über", "fünf"]
-
-
-def test_iter_lines_names_unreadable_file(tmp_path):
-    broken = tmp_path / "broken.en.gz"
-    broken.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])
-    with pytest.raises(ValueError, match="broken.en.gz"):
-        list(iter_lines(broken))
-    latin1 = tmp_path / "latin1.de"
-    latin1.write_bytes("grün\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.de:1: not valid UTF-8"):
-        list(iter_lines(latin1))
-
-
-@pytest.mark.parametrize("suffix", ["", ".gz"])
-def test_an_invalid_utf8_byte_is_located_on_its_exact_line(tmp_path, suffix):
-    """Text-mode reading decodes ahead in blocks: line by line from bytes names the very line, gzip too."""
-    lines = [f"line {i} ist grün".encode() for i in range(1, 5000)]
-    lines[4321] = "line 4322 ist grün".encode("latin-1")
-    path = tmp_path / f"train.de{suffix}"
-    data = b"\n".join(lines) + b"\n"
-    path.write_bytes(gzip.compress(data) if suffix else data)
-    with pytest.raises(ValueError, match=rf"train\.de{suffix}:4322: not valid UTF-8") as error:
-        list(iter_lines(path))
-    assert "iconv" in str(error.value)
-
-
-@pytest.mark.parametrize("suffix", ["", ".gz"])
-def test_a_byte_order_mark_is_dropped_at_the_start_of_the_file_only(tmp_path, suffix):
-    # Windows editors write one: kept, it would open the first reference (lower BLEU) or join the vocabulary.
-    path = tmp_path / f"refs.de{suffix}"
-    data = b"\xef\xbb\xbfeins\nzwei \xef\xbb\xbf drei\n\xef\xbb\xbfvier\n"
-    path.write_bytes(gzip.compress(data) if suffix else data)
-    assert list(iter_lines(path)) == ["eins", "zwei \ufeff drei", "\ufeffvier"]  # later ones are text
-
-
-def test_a_byte_order_mark_is_dropped_from_standard_input(monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfone\ntwo\n"), encoding="utf-8"))
-    assert list(iter_lines("-")) == ["one", "two"]
-
-
-@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
-def test_utf16_text_is_named_as_such(tmp_path, encoding):
-    path = tmp_path / "train.en"
-    path.write_bytes(("\ufeff" if encoding.endswith("be") else "").encode(encoding) + "a cat\n".encode(encoding))
-    with pytest.raises(ValueError, match=r"^.*train\.en is UTF-16 text: convert it to UTF-8 \(e\.g\. iconv -f utf-16"):
-        list(iter_lines(path))
-
-
-def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
-    # Its first bytes, 1f 8b, cannot start UTF-8 text, so reading it as gzip cannot misread a text file.
-    path = tmp_path / "train.txt"
-    path.write_bytes(gzip.compress("\ufeffüber\nfünf\n".encode()))
-    assert list(iter_lines(path)) == ["über", "fünf"]
-    assert list(iter_text_files([path, path])) == ["über", "fünf"] * 2
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(b"one\ntwo\n")), encoding="utf-8"))
-    assert list(iter_lines("-")) == ["one", "two"]
-    path.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])  # truncated: named as gzip, not as Latin-1
-    with pytest.raises(ValueError, match=r"^cannot read .*train\.txt after \d+ lines"):
-        list(iter_lines(path))
-
-
-def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):
-    (tmp_path / "one").write_bytes(b"\x1f")
-    (tmp_path / "empty").write_bytes(b"")
-    assert list(iter_lines(tmp_path / "one")) == ["\x1f"]
-    assert list(iter_lines(tmp_path / "empty")) == []
+    packed.write_bytes(gzip.compress("über\nfünf\n".encode()))
+    unnamed.write_bytes(gzip.compress(b"\xef\xbb\xbfsechs\n"))  # gzip without the suffix, a byte order mark
+    assert list(iter_text_files([plain, packed, unnamed, plain])) == [
+        *("one", "two\rstill two", "", "four", "über", "fünf", "sechs"),
+        *("one", "two\rstill two", "", "four"),
+    ]
 
 
 def test_iter_corpus_text_streams_both_sides():
@@ -210,13 +144,3 @@ def test_multi30k_val_round_trip_is_exact():
     decoded = tokenizer.batch_decode(tokenizer(val)["input_ids"], skip_special_tokens=True)
     failures = [s for s, d in zip(val, decoded, strict=True) if d != unicodedata.normalize("NFKC", s)]
     assert failures == []
-
-
-def test_iter_lines_reads_standard_input_as_it_reads_files(monkeypatch):
-    stdin = io.TextIOWrapper(io.BytesIO(b"one\r\ntwo\rstill two\n\nvier"), encoding="utf-8")
-    monkeypatch.setattr(sys, "stdin", stdin)
-    assert list(iter_lines("-")) == ["one", "two\rstill two", "", "vier"]
-    assert not stdin.closed, "standard input stays open for whoever reads it next"
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("grün\n".encode("latin-1")), encoding="utf-8"))
-    with pytest.raises(ValueError, match=r"^<stdin>:1: not valid UTF-8"):
-        list(iter_lines("-"))

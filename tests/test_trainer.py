@@ -32,7 +32,6 @@ from modeling.checkpoints import (
     COMPLETE_MARKER,
     checkpoint_problems,
     complete_checkpoints,
-    is_complete,
     latest_complete_checkpoint,
     list_checkpoints,
     staging_directories,
@@ -405,7 +404,7 @@ def test_sigterm_mid_update_finishes_it_saves_a_complete_checkpoint_and_resuming
 
     assert interrupted.preempted == {"signal": "SIGTERM", "step": 3}, "the update in flight finished, then it stopped"
     assert interrupted.last_checkpoint == tmp_path / "b" / "checkpoint-3"
-    assert checkpoint_problems(interrupted.last_checkpoint) == [] and is_complete(interrupted.last_checkpoint)
+    assert checkpoint_problems(interrupted.last_checkpoint) == []
     assert signal.getsignal(signal.SIGTERM) is handler, "the previous handler is back"
     expected, before = losses(uninterrupted.state.log_history), losses(interrupted.state.log_history)
     assert sorted(before) == [1, 2, 3] and all(before[s] == pytest.approx(expected[s], rel=1e-6) for s in before)
@@ -456,7 +455,7 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
 
     assert trainer.preempted == {"signal": "SIGTERM", "step": 2}, "no update after the evaluation"
     assert trainer.evaluation_batches == 1, f"abandoned before the batch it came in, of {2 * batches}"
-    assert trainer.last_checkpoint == tmp_path / "checkpoint-2" and is_complete(trainer.last_checkpoint)
+    assert trainer.last_checkpoint == tmp_path / "checkpoint-2" and not checkpoint_problems(trainer.last_checkpoint)
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not any("eval_loss" in entry for entry in trainer.state.log_history), "no half-evaluation logged"
     assert signal.getsignal(signal.SIGTERM) is handler
@@ -543,7 +542,8 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_as_the
     resumed.signal_at = None  # counts micro-batches only
     resumed.train(resume_from_checkpoint=str(latest_complete_checkpoint(output_dir)))
     assert resumed.micro_batches == 4, "updates 3 and 4 again: nothing before checkpoint-2 is lost"
-    assert is_complete(output_dir / "checkpoint-4") and staging_directories(output_dir) == [], "the leftover is gone"
+    assert not checkpoint_problems(output_dir / "checkpoint-4")
+    assert staging_directories(output_dir) == [], "the leftover is gone"
 
 
 def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp_path, caplog):
@@ -559,7 +559,7 @@ def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp
     names = sorted(path.name for path in output_dir.iterdir() if "checkpoint" in path.name)
     assert names == ["checkpoint-100", "checkpoint-3", "checkpoint-4"]
     assert ".checkpoint-77.partial" in caplog.text and ".checkpoint-1.deleting" in caplog.text, "removed, warned"
-    assert all(is_complete(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
+    assert all(not checkpoint_problems(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
@@ -578,7 +578,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
         trainer.train()
     assert str(error.value).startswith(f"No space left on device while writing {output_dir / 'checkpoint-4'}")
     assert "\n" not in str(error.value)
-    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"] and is_complete(
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"] and not checkpoint_problems(
         output_dir / "checkpoint-2"
     )
     assert staging_directories(output_dir) == [], "the partial save is removed, freeing its space"

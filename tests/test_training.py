@@ -44,6 +44,7 @@ from modeling.training import (
     _model,
     _without_hub_push,
     _write_run_records,
+    check_fine_tuning_source,
     train,
 )
 from modeling.translation import load_model_and_tokenizer, model_fingerprint, tokenizer_fingerprint, translate
@@ -344,7 +345,8 @@ def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(t
     tokenizer = word_tokenizer()
     marian_dir = tiny_marian_dir(tmp_path / "marian", len(tokenizer))
     tokenizer.save_pretrained(marian_dir)  # its tokenizer is kept
-    converted = _model(ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0), get_preset("tiny"), 64)
+    model_args = ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0)
+    converted = _model(model_args, get_preset("tiny"), 64, check_fine_tuning_source(model_args))
     marian = MarianMTModel.from_pretrained(marian_dir).eval()
     batch = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "decoder_input_ids": torch.tensor([[0, 8, 9]])}
     assert converted.config.positional_encoding_layout == "concatenated"

@@ -51,6 +51,11 @@ def test_converted_directory_evaluates_to_fairseqs_translations(tmp_path, monkey
     references = (FAIRSEQ_FIXTURES / "heldout.de").read_text(encoding="utf-8").splitlines()
     assert metrics["sacrebleu"] == pytest.approx(corpus_scores(hypotheses, references, "de")["sacrebleu"])
     assert (metrics["num_beams"], metrics["length_penalty"], metrics["max_length_offset"]) == (4, 0.6, None)
+    assert (metrics["max_length_b"], metrics["beam_finalization"], metrics["forced_eos_keeps_log_prob"]) == (
+        200,
+        "first",
+        True,
+    )
 
 
 def test_without_bpe_codes_the_tokenizer_takes_tokenised_text(tmp_path, monkeypatch):

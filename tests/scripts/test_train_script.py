@@ -27,7 +27,8 @@ from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling.arguments import TranslationTrainingArguments
-from modeling.checkpoints import is_complete
+from modeling.checkpoints import checkpoint_problems
+from modeling.presets import get_preset
 from modeling.training import train
 
 
@@ -61,6 +62,25 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
     config.write_text("preset: base\nsave_step: 7\n")
     with pytest.raises(ValueError, match=r"unknown arguments \['save_step'\]"):
         script.parse([str(config)])
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ("base_en_de", ("de", 37000, 0.1, 100_000, 5)),
+        ("big_en_de", ("de", 37000, 0.3, 300_000, 20)),
+        ("base_en_fr", ("fr", 32000, 0.1, 100_000, 5)),
+        ("big_en_fr", ("fr", 32000, 0.1, 300_000, 20)),  # Sec. 6.1: dropout 0.1, not big's 0.3, into French
+    ],
+)
+def test_the_shipped_paper_configs_give_table_2s_recipes(config, expected):
+    path = REPO_ROOT / "configs" / "train" / f"{config}.yaml"
+    model_args, data_args, args = load_train_script().parse([str(path), "--bf16", "false"])  # no GPU here
+    preset = get_preset(model_args.preset)
+    model = preset.model_config(data_args.vocab_size or preset.vocab_size, **model_args.config_overrides())
+    recipe = (data_args.target_lang, data_args.vocab_size or preset.vocab_size, model.dropout, args.max_steps)
+    assert (*recipe, args.average_last_checkpoints) == expected
+    assert (data_args.dataset, data_args.source_lang, args.tokens_per_update) == ("wmt/wmt14", "en", 25000)
 
 
 @pytest.mark.parametrize(
@@ -332,7 +352,7 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     record = json.loads((run / "preempted.json").read_text())
     step = record["step"]
     assert record["signal"] == "SIGTERM" and record["checkpoint"] == str(run / f"checkpoint-{step}")
-    assert is_complete(run / f"checkpoint-{step}") and 3 <= step < 60
+    assert not checkpoint_problems(run / f"checkpoint-{step}") and 3 <= step < 60
     assert seen + stdout.count("'loss'") == step, "every update made is in the checkpoint, none made after it"
     assert "Exiting with code 75 (preempted)" in stderr and "Traceback" not in stderr
     assert not (run / "model.safetensors").exists(), "no final model from a preempted run"
