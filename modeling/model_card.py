@@ -29,17 +29,14 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
-from .checkpoints import CONVERSION_FILE
+from .checkpoints import CONVERSION_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE
 from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
-TRAINER_STATE_FILE = "trainer_state.json"
-TRAINING_ARGS_FILE = "training_args.json"
-DATA_STATS_FILE = "data_stats.json"
 CURVES_FILE = "training_curves.png"
 # What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
-# examples/scaling_nmt): BLEU with compound splitting as the paper computes it, and sacreBLEU.
+# examples/scaling_nmt): tokenised BLEU as the paper computes it (compounds split into German), and sacreBLEU.
 FAIRSEQ_PUBLISHED_BLEU = (
     ("transformer.wmt16.en-de", "wmt16.en-de.joined-dict.transformer.tar.bz2", "en-de", 29.3, 28.6),
     ("transformer.wmt14.en-fr", "wmt14.en-fr.joined-dict.transformer.tar.bz2", "en-fr", 43.2, 41.4),
@@ -88,7 +85,7 @@ ARCHITECTURE_FIELDS = (
 # (JSON key, model-index metric type, display name) for each score of an evaluation JSON.
 CARD_METRICS = (
     ("sacrebleu", "bleu", "sacreBLEU"),
-    ("paper_bleu", "bleu", "BLEU (tokenised, compound splitting, as in the paper)"),
+    ("paper_bleu", "bleu", "BLEU (tokenised as in the paper)"),
     ("tokenized_bleu_lc", "bleu", "BLEU (tokenised, lowercased)"),
     ("chrf", "chrf", "chrF"),
 )
@@ -124,7 +121,7 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
             raise FileNotFoundError(f"Card input directory {directory} does not exist.")
         for path in sorted(directory.glob(EVAL_RESULTS_GLOB)):
             inputs["eval_results"].append(check_eval_result(path, read_json(path), model_dir))
-        state = directory / TRAINER_STATE_FILE
+        state = directory / TRAINER_STATE_NAME
         if inputs["log_history"] is None and state.is_file():
             inputs["log_history"] = read_json(state).get("log_history")
         for key, name in (("training_args", TRAINING_ARGS_FILE), ("data_stats", DATA_STATS_FILE)):

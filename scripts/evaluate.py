@@ -24,7 +24,7 @@ from modeling.translation import TranslationInProgressError, check_workers, load
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
-    ("paper_bleu", "BLEU, tokenised + compound split (paper)", "paper_bleu_signature"),
+    ("paper_bleu", "BLEU, tokenised as in the paper", "paper_bleu_signature"),
     ("tokenized_bleu_lc", "BLEU, tokenised, lowercased", "tokenized_bleu_lc_signature"),
     ("chrf", "chrF", "chrf_signature"),
 )
