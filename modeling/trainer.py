@@ -259,9 +259,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise ValueError("Training requires a train_dataset.")
         self._check_sharding()
         dataset = self._token_dataset(self.train_dataset, "training")
-        sampler = TokenBudgetBatchSampler(
-            *sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=True, seed=self._data_seed
-        )
+        sampler = self._train_sampler(dataset)
         self._sampler_epoch.sampler = sampler
         efficiency = sampler.padding_efficiency()
         logger.info(
@@ -274,6 +272,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self.args.gradient_accumulation_steps,
         )
         return self._dataloader(dataset, sampler, training=True)
+
+    def _train_sampler(self, dataset: datasets.Dataset) -> TokenBudgetBatchSampler:
+        return TokenBudgetBatchSampler(
+            *sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=True, seed=self._data_seed
+        )
 
     def get_eval_dataloader(self, eval_dataset: str | datasets.Dataset | None = None) -> DataLoader:
         """Token-budget batches in length order, each example on exactly one process."""
@@ -334,10 +337,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         batches each process gets per epoch (accelerate gives every process the same number)."""
         if self.args.max_steps > 0:
             return self.args.max_steps
-        dataset = self._token_dataset(self.train_dataset, "training")
-        sampler = TokenBudgetBatchSampler(
-            *sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=True, seed=self._data_seed
-        )
+        sampler = self._train_sampler(self._token_dataset(self.train_dataset, "training"))
         batches = math.ceil(len(sampler) / self.args.world_size)
         per_epoch = max(math.ceil(batches / self.args.gradient_accumulation_steps), 1)
         return math.ceil(self.args.num_train_epochs * per_epoch)
@@ -699,9 +699,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         ignore_keys: list[str] | None = None,
         **gen_kwargs: Any,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        # `Seq2SeqTrainer.prediction_step` fills unset fields of the model's generation config with library defaults,
-        # among them max_length=20, which would then cap every later translation (and the saved generation config)
-        # at 20 tokens instead of the paper's source length + 50: give it a copy and keep the original.
         if self.preempted is None and self.is_in_train:
             # A signal while evaluating during training (the generating part can take minutes): stop here rather
             # than after the evaluation, which could outlast the grace period before a kill. A collective, as every
@@ -709,6 +706,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             agreed = self.preemption.agreed(self.args.device)
             if agreed is not None:
                 raise _EvaluationAbandoned(agreed)
+        # `Seq2SeqTrainer.prediction_step` fills unset fields of the model's generation config with library defaults,
+        # among them max_length=20, which would then cap every later translation (and the saved generation config)
+        # at 20 tokens instead of the paper's source length + 50: give it a copy and keep the original. This model
+        # also undoes that fill itself (`undo_library_default_fill`, for a plain Seq2SeqTrainer); other models given
+        # to this trainer (a MarianMTModel) do not.
         generation_config = copy.deepcopy(self.model.generation_config)
         loss_only = prediction_loss_only or self._loss_only
         # When it generates, `Seq2SeqTrainer.prediction_step` takes the loss from its own call of the model, smoothed
