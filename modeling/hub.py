@@ -195,10 +195,11 @@ def push_model_dir(
 ) -> str:
     """Create `repo_id` if needed and upload the model directory to it; return the repo URL.
 
-    Uploads weights, config (with auto_map), the five remote-code files, tokenizer, generation config, card and
-    figures; pickles, optimizer states and checkpoint subdirectories are left out. `upload_folder` has the Hub
-    validate the card's metadata (`/api/validate-yaml`) before uploading anything. The directory is checked
-    first (`check_model_dir`; `verify=False` when the caller just did). Hub failures raise `HubError`.
+    Uploads weights, config (with auto_map), the remote-code files (a converted fairseq model's tokenizer code
+    among them), tokenizer, generation config, card and figures; pickles, optimizer states and checkpoint
+    subdirectories are left out. `upload_folder` has the Hub validate the card's metadata (`/api/validate-yaml`)
+    before uploading anything. The directory is checked first (`check_model_dir`; `verify=False` when the caller
+    just did). Hub failures raise `HubError`.
     """
     model_dir = check_model_dir(model_dir) if verify else Path(model_dir)
     token = resolve_token(token)

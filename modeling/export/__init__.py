@@ -22,7 +22,7 @@ every sentence. `translate_options.json` then holds the nearest settings, and `e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import RECORD_FILE, building_directory, paper_decoding_not_expressed
 from .ctranslate2_export import (
@@ -36,10 +36,21 @@ from .ctranslate2_export import (
 from .marian_export import check_marian, to_marian
 from .onnx_export import ONNX_OPSET, to_onnx
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ..modeling_transformer import TransformerForConditionalGeneration
+
 FORMATS = ("ctranslate2", "marian", "onnx")
 
 
-def export(model, tokenizer, output_dir: str | Path, to: str, **options: Any) -> Path:
+def export(
+    model: TransformerForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase | None,
+    output_dir: str | Path,
+    to: str,
+    **options: Any,
+) -> Path:
     """Dispatch to `to_ctranslate2`, `to_marian` or `to_onnx` by name."""
     if to == "ctranslate2":
         return to_ctranslate2(model, tokenizer, output_dir, **options)
