@@ -4,13 +4,12 @@ Three BLEU numbers circulate for the same outputs, and they are not comparable w
 
 - **sacreBLEU** (`sacrebleu`): cased, on detokenised text, sacreBLEU's own `13a` tokenisation. The only one of
   the three that is reproducible across papers; always report its signature with it.
-- **Paper BLEU** (`paper_bleu`): what Table 2 of Vaswani et al. (2017) reports: Moses punctuation normalisation
-  and tokenisation, then `multi-bleu.perl` on the tokens. Into German it is tensor2tensor's `get_ende_bleu.sh`
-  exactly: the hypotheses normalised and tokenised, the reference only tokenised (the script read the tokenised
-  `newstest2014.tok.de`, so a hypothesis's `“`, normalised to `"`, misses the reference's), then every hyphenated
-  compound `a-b` on both sides split into `a ##AT##-##AT## b`. Into other languages both sides are normalised and
-  nothing is split: that script is English-German only, and splitting French's `peut-être` or `centre-ville` would
-  add easy matches. Splitting adds easy-to-match tokens, so the German number is typically higher than sacreBLEU.
+- **Paper BLEU** (`paper_bleu`): what Table 2 of Vaswani et al. (2017) reports, as tensor2tensor's
+  `get_ende_bleu.sh` computed it in 2017: Moses tokenisation of hypothesis and reference (no punctuation
+  normalisation: the script added it in 2018, and then to the hypotheses only), every hyphenated compound `a-b`
+  split into `a ##AT##-##AT## b` on both sides, then `multi-bleu.perl` on the tokens. The script is English-German
+  only: into other languages nothing is split, since splitting French's `peut-être` or `centre-ville` would add
+  easy matches. Splitting adds easy-to-match tokens, so the German number is typically higher than sacreBLEU.
 - **Lowercased tokenised BLEU** (`tokenized_bleu_lc`): `multi-bleu.perl -lc` on Moses-tokenised text, the
   number most Multi30k papers report.
 
@@ -73,13 +72,12 @@ def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str
 
     hyp_tok = [moses_tokenize(h, target_lang) for h in hypotheses]
     ref_tok = [moses_tokenize(r, target_lang) for r in references]
-    if target_lang == "de":  # get_ende_bleu.sh: its reference, newstest2014.tok.de, was tokenised, not normalised
-        paper_hyp = [split_compounds(h) for h in hyp_tok]
-        paper_ref = [split_compounds(moses_tokenize(r, target_lang, normalize=False)) for r in references]
-    else:
-        paper_hyp, paper_ref = hyp_tok, ref_tok
+    # get_ende_bleu.sh as of 2017: tokenised, not normalised; compounds split into German.
+    split = split_compounds if target_lang == "de" else str
+    paper_hyp = [split(moses_tokenize(h, target_lang, normalize=False)) for h in hypotheses]
+    paper_ref = [split(moses_tokenize(r, target_lang, normalize=False)) for r in references]
     paper_bleu, paper_signature = _tokenized_bleu(paper_hyp, paper_ref, lowercase=False)
-    steps = "ref-unnormalized|compound-split:atat|" if target_lang == "de" else ""
+    steps = "unnormalized|compound-split:atat|" if target_lang == "de" else "unnormalized|"
     lc_bleu, lc_signature = _tokenized_bleu(hyp_tok, ref_tok, lowercase=True)
 
     return {

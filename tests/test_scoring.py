@@ -49,13 +49,15 @@ def test_compounds_are_split_into_german_only():
     assert split["paper_bleu"] > french["paper_bleu"]
 
 
-def test_into_german_the_reference_is_tokenised_without_normalising_its_punctuation_as_get_ende_bleu_did():
-    sentence = ["Er sagte „ja“ und ging nach Hause, weil es schon spät war."]
-    german = corpus_scores(sentence, sentence, "de")
-    # 16 tokens; the hypothesis's “ becomes " (&quot;) and misses the reference's “, and so do the n-grams over it.
+def test_the_paper_bleu_normalises_no_punctuation_as_get_ende_bleu_did_in_2017():
+    reference = ["Er sagte „ja“ und ging nach Hause, weil es schon spät war."]
+    assert corpus_scores(reference, reference, "de")["paper_bleu"] == pytest.approx(100.0)
+    hypothesis = ['Er sagte „ja" und ging nach Hause, weil es schon spät war.']  # a plain closing quote
+    german = corpus_scores(hypothesis, reference, "de")
+    # 16 tokens; unnormalised, the hypothesis's " (&quot;) misses the reference's “, and so do the n-grams over it.
     assert german["paper_bleu"] == pytest.approx(100 * (15 / 16 * 13 / 15 * 11 / 14 * 9 / 13) ** 0.25)
-    assert "ref-unnormalized|compound-split:atat" in german["paper_bleu_signature"]
-    assert corpus_scores(sentence, sentence, "fr")["paper_bleu"] == pytest.approx(100.0)
+    assert german["tokenized_bleu_lc"] == pytest.approx(100.0), "normalised, both are &quot;"
+    assert "unnormalized|compound-split:atat" in german["paper_bleu_signature"]
 
 
 def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_does_not():
