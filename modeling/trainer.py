@@ -184,6 +184,9 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise TypeError("TokenBudgetSeq2SeqTrainer needs args=TranslationTrainingArguments(...).")
         if bleu_dataset is not None and not args.predict_with_generate:
             raise ValueError("BLEU on bleu_dataset needs predict_with_generate=True.")
+        # The memory a device was given: batches for `tokens_per_update` may be smaller, never larger, and
+        # evaluation batches keep it, so that an evaluation does not depend on the number of processes.
+        self.max_tokens_limit = args.max_tokens_per_device
         if args.tokens_per_update is not None and train_dataset is not None:
             args = copy.copy(args)  # the caller's arguments stay as given
             args.gradient_accumulation_steps, args.max_tokens_per_device = update_batching(
@@ -287,7 +290,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         self._check_sharding()
         dataset = self._token_dataset(dataset, "evaluation")
-        sampler = TokenBudgetBatchSampler(*sequence_lengths(dataset), self.args.max_tokens_per_device, shuffle=False)
+        sampler = TokenBudgetBatchSampler(*sequence_lengths(dataset), self.max_tokens_limit, shuffle=False)
         batches = split_batches_to_multiple(list(sampler), self.accelerator.num_processes)
         return self._dataloader(dataset, FixedBatchSampler(batches), training=False)
 
@@ -306,6 +309,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         loop would make one more update before it checks the count, at every rerun."""
         with self.preemption.handling():
             checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+            if checkpoint is not None:
+                self.adopt_checkpoint_batching(checkpoint)
             total = self._total_updates() if checkpoint is not None else 0
             state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
             if state is not None and state.global_step >= total:
@@ -331,6 +336,29 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if checkpoint is None:
             raise ValueError(f"No complete checkpoint in {self.args.output_dir} to resume from.")
         return str(checkpoint)
+
+    def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
+        """On as many processes as `checkpoint` was trained on, keep its micro-batches per update and batch size
+        where `tokens_per_update` now derives others (from other data, or an earlier version of this code): one
+        run, one update size. Never batches larger than `max_tokens_per_device`. `train` calls it when resuming;
+        call it first to record the batching that the run will use."""
+        saved, batching = marker_record(checkpoint).get("batching"), self._batching()
+        if (
+            self.args.tokens_per_update is None
+            or not saved
+            or saved == batching
+            or saved.get("processes") != batching["processes"]
+            or saved.get("max_tokens_per_device", math.inf) > self.max_tokens_limit
+        ):
+            return
+        logger.info(
+            "Resuming %s with its own batches (%s) rather than those derived now (%s)",
+            checkpoint,
+            _describe_batching(saved),
+            _describe_batching(batching),
+        )
+        self.args.gradient_accumulation_steps = saved["micro_batches_per_update"]
+        self.args.max_tokens_per_device = saved["max_tokens_per_device"]
 
     def _total_updates(self) -> int:
         """The run's number of updates: `max_steps`, or what the Trainer derives from `num_train_epochs` and the

@@ -634,6 +634,8 @@ def _write_run_records(
         shown["learning_rate_schedule"] = "learning_rate × d_model^-0.5 × min(step^-0.5, step × warmup^-1.5)"
     name = model_args.model_name_or_path
     run = {"preset": model_args.preset, "model_name_or_path": name, "world_size": args.world_size}
+    if trainer.max_tokens_limit != args.max_tokens_per_device:  # batches made smaller for tokens_per_update
+        run["max_tokens_per_device_given"] = trainer.max_tokens_limit
     if name is not None and not os.path.isdir(name):
         run["base_model"] = name  # a Hub repo: the card links it
     conversion = _conversion_record(name)
@@ -815,6 +817,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
                 preemption=preemption,
             )
+            if checkpoint is not None:  # before the records, which say how the run trains
+                trainer.adopt_checkpoint_batching(checkpoint)
             if trainer.is_world_process_zero():
                 hub_model_id = hub.repo_id if hub else None
                 _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)

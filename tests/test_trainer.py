@@ -110,6 +110,44 @@ def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_s
     }
 
 
+def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trained_with(tmp_path, caplog):
+    # The checkpoint of a run whose batches tokens_per_update did not make smaller (an earlier version of this code).
+    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1}
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    first = training_args(tmp_path, max_steps=1, max_tokens_per_device=1000, **settings)
+    make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
+    args = training_args(tmp_path, max_steps=2, max_tokens_per_device=1000, tokens_per_update=28, **settings)
+    resumed = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
+    assert resumed.args.max_tokens_per_device == 62, "derived anew"
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert (resumed.args.gradient_accumulation_steps, resumed.args.max_tokens_per_device) == (1, 1000)
+    assert "with its own batches (1 process(es) × 1 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
+    assert "other batches" not in caplog.text
+    assert resumed.state.log_history[1]["target_tokens_per_update"] == 56, "one batch of all 8 examples, as before"
+    # Never batches larger than the memory now given: then the derived ones, with the warning.
+    caplog.clear()
+    smaller = training_args(tmp_path, max_steps=2, max_tokens_per_device=500, tokens_per_update=28, **settings)
+    limited = make_trainer(smaller, data, tokenizer, tiny_model(len(tokenizer)))
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        limited.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
+    assert limited.args.max_tokens_per_device < 500 and "its own batches" not in caplog.text
+
+
+def test_evaluation_batches_keep_the_budget_given_when_training_batches_are_made_smaller(tmp_path):
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    losses_by_budget = []
+    for tokens_per_update in (None, 28):
+        args = training_args(
+            tmp_path / str(tokens_per_update), max_tokens_per_device=1000, tokens_per_update=tokens_per_update
+        )
+        torch.manual_seed(0)
+        trainer = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)), eval_dataset=data)
+        assert len(trainer.get_eval_dataloader()) == 1, "all 8 examples in one batch of at most 1000 tokens"
+        losses_by_budget.append(trainer.evaluate()["eval_loss"])
+    assert losses_by_budget[0] == losses_by_budget[1]
+
+
 def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
     initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
     full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples

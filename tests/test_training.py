@@ -1,5 +1,6 @@
 """Tests of modeling/training.py: `train()` end to end, learning, fine-tuning, and what a run records."""
 
+import dataclasses
 import fcntl
 import io
 import json
@@ -144,13 +145,24 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     assert HUB_TOKEN.encode() not in saved.getvalue()
     assert HUB_TOKEN not in str(args)
 
-    trainer = SimpleNamespace(args=args, processing_class=[None] * 64)  # the token-holding original: to_dict masks
+    # the token-holding original: to_dict masks
+    trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
     model_args, data_args = ModelArguments(preset="tiny"), DataArguments(data_dir="d")
     _write_run_records(trainer, model_args, data_args, {"train": [None] * 3}, {}, hub_model_id=REPO_ID)
     text = (tmp_path / "training_args.json").read_text()
     assert HUB_TOKEN not in text
     records = json.loads(text)
     assert (records["hub_token"], records["push_to_hub"], records["hub_model_id"]) == ("<HUB_TOKEN>", True, REPO_ID)
+    assert "max_tokens_per_device_given" not in records
+
+
+def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batches_smaller(tmp_path):
+    given = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    derived = dataclasses.replace(given, max_tokens_per_device=3323)
+    trainer = SimpleNamespace(args=derived, processing_class=[None] * 64, max_tokens_limit=4096)
+    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {})
+    records = json.loads((tmp_path / "training_args.json").read_text())
+    assert (records["max_tokens_per_device"], records["max_tokens_per_device_given"]) == (3323, 4096)
 
 
 # --- long runs: one output directory, one run -----------------------------------------------------------------
