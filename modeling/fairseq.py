@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import pickle
 import re
 import tempfile
@@ -132,6 +133,9 @@ _DECODER_LAYER_PARTS = {
 }
 # Keys fairseq itself ignores or rebuilds: stack versions, the sinusoid table's placeholder (old: the table).
 _IGNORED_KEY = re.compile(r"^(encoder|decoder)\.(version|embed_positions\._float_tensor|embed_positions\.weights)$")
+
+
+logger = logging.getLogger(__name__)
 
 
 class FairseqConversionError(ValueError):
@@ -483,23 +487,45 @@ def from_fairseq(
     source_lang: str,
     target_lang: str,
     bpe_codes: str | Path | None = None,
+    pretokenized: bool = False,
 ) -> tuple[TransformerForConditionalGeneration, FairseqTokenizer]:
     """This model and its tokenizer for a fairseq transformer checkpoint (`model.pt`), the folder holding its
-    dictionaries (`dict.{source_lang}.txt`, `dict.{target_lang}.txt`, as fairseq-preprocess writes them) and,
-    optionally, its subword-nmt codes (`bpecodes`).
+    dictionaries (`dict.{source_lang}.txt`, `dict.{target_lang}.txt`, as fairseq-preprocess writes them) and its
+    subword-nmt codes: `bpe_codes`, or the folder's `bpecodes`; `pretokenized=True` instead takes text already
+    Moses-tokenised and BPE-split, and gives tokenised outputs. Neither codes nor `pretokenized` is refused.
 
     The model gives fairseq's log-probabilities (float32) and, with its generation config (fairseq's decoding
     with the published commands' `--beam 4 --lenpen 0.6`), fairseq's translations; the tokenizer gives fairseq's
     token ids and detokenised output. FairseqConversionError (a ValueError) names what cannot be converted.
     """
-    model, tokenizer, _ = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes)
+    model, tokenizer, _ = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes, pretokenized)
     return model, tokenizer
 
 
-def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes):
+def _bpe_codes_to_use(data_bin: Path, bpe_codes: str | Path | None, pretokenized: bool) -> str | Path | None:
+    """The subword-nmt codes the tokenizer applies: those given, else the data-bin's `bpecodes` (where a published
+    archive keeps them), None only when asked for (`pretokenized`): a tokenizer without codes meets raw text with
+    `<unk>` for every word not split already, and says nothing."""
+    if pretokenized:
+        if bpe_codes is not None:
+            raise ValueError("Give BPE codes or pretokenized, not both: pretokenized takes text already BPE-split.")
+        return None
+    if bpe_codes is not None:
+        return bpe_codes
+    if (data_bin / "bpecodes").is_file():
+        logger.info("Using the BPE codes of %s", data_bin / "bpecodes")
+        return data_bin / "bpecodes"
+    raise ValueError(
+        f"{data_bin} holds no bpecodes: give the model's subword-nmt codes (--bpe-codes), or --pretokenized "
+        "(pretokenized=True) for inputs already Moses-tokenised and BPE-split."
+    )
+
+
+def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes, pretokenized: bool = False):
     data_bin = Path(data_bin)
     if source_lang == target_lang:
         raise FairseqConversionError(f"source and target language are both {source_lang!r}.")
+    bpe_codes = _bpe_codes_to_use(data_bin, bpe_codes, pretokenized)
     symbols = read_fairseq_dictionary(data_bin / f"dict.{source_lang}.txt")
     if read_fairseq_dictionary(data_bin / f"dict.{target_lang}.txt") != symbols:
         _refuse(
@@ -561,6 +587,7 @@ def convert_fairseq(
     source_lang: str,
     target_lang: str,
     bpe_codes: str | Path | None = None,
+    pretokenized: bool = False,
 ) -> Path:
     """`from_fairseq`, saved into `output_dir`: weights (float32), config, generation config, the remote code of the
     model and of the tokenizer (the directory loads with `trust_remote_code=True` where this project is not
@@ -570,7 +597,7 @@ def convert_fairseq(
     conversion; nothing is written when the model is refused."""
     output_dir = Path(output_dir)
     check_replaceable(output_dir, CONVERSION_FILE, "a converted fairseq model")  # before the conversion's work
-    model, tokenizer, record = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes)
+    model, tokenizer, record = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes, pretokenized)
     with replacing_directory(output_dir, CONVERSION_FILE, "a converted fairseq model") as directory:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)

@@ -7,7 +7,8 @@
 --data-bin holds fairseq's dictionaries (dict.en.txt, dict.de.txt). The directory written (whole or not at all;
 only a previous conversion is replaced) loads with `from_pretrained`, translates as fairseq-interactive with
 `--tokenizer moses --bpe subword_nmt --beam 4 --lenpen 0.6` does, and pushes with scripts/push_to_hub.py.
-Without --bpe-codes, inputs must be Moses-tokenised and BPE-split already, and outputs stay tokenised.
+--bpe-codes defaults to DATA_BIN/bpecodes (where the published archives keep them); with --pretokenized instead,
+inputs must be Moses-tokenised and BPE-split already, and outputs stay tokenised.
 The tokenizer needs sacremoses (pip install "vaswani-transformer[fairseq]"); fairseq itself is not needed.
 """
 
@@ -23,7 +24,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--data-bin", required=True, help="folder with dict.SRC.txt and dict.TGT.txt")
     parser.add_argument("--source-lang", required=True)
     parser.add_argument("--target-lang", required=True)
-    parser.add_argument("--bpe-codes", help="subword-nmt codes (bpecodes); without them text is taken as tokenised")
+    parser.add_argument("--bpe-codes", help="subword-nmt codes (default: DATA_BIN/bpecodes)")
+    parser.add_argument(
+        "--pretokenized", action="store_true", help="no BPE codes: inputs already Moses-tokenised and BPE-split"
+    )
     parser.add_argument("--output-dir", required=True, help="the model directory to write")
     return parser.parse_args()
 
@@ -38,6 +42,7 @@ def main() -> None:
             source_lang=args.source_lang,
             target_lang=args.target_lang,
             bpe_codes=args.bpe_codes,
+            pretokenized=args.pretokenized,
         )
     except ImportError as error:  # sacremoses, which the tokenizer needs
         sys.exit(f"error: {error} (pip install sacremoses, or 'vaswani-transformer[fairseq]')")

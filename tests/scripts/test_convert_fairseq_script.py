@@ -58,10 +58,32 @@ def test_converted_directory_evaluates_to_fairseqs_translations(tmp_path, monkey
     )
 
 
-def test_without_bpe_codes_the_tokenizer_takes_tokenised_text(tmp_path, monkeypatch):
-    convert(tmp_path / "model", monkeypatch)
+def test_pretokenized_the_tokenizer_takes_tokenised_text(tmp_path, monkeypatch):
+    convert(tmp_path / "model", monkeypatch, "--pretokenized")
     assert json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())["pretokenized"] is True
     assert json.loads((tmp_path / "model" / "fairseq_conversion.json").read_text())["bpe_codes"] is None
+
+
+def test_without_bpe_codes_the_data_bins_are_used_and_none_at_all_is_refused(tmp_path, monkeypatch):
+    # A published archive keeps bpecodes beside its dictionaries: without them raw text met <unk> for every word
+    # not split already (41% of the held-out source tokens), silently.
+    convert(tmp_path / "model", monkeypatch)
+    assert json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())["pretokenized"] is False
+    assert json.loads((tmp_path / "model" / "fairseq_conversion.json").read_text())["bpe_codes"] == "bpecodes"
+    data_bin = tmp_path / "no_codes"
+    data_bin.mkdir()
+    for name in ("dict.en.txt", "dict.de.txt"):
+        shutil.copy(FAIRSEQ_FIXTURES / name, data_bin / name)
+    arguments = ["--checkpoint", FAIRSEQ_FIXTURES / NAME / "model.pt", "--data-bin", data_bin]
+    arguments += ["--source-lang", "en", "--target-lang", "de", "--output-dir", tmp_path / "out"]
+    message = script_error("convert_fairseq.py", *arguments, monkeypatch=monkeypatch)
+    assert message == (
+        f"error: {data_bin} holds no bpecodes: give the model's subword-nmt codes (--bpe-codes), or --pretokenized "
+        "(pretokenized=True) for inputs already Moses-tokenised and BPE-split."
+    )
+    both = ["--bpe-codes", FAIRSEQ_FIXTURES / "bpecodes", "--pretokenized"]
+    assert "not both" in script_error("convert_fairseq.py", *arguments, *both, monkeypatch=monkeypatch)
+    assert not (tmp_path / "out").exists()
 
 
 def test_errors_are_one_line_and_nothing_is_written(tmp_path, monkeypatch):
