@@ -196,10 +196,10 @@ def update_batching(
     `world_size` processes hold about `tokens_per_update` real target tokens of `dataset`.
 
     The paper's "approximately 25000 source tokens and 25000 target tokens" per update (Sec. 5.1) then hold on any
-    number of GPUs. One GPU accumulates several batches of 4096; where one batch of `max_tokens` on every process already
-    holds more than 10% too many (8 GPUs × 4096 hold ~31,000 real target tokens, 16 GPUs ~62,000), the batches are
-    made smaller instead, never larger than `max_tokens` (the memory a device was given). Logs the result, and warns
-    where it is still more than 10% off.
+    number of GPUs. One GPU accumulates several batches of 4096; where one batch of `max_tokens` on every process
+    already holds more than 10% too many (8 GPUs × 4096 hold ~31,000 real target tokens, 16 GPUs ~62,000), the
+    batches are made smaller instead, never larger than `max_tokens` (the memory a device was given). Logs the
+    result, and warns where it is still more than 10% off.
     """
     budget = max_tokens
     per_batch = mean_target_tokens_per_batch(dataset, budget)

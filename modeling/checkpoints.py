@@ -325,6 +325,11 @@ def describe_files(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
     ]
 
 
+def weights_record(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """Name, size and sha256 of a model directory's weight files: which weights a result was measured on."""
+    return describe_files(weight_files(directory))
+
+
 def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The `run_identity.json` of an output directory or checkpoint, or None where there is none."""
     path = Path(directory) / RUN_IDENTITY_FILE
@@ -409,5 +414,6 @@ __all__ = [
     "read_run_identity",
     "require_complete_checkpoint",
     "safetensors_problem",
+    "weights_record",
     "write_completeness_marker",
 ]

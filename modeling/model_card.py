@@ -29,7 +29,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
-from .checkpoints import CONVERSION_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE
+from .checkpoints import CONVERSION_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, weights_record
 from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -133,8 +133,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
 def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = None) -> dict[str, Any]:
     """`result`, read from `path`, if the card can show it: an object with the fields the card prints, of their
     types; else a ValueError naming the file and the field. With `model_dir`, the result's `"model"` (what
-    scripts/evaluate.py scored), when a local directory, must be `model_dir`: another model's scores never reach
-    the card."""
+    scripts/evaluate.py scored), when a local directory, must be `model_dir`, and its `"model_weights"` the weight
+    files `model_dir` holds now: another model's scores, or those of weights since replaced, never reach the card."""
     if not isinstance(result, dict):
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
     fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
@@ -156,6 +156,12 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
                 f"{path} scored the model {scored}, not {model_dir}: refusing to put another model's scores on "
                 "its card."
             )
+    scored_weights = result.get("model_weights")
+    if model_dir is not None and scored_weights is not None and scored_weights != weights_record(model_dir):
+        raise ValueError(
+            f"{path} scored other weights than {model_dir} holds now (converted or trained again since): evaluate "
+            "it again."
+        )
     return result
 
 

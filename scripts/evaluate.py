@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from modeling.checkpoints import weights_record
 from modeling.cli import add_decoding_arguments, positive_int
 from modeling.data import discover_parallel_files, load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
@@ -126,6 +127,7 @@ def main() -> None:
         raise
     metrics = {
         "model": args.model,
+        "model_weights": weights_record(args.model) if Path(args.model).is_dir() else None,
         "dataset": args.dataset or Path(args.data_dir).resolve().name,
         "language_pair": args.language_pair,
         "split": split_name,

@@ -10,6 +10,7 @@ from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 
 from modeling import export
+from modeling.checkpoints import weights_record
 from modeling.files import write_json
 from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card, training_summary
 
@@ -170,6 +171,17 @@ def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
     write_json(tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": "someone/on-the-hub"})
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+
+
+def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"the weights evaluated")
+    scored = {**eval_result, "model": str(tmp_path / "model"), "model_weights": weights_record(tmp_path / "model")}
+    write_json(tmp_path / "eval" / "eval_results_test.json", scored)
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"converted again")  # the same path, other weights
+    with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
+        collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
 
 
 @pytest.mark.parametrize(
