@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .checkpoints import (
@@ -154,11 +155,12 @@ def _refuse(field: str, value: Any, why: str) -> None:
 
 def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint's top-level dict, read without fairseq: `torch.load(weights_only=True)`, allowing only
-    `argparse.Namespace` (fairseq's model arguments) besides tensors and plain containers."""
+    `argparse.Namespace` (fairseq's model arguments) and numpy's arrays and scalars of numbers (the metrics that
+    fairseq ≥ 0.10 keeps in `extra_state`, e.g. `--eval-bleu`'s counts) besides tensors and plain containers."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"fairseq checkpoint {path} does not exist.")
-    with torch.serialization.safe_globals([argparse.Namespace]):
+    with torch.serialization.safe_globals([argparse.Namespace, *_numpy_data_globals()]):
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         except OSError:
@@ -177,6 +179,15 @@ def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
         raise FairseqConversionError(f"{path} is not a fairseq checkpoint: no 'model' state dict in it.")
     return checkpoint
+
+
+def _numpy_data_globals() -> list[Any]:
+    """What unpickling numpy arrays and scalars of numbers takes: no code of the file's choosing (an array of
+    Python objects would still need globals that stay refused)."""
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    numbers = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    numbers += ("float16", "float32", "float64")
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *(type(np.dtype(n)) for n in numbers)]
 
 
 # What the weights-only unpickler says of a pickle holding objects it does not allow (as opposed to data that is no

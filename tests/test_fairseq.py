@@ -12,12 +12,14 @@ import sys
 import textwrap
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
     FAIRSEQ_FIXTURES,
     FAIRSEQ_MODELS,
     MULTI30K,
+    convert_fairseq_fixture,
     fairseq_beam_search,
     fairseq_outputs,
     right_padded,
@@ -406,6 +408,17 @@ def test_old_checkpoints_convert_to_the_same_model(converted_fairseq, tmp_path):
     original, _ = converted_fairseq[FAIRSEQ_MODELS[0]]
     for name, tensor in original.state_dict().items():
         assert torch.equal(converted.state_dict()[name], tensor.half().float()), name
+
+
+def test_a_checkpoint_with_numpy_metrics_in_its_extra_state_converts(tmp_path):
+    # fairseq >= 0.10 with --eval-bleu keeps numpy counts in extra_state: refused as an "Unsupported global" before.
+    checkpoint = fixture_checkpoint()
+    meters = {"val": np.array([10, 5]), "sum": np.float64(2.5), "count": np.int64(3)}
+    checkpoint["extra_state"] = {"metrics": {"valid": [("_bleu_counts_0", "AverageMeter", meters, 0)]}}
+    model, _ = converting(checkpoint, tmp_path)
+    reference, _ = convert_fairseq_fixture(FAIRSEQ_MODELS[0])
+    expected = reference.state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
 
 
 def test_no_scale_embedding_is_converted_as_unscaled_embeddings(tmp_path):
