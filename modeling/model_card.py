@@ -307,13 +307,15 @@ def render_model_card(
     model_config: dict[str, Any] | None = None,
     num_parameters: int | None = None,
     curve_png: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     conversion: dict[str, Any] | None = None,
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
     `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
-    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`. `template_path` is a Jinja2
+    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`. `license` defaults to this
+    project's, Apache-2.0, and for a converted fairseq model (or a fine-tune of one) to fairseq's, MIT, under which
+    its weights were published. `template_path` is a Jinja2
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
     variable fails instead of silently printing nothing.
     """
@@ -328,7 +330,7 @@ def render_model_card(
         model_name=model_name if metadata else None,
         eval_results=metadata or None,
         language=[lang for lang in (source_lang, target_lang) if lang] or None,
-        license=license,
+        license=license or ("mit" if conversion else "apache-2.0"),
         library_name="transformers",
         pipeline_tag="translation",
         tags=["translation", "transformer", "vaswani-transformer", "custom_code", *(["fairseq"] * bool(conversion))],

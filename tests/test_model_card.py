@@ -79,6 +79,7 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     card = write_model_card(model_dir, repo_id=REPO_ID, card_from=[tmp_path / "eval"]).read_text()
     assert card_metadata_errors(card) == []
     assert "## Converted from fairseq" in card and "`transformer_wmt_en_de`" in card
+    assert "\nlicense: mit\n" in card, "fairseq published its weights under MIT"
     assert "beam 4, length penalty\n0.6 as score / length^α" in card and "sacremoses" in card
     assert "en-de): 29.3 tokenised BLEU with compound splitting, 28.6 sacreBLEU" in card
     assert "43.2 tokenised BLEU, 41.4 sacreBLEU" in card
