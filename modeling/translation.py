@@ -400,7 +400,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside the model. From a local directory, one missing or broken is named in one line:
     transformers would fall back to other tokenizer classes and fail with their unrelated messages, or report a
-    JSON error without its file."""
+    JSON error without its file. A package the tokenizer's code needs (sacremoses, for a converted fairseq model)
+    is named in an ImportError."""
+    try:
+        return _load_tokenizer_files(name_or_path)
+    except ImportError as error:
+        package = error.name or str(error)
+        raise ImportError(
+            f"The tokenizer of {name_or_path!r} needs the package {package!r}: pip install {package}"
+        ) from error
+
+
+def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
     if not os.path.isdir(name_or_path):
         return AutoTokenizer.from_pretrained(name_or_path)
     if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
@@ -410,6 +421,8 @@ def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         )
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
+    except ImportError:
+        raise
     except Exception as error:  # tokenizers' own parse errors are plain Exceptions
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ValueError(

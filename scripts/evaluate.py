@@ -77,7 +77,7 @@ def main() -> None:
         )
     except KeyError as error:  # an unknown split: the message lists the available ones
         sys.exit(f"error: {error.args[0]}")
-    except (OSError, ValueError) as error:
+    except (ImportError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     [(split_name, split)] = splits.items()
     try:

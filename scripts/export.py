@@ -37,6 +37,9 @@ def main() -> None:
     options = {"quantization": args.quantization} if args.quantization else {}
     try:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu")
+    except (ImportError, OSError, ValueError) as error:  # a fairseq tokenizer without sacremoses: named
+        sys.exit(f"error: {error}")
+    try:
         output_dir = export(model, tokenizer, args.output_dir, to=args.to, **options)
     except ImportError as error:
         sys.exit(f"error: {error} (pip install 'vaswani-transformer[deploy]')")

@@ -55,7 +55,7 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
-    except (OSError, ValueError) as error:
+    except (ImportError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams, "workers": args.workers}
     try:

@@ -4,6 +4,7 @@ scripts/evaluate.py, and its one-line errors."""
 import argparse
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -118,3 +119,16 @@ def test_a_truncated_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
         "PytorchStreamReader failed reading zip archive: failed finding central directory"
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["trunc.pt"]
+
+
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py"])
+def test_without_sacremoses_a_converted_model_says_so(script, converted_fairseq_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # as where it is not installed
+    arguments = {
+        "translate.py": ["A dog."],
+        "evaluate.py": ["--data-dir", tmp_path, "--source-lang", "en", "--target-lang", "de"],
+        "export.py": ["--to", "ctranslate2", "--output-dir", tmp_path / "ct2"],
+    }[script]
+    message = script_error(script, "--model", converted_fairseq_dir, *arguments, monkeypatch=monkeypatch)
+    needs = "needs the package 'sacremoses': pip install sacremoses"
+    assert message == f"error: The tokenizer of {str(converted_fairseq_dir)!r} {needs}"
