@@ -18,8 +18,8 @@ LayerNorm on embeddings, untied or separate embeddings, adaptive softmax or inpu
 state-dict key outside the expected set.
 
 The tokenizer is `tokenization_fairseq.FairseqTokenizer` (Moses + subword-nmt, as fairseq-interactive's
-`--tokenizer moses --bpe subword_nmt`), built from the dictionary and the BPE codes; without codes the text is taken
-as already tokenised and BPE-split.
+`--tokenizer moses --bpe subword_nmt`), built from the dictionary and the BPE codes (the data-bin's `bpecodes` unless
+given); with `pretokenized=True` instead the text is taken as already tokenised and BPE-split.
 """
 
 from __future__ import annotations
@@ -187,7 +187,11 @@ def _numpy_data_globals() -> list[Any]:
     multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
     numbers = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
     numbers += ("float16", "float32", "float64")
-    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *(type(np.dtype(n)) for n in numbers)]
+    # A pickle names the module of the numpy that wrote it: numpy.core before numpy 2 (fairseq's years), then
+    # numpy._core.
+    functions = [multiarray._reconstruct, multiarray.scalar]
+    older = [(function, f"numpy.core.multiarray.{function.__name__}") for function in functions]
+    return [*functions, *older, np.ndarray, np.dtype, *(type(np.dtype(name)) for name in numbers)]
 
 
 # What the weights-only unpickler says of a pickle holding objects it does not allow (as opposed to data that is no
@@ -524,7 +528,7 @@ def _bpe_codes_to_use(data_bin: Path, bpe_codes: str | Path | None, pretokenized
     if bpe_codes is not None:
         return bpe_codes
     if (data_bin / "bpecodes").is_file():
-        logger.info("Using the BPE codes of %s", data_bin / "bpecodes")
+        logger.warning("Using the BPE codes of %s (pretokenized=True: none, for BPE-split text)", data_bin.name)
         return data_bin / "bpecodes"
     raise ValueError(
         f"{data_bin} holds no bpecodes: give the model's subword-nmt codes (--bpe-codes), or --pretokenized "
@@ -578,7 +582,7 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
         "bpe_codes": Path(bpe_codes).name if bpe_codes is not None else None,
         "text": "Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt"
         if bpe_codes is not None
-        else "already Moses-tokenised and BPE-split (no BPE codes given); outputs are tokenised text",
+        else "already Moses-tokenised and BPE-split (converted with pretokenized=True); outputs are tokenised text",
         "decoding": {name: getattr(model.generation_config, name) for name in PUBLISHED_DECODING},
         "fairseq_command": (
             f"fairseq-interactive DATA_BIN --path {Path(checkpoint).name} --source-lang {source_lang} "

@@ -249,14 +249,12 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_directory(path: str | os.PathLike, *, keep_others: bool = False) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh `PATH.partial` directory to fill; on success it takes `path`'s place.
 
     A leftover `PATH.partial` of a killed attempt is removed first. The swap renames the old directory aside
     (`.PATH.old`), the new one into place, then removes the old one: a crash in between leaves the complete old
-    or new directory under one of those names, never a mix. On failure the partial directory is removed. With
-    `keep_others`, what the old directory holds under names the new one does not is moved into the new one
-    (`swap_directory`).
+    or new directory under one of those names, never a mix. On failure the partial directory is removed.
     """
     path = Path(os.path.abspath(path))  # "." and "out/.." have no name to put the partial directory beside
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
@@ -265,7 +263,7 @@ def atomic_directory(path: str | os.PathLike, *, keep_others: bool = False) -> I
     try:
         yield partial
         publish_tree(partial)
-        swap_directory(partial, path, keep_others=keep_others)
+        swap_directory(partial, path)
     except BaseException as error:
         full = disk_full_error(error, path) if isinstance(error, Exception) else None
         remove_tree(partial)
@@ -298,18 +296,26 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
 @contextmanager
 def replacing_directory(path: str | os.PathLike, marker: str, what: str) -> Iterator[Path]:
     """`atomic_directory`, replacing only what `check_replaceable` allows: checked before the directory is built
-    and again before it takes `path`'s place (something may have appeared there meanwhile). What a user put in
-    the previous one (an evaluation, a model card) is kept: moved into the new one, each name logged."""
+    and again before it takes `path`'s place (something may have appeared there meanwhile). A previous one that
+    holds anything under a name the new one does not (an evaluation or a card a user put there, another format's
+    files) is refused then, in one line naming those entries, and stays as it was: replacing it would delete them,
+    keeping them would leave them beside weights they do not describe."""
     check_replaceable(path, marker, what)
-    with atomic_directory(path, keep_others=True) as partial:
+    with atomic_directory(path) as partial:
         yield partial
         check_replaceable(path, marker, what)
+        path = Path(path)
+        others = sorted(e.name for e in path.iterdir() if not (partial / e.name).exists()) if path.is_dir() else []
+        if others:
+            raise FileExistsError(
+                f"{path} holds {others} besides {what}, which replacing it would delete: move them out of it, or "
+                "write into another directory (nothing was replaced)."
+            )
 
 
-def swap_directory(new: str | os.PathLike, path: str | os.PathLike, *, keep_others: bool = False) -> None:
+def swap_directory(new: str | os.PathLike, path: str | os.PathLike) -> None:
     """Put the complete directory `new` at `path`, replacing (then deleting) what was there; if `new` cannot be
-    renamed into place, what was there comes back. With `keep_others`, the entries of the old directory whose names
-    the new one does not hold are moved into it (logged) before the rest is deleted."""
+    renamed into place, what was there comes back."""
     new, path = Path(new), Path(path)
     old = path.with_name(f".{path.name}.old")  # hidden: matches no pattern the project lists
     remove_tree(old)
@@ -322,13 +328,6 @@ def swap_directory(new: str | os.PathLike, path: str | os.PathLike, *, keep_othe
             os.replace(old, path)
         raise
     fsync_path(path.parent)
-    if keep_others and old.is_dir():
-        kept = [entry for entry in sorted(old.iterdir()) if not (path / entry.name).exists()]
-        for entry in kept:
-            os.replace(entry, path / entry.name)
-        if kept:
-            logger.warning("Kept in %s what the one it replaced held besides: %s", path, [e.name for e in kept])
-            fsync_path(path)
     remove_tree(old)
 
 

@@ -14,10 +14,10 @@ hypothesis, is `FSMTTokenizer` (transformers' port of fairseq's WMT19 models) wi
 Source text is tokenised with Moses rules for the source language, `text_target` with the target language's (as
 fairseq-preprocess did for each side); hypotheses are detokenised with the target language's rules.
 
-With `pretokenized=True` (a model converted without BPE codes) the text is taken as fairseq's input without
-`--tokenizer` and `--bpe`: already Moses-tokenised and BPE-split, tokens separated by spaces, continuation marks
-`@@` included. Decoding then removes the continuation marks (fairseq's `--post-process subword_nmt`) but does not
-detokenise: the output is tokenised text.
+With `pretokenized=True` (a model converted with `--pretokenized`, without BPE codes) the text is taken as
+fairseq's input without `--tokenizer` and `--bpe`: already Moses-tokenised and BPE-split, tokens separated by
+spaces, continuation marks `@@` included. Decoding then removes the continuation marks (fairseq's `--post-process
+subword_nmt`) but does not detokenise: the output is tokenised text.
 
 This file travels with converted models as remote code: it imports transformers, and sacremoses when a tokenizer
 is built (not at import: `import modeling` does not need sacremoses).

@@ -340,11 +340,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
         """On as many processes as `checkpoint` was trained on, keep its micro-batches per update and batch size
         where `tokens_per_update` now derives others (from other data, or an earlier version of this code): one
-        run, one update size. Never batches larger than `max_tokens_per_device`. `train` calls it when resuming;
-        call it first to record the batching that the run will use."""
-        saved, batching = marker_record(checkpoint).get("batching"), self._batching()
+        run, one update size. Not where the run now asks for other batches (another `tokens_per_update` or
+        `max_tokens_per_device` than the checkpoint records): those are derived, with `_check_resumable`'s warning.
+        Never batches larger than `max_tokens_per_device`. `train` calls it when resuming; call it first to record
+        the batching that the run will use."""
+        record = marker_record(checkpoint)
+        saved, batching = record.get("batching"), self._batching()
         if (
             self.args.tokens_per_update is None
+            or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
             or not saved
             or saved == batching
             or saved.get("processes") != batching["processes"]
@@ -426,6 +430,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if used:
                 raise _overridden(Path(checkpoint), used)
         super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _batching_asked(self) -> dict[str, int | None]:
+        """What the arguments ask of the batches, from which `_batching` is derived."""
+        return {"tokens_per_update": self.args.tokens_per_update, "max_tokens_per_device": self.max_tokens_limit}
 
     def _batching(self) -> dict[str, int]:
         """What makes an update: how many batches of at most how many tokens, on how many processes."""
@@ -510,7 +518,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         publish_tree(staged)
         strategy = getattr(self.args.save_strategy, "value", self.args.save_strategy)  # for averaging's judgement
         write_completeness_marker(
-            staged, step=self.state.global_step, batching=self._batching(), save_strategy=strategy
+            staged,
+            step=self.state.global_step,
+            batching=self._batching(),
+            batching_asked=self._batching_asked(),
+            save_strategy=strategy,
         )
         swap_directory(staged, final)
         os.rmdir(staging_root)

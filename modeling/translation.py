@@ -404,8 +404,10 @@ def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     is named in an ImportError."""
     try:
         return _load_tokenizer_files(name_or_path)
-    except ImportError as error:
-        package = error.name or str(error)
+    except ModuleNotFoundError as error:
+        if not error.name:
+            raise
+        package = error.name.split(".")[0]
         raise ImportError(
             f"The tokenizer of {name_or_path!r} needs the package {package!r}: pip install {package}"
         ) from error

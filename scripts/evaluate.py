@@ -63,6 +63,8 @@ def main() -> None:
     logging.basicConfig(format="%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     try:
+        # Before loading: the files whose weights are scored, not what may replace them while translating.
+        model_weights = weights_record(args.model) if Path(args.model).is_dir() else None
         model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
         if args.int8:
             model = quantize_int8(model)
@@ -127,7 +129,7 @@ def main() -> None:
         raise
     metrics = {
         "model": args.model,
-        "model_weights": weights_record(args.model) if Path(args.model).is_dir() else None,
+        "model_weights": model_weights,
         "dataset": args.dataset or Path(args.data_dir).resolve().name,
         "language_pair": args.language_pair,
         "split": split_name,

@@ -4,6 +4,7 @@ cannot be converted exactly is refused, naming the field."""
 
 import argparse
 import gzip
+import io
 import json
 import re
 import shutil
@@ -419,6 +420,19 @@ def test_a_checkpoint_with_numpy_metrics_in_its_extra_state_converts(tmp_path):
     reference, _ = convert_fairseq_fixture(FAIRSEQ_MODELS[0])
     expected = reference.state_dict()
     assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
+
+
+def test_numpy_metrics_pickled_by_numpy_1_load_too(tmp_path):
+    # fairseq's checkpoints were written before numpy 2: their pickles name numpy.core, not numpy._core.
+    metrics = {"counts": np.array([1, 2]), "score": np.float64(2.5)}
+    checkpoint = {"model": {"w": torch.zeros(2)}, "extra_state": metrics}
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer, _use_new_zipfile_serialization=False)  # one pickle: its module names editable
+    numpy_1 = buffer.getvalue().replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
+    assert numpy_1 != buffer.getvalue()
+    (tmp_path / "model.pt").write_bytes(numpy_1)
+    loaded = load_fairseq_checkpoint(tmp_path / "model.pt")["extra_state"]
+    assert loaded["counts"].tolist() == [1, 2] and loaded["score"] == 2.5
 
 
 def test_no_scale_embedding_is_converted_as_unscaled_embeddings(tmp_path):

@@ -5,7 +5,6 @@ naming the file and the line."""
 import errno
 import gzip
 import io
-import json
 import os
 import shutil
 import sys
@@ -226,22 +225,27 @@ def test_an_output_that_is_an_input_or_another_output_is_refused_however_it_is_n
     assert source.read_text() == "a line\n"
 
 
-def test_a_replaced_directory_keeps_what_a_user_put_in_the_previous_one(tmp_path, caplog):
+def test_a_previous_directory_holding_more_than_a_build_writes_is_refused_and_kept(tmp_path):
     out = tmp_path / "out"
     with replacing_directory(out, "record.json", "a thing") as partial:
         write_json(partial / "record.json", {"build": 1})
         (partial / "weights.bin").write_text("old weights")
-    (out / "eval").mkdir()  # what the README's commands put there: evaluate.py --output-dir OUT/eval, a card
+    (out / "eval").mkdir()  # what README's commands may put there: evaluate.py --output-dir OUT/eval, a card
     (out / "eval" / "hypotheses_test.de").write_text("hours of translating")
-    (out / "README.md").write_text("a card")
-    with replacing_directory(out, "record.json", "a thing") as partial:
+    (out / "README.md").write_text("a card of the old weights")
+    with pytest.raises(FileExistsError, match=r"out holds \['README.md', 'eval'\] besides a thing, which replacing"):
+        with replacing_directory(out, "record.json", "a thing") as partial:
+            write_json(partial / "record.json", {"build": 2})
+            (partial / "weights.bin").write_text("new weights")
+    assert sorted(path.name for path in out.iterdir()) == ["README.md", "eval", "record.json", "weights.bin"]
+    assert (out / "weights.bin").read_text() == "old weights" and (out / "eval" / "hypotheses_test.de").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"], "nothing left aside"
+    shutil.rmtree(out / "eval")
+    (out / "README.md").unlink()
+    with replacing_directory(out, "record.json", "a thing") as partial:  # what a build writes: replaced
         write_json(partial / "record.json", {"build": 2})
         (partial / "weights.bin").write_text("new weights")
-    assert sorted(path.name for path in out.iterdir()) == ["README.md", "eval", "record.json", "weights.bin"]
-    assert (out / "weights.bin").read_text() == "new weights" and json.loads((out / "record.json").read_text())
-    assert (out / "eval" / "hypotheses_test.de").read_text() == "hours of translating"
-    assert "besides: ['README.md', 'eval']" in caplog.text
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"], "nothing left aside"
+    assert (out / "weights.bin").read_text() == "new weights"
 
 
 def test_a_directory_to_replace_is_refused_where_replacing_it_cannot_work(tmp_path, monkeypatch):

@@ -111,11 +111,14 @@ def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_s
 
 
 def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trained_with(tmp_path, caplog):
-    # The checkpoint of a run whose batches tokens_per_update did not make smaller (an earlier version of this code).
+    # The checkpoint of an earlier version of this code: batches tokens_per_update did not make smaller, and a
+    # marker that does not record what was asked.
     settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1}
     tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
     first = training_args(tmp_path, max_steps=1, max_tokens_per_device=1000, **settings)
     make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
+    marker = tmp_path / "checkpoint-1" / "checkpoint_complete.json"
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "batching_asked"}))
     args = training_args(tmp_path, max_steps=2, max_tokens_per_device=1000, tokens_per_update=28, **settings)
     resumed = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
     assert resumed.args.max_tokens_per_device == 62, "derived anew"
@@ -132,6 +135,26 @@ def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trai
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
         limited.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
     assert limited.args.max_tokens_per_device < 500 and "its own batches" not in caplog.text
+
+
+def test_a_resume_asking_for_other_tokens_per_update_derives_its_batches(tmp_path, caplog):
+    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1, "max_tokens_per_device": 1000}
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    first = training_args(tmp_path, max_steps=1, tokens_per_update=28, **settings)
+    make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
+    marker = json.loads((tmp_path / "checkpoint-1" / "checkpoint_complete.json").read_text())
+    assert marker["batching_asked"] == {"tokens_per_update": 28, "max_tokens_per_device": 1000}
+    changed = make_trainer(
+        training_args(tmp_path, max_steps=2, tokens_per_update=56, **settings),
+        data,
+        tokenizer,
+        tiny_model(len(tokenizer)),
+    )
+    derived = (changed.args.gradient_accumulation_steps, changed.args.max_tokens_per_device)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        changed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert (changed.args.gradient_accumulation_steps, changed.args.max_tokens_per_device) == derived != (1, 62)
+    assert "its own batches" not in caplog.text and "other batches" in caplog.text
 
 
 def test_evaluation_batches_keep_the_budget_given_when_training_batches_are_made_smaller(tmp_path):
