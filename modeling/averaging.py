@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 from .checkpoints import (
     CHECKPOINT_RE,
     COMPLETE_MARKER,
+    MODEL_CARD_FILES,
     PICKLED_STATE_RE,
     TRAINER_STATE_NAME,
     WEIGHTS_INDEX_NAME,
@@ -309,7 +310,7 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     }
 
     newest = _newest(checkpoints)
-    with replacing_directory(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE) as staging:
+    with replacing_directory(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE, regenerated=MODEL_CARD_FILES) as staging:
         for path in newest.iterdir():
             copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
             if path.is_file() and path.suffix != ".safetensors" and copied:

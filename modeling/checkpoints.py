@@ -47,6 +47,10 @@ WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 # A training run's records beside its model, which the model card reads (`modeling.model_card`).
 TRAINING_ARGS_FILE = "training_args.json"
+# The model card and its figure, rendered into a model directory from records (`modeling.model_card`): a directory
+# replaced by a new build (a conversion, an average) loses them, and the next push renders them again.
+CURVES_FILE = "training_curves.png"
+MODEL_CARD_FILES = ("README.md", CURVES_FILE)
 DATA_STATS_FILE = "data_stats.json"
 PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
@@ -397,7 +401,9 @@ def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> li
 
 __all__ = [
     "COMPLETE_MARKER",
+    "CURVES_FILE",
     "DATA_STATS_FILE",
+    "MODEL_CARD_FILES",
     "IncompleteCheckpointError",
     "PREEMPTED_FILE",
     "RUN_IDENTITY_FILE",

@@ -38,6 +38,7 @@ import torch
 
 from .checkpoints import (
     CONVERSION_FILE,  # the record a conversion writes beside the model; the card reads it
+    MODEL_CARD_FILES,
     file_sha256,
 )
 from .configuration_transformer import TransformerConfig
@@ -611,9 +612,10 @@ def convert_fairseq(
     The directory appears whole or not at all (built as `OUT.partial`, then renamed), and replaces only a previous
     conversion; nothing is written when the model is refused."""
     output_dir = Path(output_dir)
-    check_replaceable(output_dir, CONVERSION_FILE, "a converted fairseq model")  # before the conversion's work
+    what = "a converted fairseq model"
+    check_replaceable(output_dir, CONVERSION_FILE, what)  # before the conversion's work
     model, tokenizer, record = _convert(checkpoint, data_bin, source_lang, target_lang, bpe_codes, pretokenized)
-    with replacing_directory(output_dir, CONVERSION_FILE, "a converted fairseq model") as directory:
+    with replacing_directory(output_dir, CONVERSION_FILE, what, regenerated=MODEL_CARD_FILES) as directory:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         write_json(directory / CONVERSION_FILE, record)

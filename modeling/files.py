@@ -294,18 +294,22 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
 
 
 @contextmanager
-def replacing_directory(path: str | os.PathLike, marker: str, what: str) -> Iterator[Path]:
+def replacing_directory(
+    path: str | os.PathLike, marker: str, what: str, *, regenerated: Iterable[str] = ()
+) -> Iterator[Path]:
     """`atomic_directory`, replacing only what `check_replaceable` allows: checked before the directory is built
     and again before it takes `path`'s place (something may have appeared there meanwhile). A previous one that
-    holds anything under a name the new one does not (an evaluation or a card a user put there, another format's
-    files) is refused then, in one line naming those entries, and stays as it was: replacing it would delete them,
-    keeping them would leave them beside weights they do not describe."""
+    holds anything under a name the new one does not (an evaluation a user put there, another format's files) is
+    refused then, in one line naming those entries, and stays as it was: replacing it would delete them, keeping
+    them would leave them beside weights they do not describe. The names in `regenerated` (a model card, which the
+    next push renders again) are replaced all the same."""
     check_replaceable(path, marker, what)
     with atomic_directory(path) as partial:
         yield partial
         check_replaceable(path, marker, what)
         path = Path(path)
-        others = sorted(e.name for e in path.iterdir() if not (partial / e.name).exists()) if path.is_dir() else []
+        kept = set(regenerated) | {entry.name for entry in partial.iterdir()}
+        others = sorted(entry.name for entry in path.iterdir() if entry.name not in kept) if path.is_dir() else []
         if others:
             raise FileExistsError(
                 f"{path} holds {others} besides {what}, which replacing it would delete: move them out of it, or "

@@ -22,10 +22,10 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, TrainingArguments
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-from .checkpoints import DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, safetensors_problem
+from .checkpoints import CURVES_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, safetensors_problem
 from .export.common import refuse_an_export
 from .hub_client import hub_call
-from .model_card import CURVES_FILE, EVAL_RESULTS_GLOB, read_json, write_model_card
+from .model_card import EVAL_RESULTS_GLOB, read_json, write_model_card
 
 logger = logging.getLogger(__name__)
 

@@ -29,12 +29,18 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
-from .checkpoints import CONVERSION_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, weights_record
+from .checkpoints import (
+    CONVERSION_FILE,
+    CURVES_FILE,
+    DATA_STATS_FILE,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_FILE,
+    weights_record,
+)
 from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
-CURVES_FILE = "training_curves.png"
 # What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
 # examples/scaling_nmt): tokenised BLEU as the paper computes it (compounds split into German), and sacreBLEU.
 FAIRSEQ_PUBLISHED_BLEU = (

@@ -246,6 +246,11 @@ def test_a_previous_directory_holding_more_than_a_build_writes_is_refused_and_ke
         write_json(partial / "record.json", {"build": 2})
         (partial / "weights.bin").write_text("new weights")
     assert (out / "weights.bin").read_text() == "new weights"
+    (out / "README.md").write_text("a card, which the next push renders again")
+    with replacing_directory(out, "record.json", "a thing", regenerated=["README.md"]) as partial:
+        write_json(partial / "record.json", {"build": 3})
+        (partial / "weights.bin").write_text("newer weights")
+    assert sorted(path.name for path in out.iterdir()) == ["record.json", "weights.bin"]
 
 
 def test_a_directory_to_replace_is_refused_where_replacing_it_cannot_work(tmp_path, monkeypatch):
