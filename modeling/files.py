@@ -308,8 +308,8 @@ def replacing_directory(
         yield partial
         check_replaceable(path, marker, what)
         path = Path(path)
-        kept = set(regenerated) | {entry.name for entry in partial.iterdir()}
-        others = sorted(entry.name for entry in path.iterdir() if entry.name not in kept) if path.is_dir() else []
+        replaced = set(regenerated) | {entry.name for entry in partial.iterdir()}
+        others = sorted(entry.name for entry in path.iterdir() if entry.name not in replaced) if path.is_dir() else []
         if others:
             raise FileExistsError(
                 f"{path} holds {others} besides {what}, which replacing it would delete: move them out of it, or "
