@@ -119,14 +119,23 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
     Evaluation results accumulate over all directories; for the other files the first directory that has one
     wins. Missing files simply leave their entry empty: the card then says the item was not measured. Each
     evaluation JSON is checked (`check_eval_result`), and with `model_dir` one that scored another local model
-    directory is refused.
+    directory, or weights `model_dir` no longer holds, is refused.
     """
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
+    current_weights = None  # model_dir's weight files, hashed once for every result that records its own
     for directory in map(Path, directories):
         if not directory.is_dir():
             raise FileNotFoundError(f"Card input directory {directory} does not exist.")
         for path in sorted(directory.glob(EVAL_RESULTS_GLOB)):
-            inputs["eval_results"].append(check_eval_result(path, read_json(path), model_dir))
+            result = check_eval_result(path, read_json(path), model_dir)
+            if model_dir is not None and result.get("model_weights") is not None:
+                current_weights = weights_record(model_dir) if current_weights is None else current_weights
+                if result["model_weights"] != current_weights:
+                    raise ValueError(
+                        f"{path} scored other weights than {model_dir} holds now (converted or trained again "
+                        "since): evaluate it again."
+                    )
+            inputs["eval_results"].append(result)
         state = directory / TRAINER_STATE_NAME
         if inputs["log_history"] is None and state.is_file():
             inputs["log_history"] = read_json(state).get("log_history")
@@ -139,8 +148,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
 def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = None) -> dict[str, Any]:
     """`result`, read from `path`, if the card can show it: an object with the fields the card prints, of their
     types; else a ValueError naming the file and the field. With `model_dir`, the result's `"model"` (what
-    scripts/evaluate.py scored), when a local directory, must be `model_dir`, and its `"model_weights"` the weight
-    files `model_dir` holds now: another model's scores, or those of weights since replaced, never reach the card."""
+    scripts/evaluate.py scored), when a local directory, must be `model_dir`: another model's scores never reach
+    the card (`collect_card_inputs` also compares the weight files scored with those `model_dir` holds now)."""
     if not isinstance(result, dict):
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
     fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
@@ -162,12 +171,6 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
                 f"{path} scored the model {scored}, not {model_dir}: refusing to put another model's scores on "
                 "its card."
             )
-    scored_weights = result.get("model_weights")
-    if model_dir is not None and scored_weights is not None and scored_weights != weights_record(model_dir):
-        raise ValueError(
-            f"{path} scored other weights than {model_dir} holds now (converted or trained again since): evaluate "
-            "it again."
-        )
     return result
 
 

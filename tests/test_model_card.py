@@ -9,7 +9,7 @@ from helpers import LOG_HISTORY, tiny_model, tiny_tokenizer
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 
-from modeling import export
+from modeling import export, model_card
 from modeling.checkpoints import weights_record
 from modeling.files import write_json
 from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card, training_summary
@@ -174,12 +174,16 @@ def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
 
 
-def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result):
+def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, monkeypatch):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "model.safetensors").write_bytes(b"the weights evaluated")
     scored = {**eval_result, "model": str(tmp_path / "model"), "model_weights": weights_record(tmp_path / "model")}
     write_json(tmp_path / "eval" / "eval_results_test.json", scored)
-    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+    write_json(tmp_path / "eval" / "eval_results_valid.json", scored)
+    hashed = []
+    monkeypatch.setattr(model_card, "weights_record", lambda directory: hashed.append(1) or weights_record(directory))
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 2
+    assert len(hashed) == 1, "the model's weights hashed once for both results"
     (tmp_path / "model" / "model.safetensors").write_bytes(b"converted again")  # the same path, other weights
     with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
         collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
