@@ -529,8 +529,9 @@ def _bpe_codes_to_use(data_bin: Path, bpe_codes: str | Path | None, pretokenized
     if bpe_codes is not None:
         return bpe_codes
     if (data_bin / "bpecodes").is_file():
-        logger.warning("Using the BPE codes of %s (pretokenized=True: none, for BPE-split text)", data_bin.name)
-        return data_bin / "bpecodes"
+        codes = data_bin / "bpecodes"
+        logger.warning("Using the BPE codes %s (pretokenized=True: none, for text BPE-split already)", codes)
+        return codes
     raise ValueError(
         f"{data_bin} holds no bpecodes: give the model's subword-nmt codes (--bpe-codes), or --pretokenized "
         "(pretokenized=True) for inputs already Moses-tokenised and BPE-split."
