@@ -154,9 +154,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     For writers that take a file name (`safetensors.torch.save_file`, `torch.save`, `Figure.savefig` with an
     explicit `format`). On failure the temporary file is removed and `path` is left as it was; a full disk
-    raises `DiskFullError`.
+    raises `DiskFullError`. A link at `path` stays, and the file it points to is replaced.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
     umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps
@@ -256,7 +256,9 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     (`.PATH.old`), the new one into place, then removes the old one: a crash in between leaves the complete old
     or new directory under one of those names, never a mix. On failure the partial directory is removed.
     """
-    path = Path(os.path.abspath(path))  # "." and "out/.." have no name to put the partial directory beside
+    # "." and "out/.." have no name to put the partial directory beside; a link (`out -> /scratch/out`) stays a
+    # link, and the directory it points to is what gets replaced, from beside it, on its own file system.
+    path = Path(os.path.realpath(path))
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
     remove_tree(partial)
     partial.mkdir(parents=True)
@@ -276,7 +278,7 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
     """Refuse, in one line, to replace `path` unless it is absent, an empty directory, or holds `marker`: the record
     that what replaces it (`what`: "an export", ...) writes, so that a user's other files are never replaced."""
     path = Path(path)
-    if Path(os.path.abspath(path)) in (Path.cwd(), *Path.cwd().parents):
+    if Path(os.path.realpath(path)) in (Path.cwd(), *Path.cwd().parents):
         raise UnwritableError(
             errno.EBUSY,
             f"cannot replace {path}: it holds the current directory, which would be deleted under you; give a "

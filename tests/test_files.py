@@ -18,6 +18,7 @@ from modeling.files import (
     UnwritableError,
     atomic_directory,
     atomic_path,
+    atomic_write,
     check_distinct_outputs,
     check_replaceable,
     check_writable,
@@ -265,6 +266,33 @@ def test_a_directory_to_replace_is_refused_where_replacing_it_cannot_work(tmp_pa
     with replacing_directory("out/../built", "export.json", "an export") as partial:  # no name of its own: fine
         (partial / "export.json").write_text("{}")
     assert (tmp_path / "built" / "export.json").is_file() and not (tmp_path / "built.partial").exists()
+
+
+def test_a_directory_or_file_reached_through_a_link_is_replaced_where_the_link_points(tmp_path):
+    """`out -> /scratch/run/out`, as clusters link output onto scratch space: the link stays, the directory it
+    points to is replaced (before, the link itself was renamed aside, a new directory took its place on the link's
+    file system, and removing the renamed link failed)."""
+    scratch = tmp_path / "scratch" / "export"
+    scratch.mkdir(parents=True)
+    (scratch / "export.json").write_text("old")
+    link = tmp_path / "out"
+    link.symlink_to(scratch, target_is_directory=True)
+    with replacing_directory(link, "export.json", "an export") as partial:
+        (partial / "export.json").write_text("new")
+    assert link.is_symlink() and link.resolve() == scratch.resolve()
+    assert (scratch / "export.json").read_text() == "new"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "scratch"]
+    assert sorted(path.name for path in scratch.parent.iterdir()) == ["export"], "no .partial or .old left"
+    (tmp_path / "scratch" / "news.de").write_text("old")
+    (tmp_path / "news.de").symlink_to(tmp_path / "scratch" / "news.de")
+    with atomic_write(tmp_path / "news.de") as handle:
+        handle.write("new")
+    assert (tmp_path / "news.de").is_symlink() and (tmp_path / "scratch" / "news.de").read_text() == "new"
+    dangling = tmp_path / "later"  # a link to where the output is still to be made
+    dangling.symlink_to(tmp_path / "scratch" / "later", target_is_directory=True)
+    with atomic_directory(dangling) as partial:
+        (partial / "model.bin").write_text("made")
+    assert dangling.is_symlink() and (dangling / "model.bin").read_text() == "made"
 
 
 @pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
