@@ -153,6 +153,7 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
     if not isinstance(result, dict):
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
     fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
+    fields += [("limit", int, True), ("sentences_in_split", int, True)]
     fields += [(key, str, True) for key in ("dataset", "split", "language_pair")]
     fields += [(key, int | float, True) for key, _, _ in CARD_METRICS]
     fields += [(f"{key}_signature", str, True) for key, _, _ in CARD_METRICS]
@@ -276,9 +277,23 @@ def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]
     return {**shown, **_flatten(extras)}
 
 
+def result_caveats(result: dict[str, Any]) -> list[str]:
+    """Why an evaluation result is not this model's score on its whole split, in the card's words (none where it
+    is): scored on part of the split (`evaluate.py --limit`), or on the model quantised to int8 (`--int8`). Such a
+    result is shown with these words and kept out of the `model-index` metadata, which the Hub reads as the
+    model's own scores on the split."""
+    caveats = []
+    if result.get("limit") is not None and result["num_sentences"] < result.get("sentences_in_split", math.inf):
+        of = f" of {result['sentences_in_split']:,}" if "sentences_in_split" in result else ""
+        caveats.append(f"the first {result['num_sentences']:,}{of} sentences only (`--limit`)")
+    if result.get("int8"):
+        caveats.append("the model quantised to int8 (`--int8`), not these weights as they load")
+    return caveats
+
+
 def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str | None) -> list[EvalResult]:
     metadata = []
-    for result in results:
+    for result in filter(lambda result: not result_caveats(result), results):
         dataset = result.get("dataset") or dataset_name or "unknown"
         pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
         for key, metric_type, metric_name in CARD_METRICS:
@@ -356,6 +371,7 @@ def render_model_card(
         "dataset_name": dataset_name,
         "example_sentence": _EXAMPLE_SENTENCES.get(source_lang or "", "A sentence to translate."),
         "eval_results": list(eval_results),
+        "eval_caveats": [result_caveats(result) for result in eval_results],
         "metrics": [(key, name) for key, _, name in CARD_METRICS],
         "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],
         "num_parameters": f"{num_parameters:,}" if num_parameters else None,

@@ -104,8 +104,9 @@ def main() -> None:
         )
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
+    sentences_in_split = len(split)
     if args.limit is not None:
-        split = split.select(range(min(args.limit, len(split))))
+        split = split.select(range(min(args.limit, sentences_in_split)))
 
     try:  # with a hypotheses file, a killed evaluation resumes after its last chunk translated (translate_file)
         metrics, _ = evaluate_split(
@@ -134,6 +135,7 @@ def main() -> None:
         "language_pair": args.language_pair,
         "split": split_name,
         "limit": args.limit,
+        "sentences_in_split": sentences_in_split,  # a card tells a --limit score from the split's (model_card)
         "int8": args.int8,
         **metrics,
     }

@@ -38,6 +38,27 @@ def test_card_metadata_has_the_bleu_results_in_model_index(eval_result):
     assert f'from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
 
 
+def test_a_score_on_part_of_the_split_or_of_the_int8_model_is_labelled_and_kept_out_of_model_index(eval_result):
+    """`evaluate.py --limit 100` or `--int8` (quick checks) gave results the card showed as the model's own scores
+    on the whole split, in the text and in the `model-index` the Hub lists."""
+    whole = {**eval_result, "num_sentences": 10, "limit": None, "sentences_in_split": 10, "int8": False}
+    limited = {**whole, "split": "validation", "num_sentences": 4, "limit": 4, "sacrebleu": 91.25}
+    quantised = {**whole, "split": "dev", "int8": True, "sacrebleu": 92.5}
+    limit_beyond_the_split = {**whole, "split": "newstest", "limit": 50}  # all 10 sentences scored
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, eval_results=[whole, limited, quantised, limit_beyond_the_split]
+    )
+    splits = {result.dataset_split for result in ModelCard(str(card)).data.eval_results}
+    assert splits == {"test", "newstest"}
+    assert card_metadata_errors(str(card)) == []
+    paragraphs = {p.split("split `")[1].split("`")[0]: p for p in card.text.split("\n\n") if "split `" in p}
+    assert "Scored on the first 4 of 10 sentences only (`--limit`): not this model's score" in paragraphs["validation"]
+    assert "Scored on the model quantised to int8 (`--int8`)" in paragraphs["dev"]
+    assert "Scored on" not in paragraphs["test"] + paragraphs["newstest"]
+    older = {key: value for key, value in limited.items() if key != "sentences_in_split"}  # written before the field
+    assert render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[older]).data.eval_results is None
+
+
 def test_the_test_hub_validates_model_index_like_the_hub(eval_result):
     card = str(render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result]))
     assert card_metadata_errors(card) == []

@@ -8,6 +8,7 @@ from helpers import run_script, script_error
 from transformers import MarianConfig
 
 from modeling import evaluation
+from modeling.model_card import result_caveats
 from modeling.scoring import corpus_scores
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
@@ -33,6 +34,16 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
     rescored = corpus_scores(hypotheses, references, "de")
     for key in ("sacrebleu", "paper_bleu", "tokenized_bleu_lc", "chrf"):
         assert metrics[key] == pytest.approx(rescored[key])
+
+
+def test_a_limited_evaluation_records_the_split_it_was_cut_from(tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch):
+    """What a card needs to show `--limit` scores as part of the split's, not as the split's (`result_caveats`)."""
+    model_dir, _, _ = tiny_checkpoint
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    run_script("evaluate.py", *common, "--limit", "3", "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    metrics = json.loads((tmp_path / "eval_results_test.json").read_text())
+    assert (metrics["num_sentences"], metrics["limit"], metrics["sentences_in_split"]) == (3, 3, 6)
+    assert result_caveats(metrics) == ["the first 3 of 6 sentences only (`--limit`)"]
 
 
 def test_evaluate_with_two_workers_scores_the_same_hypotheses(tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch):
