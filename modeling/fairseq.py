@@ -50,6 +50,9 @@ from .tokenization_fairseq import FairseqTokenizer, converted_spelling
 # fairseq's Dictionary: these four first, then the dictionary file's tokens in order.
 SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
 BOS, PAD, EOS, UNK = range(4)
+# What Moses' aggressive dash splitting (`tokenizer.perl -a`) puts between a word's parts: in a dictionary only
+# where the training text was tokenised with it.
+SPLIT_DASH = "@-@"
 # Decoding of the published commands (fairseq's README for these models: --beam 4 --lenpen 0.6, as Ott et al.
 # evaluate; fairseq's defaults --max-len-a 0 --max-len-b 200).
 PUBLISHED_DECODING = {"num_beams": 4, "length_penalty": 0.6, "max_length_a": 0, "max_length_b": 200}
@@ -477,7 +480,8 @@ def fairseq_tokenizer(
     model_max_length: int | None = None,
 ) -> FairseqTokenizer:
     """The tokenizer of fairseq-interactive's `--tokenizer moses --bpe subword_nmt --bpe-codes CODES`, or, without
-    codes, of fairseq's input without them (already tokenised and BPE-split; see `tokenization_fairseq`)."""
+    codes, of fairseq's input without them (already tokenised and BPE-split; see `tokenization_fairseq`). Dashes
+    are split as Moses' `-a` splits them only where `symbols` hold its `@-@`, as the training text did."""
     vocabulary = tokenizer_vocabulary(symbols)
     merges = read_bpe_merges(bpe_codes) if bpe_codes is not None else []
     with tempfile.TemporaryDirectory() as directory:  # the tokenizer reads its files once, when built
@@ -492,6 +496,7 @@ def fairseq_tokenizer(
             tgt_vocab_file=str(files["vocab-tgt.json"]),
             merges_file=str(files["merges.txt"]),
             pretokenized=bpe_codes is None,
+            aggressive_dash_splits=SPLIT_DASH in symbols,
             **extra,
         )
 
@@ -582,9 +587,7 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
         "source_lang": source_lang,
         "target_lang": target_lang,
         "bpe_codes": Path(bpe_codes).name if bpe_codes is not None else None,
-        "text": "Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt"
-        if bpe_codes is not None
-        else "already Moses-tokenised and BPE-split (converted with pretokenized=True); outputs are tokenised text",
+        "text": _text_pipeline(tokenizer, bpe_codes),
         "decoding": {name: getattr(model.generation_config, name) for name in PUBLISHED_DECODING},
         "fairseq_command": (
             f"fairseq-interactive DATA_BIN --path {Path(checkpoint).name} --source-lang {source_lang} "
@@ -594,6 +597,18 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
         ),
     }
     return model, tokenizer, record
+
+
+def _text_pipeline(tokenizer: FairseqTokenizer, bpe_codes: str | Path | None) -> str:
+    """What the converted tokenizer does to text, as the card says it."""
+    if bpe_codes is None:
+        return "already Moses-tokenised and BPE-split (converted with pretokenized=True); outputs are tokenised text"
+    if tokenizer.aggressive_dash_splits:
+        return "Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt"
+    return (
+        f"Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt but with dashes kept in "
+        f"words (Moses without -a): the dictionary has no {SPLIT_DASH}, so the training text was tokenised so"
+    )
 
 
 def convert_fairseq(

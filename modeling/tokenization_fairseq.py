@@ -19,6 +19,11 @@ fairseq's input without `--tokenizer` and `--bpe`: already Moses-tokenised and B
 spaces, continuation marks `@@` included. Decoding then removes the continuation marks (fairseq's `--post-process
 subword_nmt`) but does not detokenise: the output is tokenised text.
 
+Dashes inside words are split as Moses' `-a` splits them (`long @-@ term`), as fairseq's tokenizer always does,
+where the model's dictionary holds `@-@`: its training text was tokenised so. Where it does not, as for text
+tokenised without `-a` (Google's WMT'16 English-German preparation, which `transformer.wmt16.en-de` was trained on),
+words keep their dashes (`aggressive_dash_splits=False`): split, they would become a token the model never saw.
+
 This file travels with converted models as remote code: it imports transformers, and sacremoses when a tokenizer
 is built (not at import: `import modeling` does not need sacremoses).
 """
@@ -46,6 +51,7 @@ class FairseqTokenizer(FSMTTokenizer):
         tgt_vocab_file=None,
         merges_file=None,
         pretokenized: bool = False,
+        aggressive_dash_splits: bool = True,
         eos_token="</s>",
         split_special_tokens: bool = True,
         clean_up_tokenization_spaces: bool = False,
@@ -56,6 +62,7 @@ class FairseqTokenizer(FSMTTokenizer):
         import sacremoses  # noqa: F401
 
         self.pretokenized = pretokenized
+        self.aggressive_dash_splits = aggressive_dash_splits
         self._moses_lang = None  # set by the target-mode switches; None: the source language
         super().__init__(
             langs=langs,
@@ -63,6 +70,7 @@ class FairseqTokenizer(FSMTTokenizer):
             tgt_vocab_file=tgt_vocab_file,
             merges_file=merges_file,
             pretokenized=pretokenized,
+            aggressive_dash_splits=aggressive_dash_splits,
             eos_token=eos_token,
             split_special_tokens=split_special_tokens,
             clean_up_tokenization_spaces=clean_up_tokenization_spaces,
@@ -85,6 +93,14 @@ class FairseqTokenizer(FSMTTokenizer):
     def moses_pipeline(self, text, lang):
         """fairseq normalises nothing before Moses tokenisation."""
         return text
+
+    def moses_tokenize(self, text, lang):
+        """Moses as fairseq calls it, dashes split only where the training text had them split (see the module)."""
+        if lang not in self.cache_moses_tokenizer:
+            self.cache_moses_tokenizer[lang] = self.sm.MosesTokenizer(lang=lang)
+        return self.cache_moses_tokenizer[lang].tokenize(
+            text, aggressive_dash_splits=self.aggressive_dash_splits, return_str=False, escape=True
+        )
 
     def _switch_to_target_mode(self):
         self._moses_lang = self.tgt_lang

@@ -104,6 +104,21 @@ def test_without_bpe_codes_text_is_taken_as_tokenised_and_bpe_split(symbols):
         assert decoded == case["string_post_process_subword_nmt"], case["text"]
 
 
+def test_dashes_are_split_only_where_the_dictionary_shows_the_training_text_had_them_split(symbols, tmp_path):
+    """fairseq's tokenizer always splits as Moses' `-a`; Google's WMT'16 text (`transformer.wmt16.en-de`) was
+    tokenised without it, so its dictionary has no `@-@` and a split word would become pieces it never saw."""
+    codes = FAIRSEQ_FIXTURES / "bpecodes"
+    split = fairseq_tokenizer(symbols, source_lang="en", target_lang="de", bpe_codes=codes)
+    kept = fairseq_tokenizer([s for s in symbols if s != "@-@"], source_lang="en", target_lang="de", bpe_codes=codes)
+    assert split.aggressive_dash_splits and not kept.aggressive_dash_splits
+    assert split.moses_tokenize("a long-term plan", "en") == ["a", "long", "@-@", "term", "plan"]
+    assert kept.moses_tokenize("a long-term plan", "en") == ["a", "long-term", "plan"]
+    assert kept.moses_tokenize("rot-weiß", "de") == ["rot-weiß"], "targets (a fine-tune's text_target) too"
+    kept.save_pretrained(tmp_path)
+    assert not AutoTokenizer.from_pretrained(tmp_path).aggressive_dash_splits
+    assert kept.decode(kept("a long-term plan")["input_ids"], skip_special_tokens=True) == "a long-term plan"
+
+
 def test_saved_tokenizer_loads_by_name_with_the_project_and_carries_its_code(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     assert (tmp_path / "tokenization_fairseq.py").is_file()
