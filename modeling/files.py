@@ -148,6 +148,16 @@ def _temporary_name(path: Path) -> Path:
         return candidate
 
 
+def _through_link(path: Path) -> Path:
+    """Where the writers here put `path`: the file a link at `path` points to (the link itself stays)."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else path
+
+
+def _named(given: Path, target: Path) -> str:
+    """`given` for messages, with the target a link there points to."""
+    return str(given) if target == given else f"{given} (a link to {target})"
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` to write to; on success it replaces `path` atomically.
@@ -156,7 +166,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     explicit `format`). On failure the temporary file is removed and `path` is left as it was; a full disk
     raises `DiskFullError`. A link at `path` stays, and the file it points to is replaced.
     """
-    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    path = _through_link(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
     umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps
@@ -202,18 +212,20 @@ def check_writable(path: str | os.PathLike) -> None:
     """Raise `UnwritableError` now if `atomic_path` could not write `path` later: a directory there, a file where a
     directory should be, no permission, a read-only file system. For commands whose long work ends in writing a
     file (translating or scoring a test set), so that a mistyped or unwritable destination costs no work. Creates
-    the missing parent directories, as the write would."""
-    path = Path(path)
+    the missing parent directories, as the write would; a link is checked where it points, as it is written."""
+    given = Path(path)
+    path = _through_link(given)
+    named = _named(given, path)
     if path.is_dir():
-        raise UnwritableError(errno.EISDIR, f"cannot write {path}: it is a directory; give a file name")
+        raise UnwritableError(errno.EISDIR, f"cannot write {named}: it is a directory; give a file name")
     existing = next(parent for parent in (*path.parents, Path(".")) if parent.exists())
     if not existing.is_dir():
-        raise UnwritableError(errno.ENOTDIR, f"cannot write {path}: {existing} is a file, not a directory")
+        raise UnwritableError(errno.ENOTDIR, f"cannot write {named}: {existing} is a file, not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _temporary_name(path).unlink()
     except OSError as error:
-        raise UnwritableError(error.errno, f"cannot write {path}: {error.strerror or error}") from error
+        raise UnwritableError(error.errno, f"cannot write {named}: {error.strerror or error}") from error
 
 
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -285,9 +297,12 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
             "directory below it (e.g. ./out)",
         )
     if not path.exists():
-        existing = next(parent for parent in (*path.parents, Path(".")) if parent.exists())
+        written = _through_link(path)
+        existing = next(parent for parent in (*written.parents, Path(".")) if parent.exists())
         if not existing.is_dir():
-            raise UnwritableError(errno.ENOTDIR, f"cannot write {path}: {existing} is a file, not a directory")
+            raise UnwritableError(
+                errno.ENOTDIR, f"cannot write {_named(path, written)}: {existing} is a file, not a directory"
+            )
         return
     if not path.is_dir():
         raise FileExistsError(f"{path} exists and is not a directory.")

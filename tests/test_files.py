@@ -295,6 +295,27 @@ def test_a_directory_or_file_reached_through_a_link_is_replaced_where_the_link_p
     assert dangling.is_symlink() and (dangling / "model.bin").read_text() == "made"
 
 
+def test_the_checks_before_the_work_look_where_a_link_points_as_the_writers_do(tmp_path):
+    """The writers follow a link; checks that looked at the link passed a destination the write then failed on,
+    after the translation or the conversion, naming a path the user never gave."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "news.de").symlink_to(tmp_path / "afile" / "news.de")
+    with pytest.raises(
+        UnwritableError, match=r"^cannot write .*news\.de \(a link to .*afile/news\.de\): .*afile is a file"
+    ):
+        check_writable(tmp_path / "news.de")
+    (tmp_path / "out").symlink_to(tmp_path / "afile" / "export", target_is_directory=True)
+    with pytest.raises(UnwritableError, match=r"^cannot write .*out \(a link to .*afile/export\): .*afile is a file"):
+        check_replaceable(tmp_path / "out", "export.json", "an export")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "to-dir").symlink_to(tmp_path / "dir", target_is_directory=True)
+    with pytest.raises(UnwritableError, match=r"^cannot write .*to-dir \(a link to .*dir\): it is a directory"):
+        check_writable(tmp_path / "to-dir")
+    (tmp_path / "later.de").symlink_to(tmp_path / "made" / "later.de")  # dangling, its folder still to be made
+    check_writable(tmp_path / "later.de")
+    assert (tmp_path / "made").is_dir() and (tmp_path / "later.de").is_symlink()
+
+
 @pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_get_the_permissions_the_umask_gives(tmp_path, umask, expected):
     """safetensors writes its files 0600 (through a private temporary file): a serving account could not read
