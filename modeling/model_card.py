@@ -157,14 +157,16 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
     fields += [(key, str, True) for key in ("dataset", "split", "language_pair")]
     fields += [(key, int | float, True) for key, _, _ in CARD_METRICS]
     fields += [(f"{key}_signature", str, True) for key, _, _ in CARD_METRICS]
+    fields += [("int8", bool, True)]
     for key, kind, optional in fields:
         value = result.get(key)
         if value is None and optional:
             continue
         if value is None:
             raise ValueError(f"{path} has no {key!r}: it is not an evaluation JSON written by scripts/evaluate.py.")
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"{path}: {key!r} is {value!r}, not a {'number' if kind is not str else 'string'}.")
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            expected = {str: "string", bool: "boolean"}.get(kind, "number")
+            raise ValueError(f"{path}: {key!r} is {value!r}, not a {expected}.")
     scored = result.get("model")
     if model_dir is not None and isinstance(scored, str) and Path(scored).is_dir():
         if Path(scored).resolve() != Path(model_dir).resolve():
@@ -283,9 +285,11 @@ def result_caveats(result: dict[str, Any]) -> list[str]:
     result is shown with these words and kept out of the `model-index` metadata, which the Hub reads as the
     model's own scores on the split."""
     caveats = []
-    if result.get("limit") is not None and result["num_sentences"] < result.get("sentences_in_split", math.inf):
-        of = f" of {result['sentences_in_split']:,}" if "sentences_in_split" in result else ""
-        caveats.append(f"the first {result['num_sentences']:,}{of} sentences only (`--limit`)")
+    scored, limit, split = result["num_sentences"], result.get("limit"), result.get("sentences_in_split")
+    # evaluate.py scores min(limit, split): without the split's size (older JSONs), fewer than the limit is all of it
+    if limit is not None and (scored < split if split is not None else scored >= limit):
+        of = f" of {split:,}" if split is not None else ""
+        caveats.append(f"the first {scored:,}{of} sentences only (`--limit`)")
     if result.get("int8"):
         caveats.append("the model quantised to int8 (`--int8`), not these weights as they load")
     return caveats

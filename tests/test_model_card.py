@@ -12,7 +12,13 @@ from huggingface_hub import ModelCard
 from modeling import export, model_card
 from modeling.checkpoints import weights_record
 from modeling.files import write_json
-from modeling.model_card import collect_card_inputs, plot_training_curves, render_model_card, training_summary
+from modeling.model_card import (
+    check_eval_result,
+    collect_card_inputs,
+    plot_training_curves,
+    render_model_card,
+    training_summary,
+)
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -57,6 +63,17 @@ def test_a_score_on_part_of_the_split_or_of_the_int8_model_is_labelled_and_kept_
     assert "Scored on" not in paragraphs["test"] + paragraphs["newstest"]
     older = {key: value for key, value in limited.items() if key != "sentences_in_split"}  # written before the field
     assert render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[older]).data.eval_results is None
+    older_whole = {**older, "sentences_in_split": None, "limit": 50}  # fewer than the limit: the whole split
+    listed = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[older_whole]).data.eval_results
+    assert {result.dataset_split for result in listed} == {"validation"}
+
+
+def test_an_evaluation_json_whose_int8_flag_is_not_a_boolean_is_refused(eval_result, tmp_path):
+    """`"int8": "false"` decides whether a score reaches the Hub's model-index, so it is checked as a boolean."""
+    path = tmp_path / "eval_results_test.json"
+    assert check_eval_result(path, {**eval_result, "int8": False}) is not None
+    with pytest.raises(ValueError, match=r"eval_results_test\.json: 'int8' is 'false', not a boolean\.$"):
+        check_eval_result(path, {**eval_result, "int8": "false"})
 
 
 def test_the_test_hub_validates_model_index_like_the_hub(eval_result):
