@@ -593,22 +593,26 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
             f"fairseq-interactive DATA_BIN --path {Path(checkpoint).name} --source-lang {source_lang} "
             f"--target-lang {target_lang} --beam {PUBLISHED_DECODING['num_beams']} "
             f"--lenpen {PUBLISHED_DECODING['length_penalty']}"
-            + (" --tokenizer moses --bpe subword_nmt --bpe-codes BPE_CODES" if bpe_codes is not None else "")
+            + (f" {_fairseq_text_options(tokenizer)} --bpe-codes BPE_CODES" if bpe_codes is not None else "")
         ),
     }
     return model, tokenizer, record
+
+
+def _fairseq_text_options(tokenizer: FairseqTokenizer) -> str:
+    """fairseq-interactive's options for what the converted tokenizer does (it splits dashes unless told not to)."""
+    dashes = "" if tokenizer.aggressive_dash_splits else " --moses-no-dash-splits"
+    return f"--tokenizer moses{dashes} --bpe subword_nmt"
 
 
 def _text_pipeline(tokenizer: FairseqTokenizer, bpe_codes: str | Path | None) -> str:
     """What the converted tokenizer does to text, as the card says it."""
     if bpe_codes is None:
         return "already Moses-tokenised and BPE-split (converted with pretokenized=True); outputs are tokenised text"
+    pipeline = f"Moses + subword-nmt, as fairseq-interactive {_fairseq_text_options(tokenizer)}"
     if tokenizer.aggressive_dash_splits:
-        return "Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt"
-    return (
-        f"Moses + subword-nmt, as fairseq-interactive --tokenizer moses --bpe subword_nmt but with dashes kept in "
-        f"words (Moses without -a): the dictionary has no {SPLIT_DASH}, so the training text was tokenised so"
-    )
+        return pipeline
+    return f"{pipeline}: dashes kept in words (Moses without -a), as the dictionary has no {SPLIT_DASH}"
 
 
 def convert_fairseq(

@@ -306,6 +306,29 @@ def test_separate_dictionaries_and_old_bpe_codes_are_refused(tmp_path):
         converting(fixture_checkpoint(), tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
 
 
+def test_the_recorded_fairseq_command_keeps_dashes_where_the_converted_tokenizer_does(tmp_path):
+    """Without `@-@` in the dictionary the tokenizer keeps dashes in words; the card's fairseq command, which says
+    what the model reproduces, must then not be one that splits them (fairseq's Moses splits by default)."""
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    for lang in ("en", "de"):
+        text = (FAIRSEQ_FIXTURES / f"dict.{lang}.txt").read_text(encoding="utf-8")
+        (data_bin / f"dict.{lang}.txt").write_text(text.replace("@-@ ", "@x@ "), encoding="utf-8")
+    for source, name in ((FAIRSEQ_FIXTURES, "split"), (data_bin, "kept")):
+        convert_fairseq(
+            FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[0] / "model.pt",
+            source,
+            tmp_path / name,
+            source_lang="en",
+            target_lang="de",
+            bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+        )
+    split, kept = (json.loads((tmp_path / name / CONVERSION_FILE).read_text()) for name in ("split", "kept"))
+    assert "--tokenizer moses --bpe subword_nmt --bpe-codes BPE_CODES" in split["fairseq_command"]
+    assert "--tokenizer moses --moses-no-dash-splits --bpe subword_nmt" in kept["fairseq_command"]
+    assert "--moses-no-dash-splits" in kept["text"] and "--moses-no-dash-splits" not in split["text"]
+
+
 def _french_data_bin(tmp_path):
     directory = tmp_path / "fr"
     directory.mkdir()
