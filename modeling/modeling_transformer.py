@@ -717,18 +717,22 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
             holds "label" for a label, and would then compute no evaluation loss without it.)
         skip_logits: compute the loss from the decoder output without materialising the (B, T, V) logits
             (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
-            return `logits=None`. By default (`None`) this is done when training with labels and gradients on,
-            where the Trainer reads only the loss, except under torch.compile and when `lm_head` is not a plain
-            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then.
+            return `logits=None`. By default (`None`) this is done on CPU when training with labels and gradients
+            on, where the Trainer reads only the loss, except under torch.compile and when `lm_head` is not a plain
+            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then. On a GPU the
+            default is the plain loss, which was faster there; `True` takes the fused one, for its memory.
         """
         if skip_logits is None:
             # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
-            # data-dependent number of labelled positions in a full graph.
+            # data-dependent number of labelled positions in a full graph. Not on GPUs: on an H200 the plain
+            # loss's CUDA kernels made the bf16 step of base 1.4x faster, of big 1.2x, at 1.5-2.2x the peak memory,
+            # below Marian's (benchmarks/investigations/gpu_training_step.py, docs/results.md).
             skip_logits = (
                 labels is not None
                 and self.training
                 and torch.is_grad_enabled()
                 and not is_torchdynamo_compiling()
+                and self.lm_head.weight.device.type == "cpu"
                 and self._lm_head_is_plain_linear()
             )
         elif skip_logits and labels is None:
