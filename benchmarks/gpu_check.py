@@ -12,7 +12,8 @@
   order; `generation.workloads`) in bf16, this model vs its Marian twin and CTranslate2 float16 / int8_float16
   exported from it: what a user translating a file meets, where sentences end at different lengths (a random
   model never ends one). No CUDA graphs: the static-cache loop runs eagerly.
-- Memory: torch.cuda.max_memory_allocated during each contender's first call.
+- Memory: torch.cuda.max_memory_allocated during each contender's first call, less what was allocated before it
+  (all contenders' weights, earlier contenders' optimizer states).
 
     bash benchmarks/gpu_check.sh               # on the GPU machine: about 3-5 minutes
     bash benchmarks/gpu_check.sh --checkpoint benchmarks/.cache/trained-.../ours --sources sources.en   # + real
@@ -141,14 +142,18 @@ def training_contender(
 
 
 def with_first_call_memory(contenders: dict[str, Callable[[], object]], device: torch.device) -> dict[str, float]:
-    """Run each contender once (the warm-up) and return its peak allocated GPU memory in GiB (0 on CPU)."""
+    """Run each contender once (the warm-up) and return the GPU memory it allocated at its peak in GiB, above what
+    was allocated before it (0 on CPU): the contenders' weights are on the GPU from the start, and the optimizer
+    states of those run before stay, which would otherwise count against whichever runs last."""
     peaks = {}
     for name, call in contenders.items():
+        resident = 0
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
+            resident = torch.cuda.memory_allocated(device)
         call()
-        peaks[name] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        peaks[name] = (torch.cuda.max_memory_allocated(device) - resident) / 2**30 if device.type == "cuda" else 0.0
     return peaks
 
 

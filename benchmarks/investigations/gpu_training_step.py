@@ -157,7 +157,10 @@ def main() -> None:
         f"{plan.batch_size}×{plan.length} tokens a side, bf16 autocast, fused AdamW, on {device_name}\n"
     )
     print(
-        markdown_table(["contender", "ms per step", "tokens/s (median)", "min–max", "vs MarianMT", "peak GiB"], rows)
+        markdown_table(
+            ["contender", "ms per step", "tokens/s (median)", "min–max", "vs MarianMT", "peak GiB"],
+            rows,
+        )
     )
     print(
         f"\n- {plan.repeats} repeats of {plan.steps} steps after one warm-up call each (its peak memory), alternating."
