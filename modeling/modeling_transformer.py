@@ -725,8 +725,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
         if skip_logits is None:
             # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
             # data-dependent number of labelled positions in a full graph. Not on GPUs: on an H200 the plain
-            # loss's CUDA kernels made the bf16 step of base 1.4x faster, of big 1.2x, at 1.5-2.2x the peak memory,
-            # below Marian's (benchmarks/investigations/gpu_training_step.py, docs/results.md).
+            # loss's CUDA kernels made the bf16 step of base 1.4x faster, of big 1.2x, at 1.6-2.3x the peak memory,
+            # about Marian's (benchmarks/investigations/gpu_training_step.py, docs/results.md).
             skip_logits = (
                 labels is not None
                 and self.training
