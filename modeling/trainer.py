@@ -9,8 +9,8 @@ What `TokenBudgetSeq2SeqTrainer` adds to the Trainer, and why:
 - **The exact schedule** of Sec. 5.3 (`modeling.schedule`), `learning_rate` being its multiplier.
 - **Validation**: loss on the whole validation split, and BLEU by the paper's beam search on a fixed sample of it.
 - **Label smoothing in the model's fused loss** (its `smoothing_epsilon` argument) instead of the Trainer's
-  `LabelSmoother`, which needs the (B, T, V) logits and makes several passes over them: the training forward fuses
-  the output projection with the loss and never builds them; the same value and gradients.
+  `LabelSmoother`, which needs the (B, T, V) logits and makes several passes over them: on CPU the training forward
+  fuses the output projection with the loss and never builds them; the same value and gradients.
 - **Time-based checkpoints and a wall-clock budget** (`modeling.callbacks`).
 - **Stopping cleanly when preempted**: the first SIGTERM / SIGINT / SIGUSR1 ends training after the update under
   way with a complete checkpoint (`modeling.callbacks.PreemptionCallback`); `trainer.preempted` then says so.
