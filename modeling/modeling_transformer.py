@@ -719,8 +719,9 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
             (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
             return `logits=None`. By default (`None`) this is done on CPU when training with labels and gradients
             on, where the Trainer reads only the loss, except under torch.compile and when `lm_head` is not a plain
-            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then. On a GPU the
-            default is the plain loss, which was faster there; `True` takes the fused one, for its memory.
+            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then. Off the CPU
+            (measured on a CUDA GPU) the default is the plain loss, the faster there; `True` takes the fused one, for
+            its memory.
         """
         if skip_logits is None:
             # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
@@ -732,8 +733,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
                 and self.training
                 and torch.is_grad_enabled()
                 and not is_torchdynamo_compiling()
-                and self.lm_head.weight.device.type == "cpu"
                 and self._lm_head_is_plain_linear()
+                and self.lm_head.weight.device.type == "cpu"
             )
         elif skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss: pass labels.")

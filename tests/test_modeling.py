@@ -367,6 +367,17 @@ def test_training_forward_never_bypasses_an_lm_head_hook_or_a_replaced_lm_head()
     model.set_output_embeddings(head)
     assert model(**inputs).logits.shape == (2, 4, VOCAB)
 
+    class Wrapped(torch.nn.Module):  # a wrapper with no `weight` of its own (a LoRA-style or logging wrapper)
+        def __init__(self, inner: torch.nn.Linear):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, hidden_states):
+            return self.inner(hidden_states)
+
+    model.set_output_embeddings(Wrapped(model.lm_head))
+    assert model(**inputs).logits.shape == (2, 4, VOCAB)
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_loss_under_bf16_autocast_matches_the_plain_loss_with_float32_gradients(device):
