@@ -153,9 +153,15 @@ def _through_link(path: Path) -> Path:
     return Path(os.path.realpath(path)) if os.path.islink(path) else path
 
 
-def _named(given: Path, target: Path) -> str:
-    """`given` for messages, with the target a link there points to."""
-    return str(given) if target == given else f"{given} (a link to {target})"
+def _written(path: Path) -> Path:
+    """Where `path` is written: itself, or where the links on the way to it lead (the writers here follow them)."""
+    resolved = Path(os.path.realpath(path))
+    return path if resolved == Path(os.path.abspath(path)) else resolved
+
+
+def _named(given: Path, written: Path) -> str:
+    """`given` for messages, with where links lead it."""
+    return str(given) if written == given else f"{given} (which leads to {written})"
 
 
 @contextmanager
@@ -212,9 +218,9 @@ def check_writable(path: str | os.PathLike) -> None:
     """Raise `UnwritableError` now if `atomic_path` could not write `path` later: a directory there, a file where a
     directory should be, no permission, a read-only file system. For commands whose long work ends in writing a
     file (translating or scoring a test set), so that a mistyped or unwritable destination costs no work. Creates
-    the missing parent directories, as the write would; a link is checked where it points, as it is written."""
+    the missing parent directories, as the write would; a path through links is checked where they lead."""
     given = Path(path)
-    path = _through_link(given)
+    path = _written(given)
     named = _named(given, path)
     if path.is_dir():
         raise UnwritableError(errno.EISDIR, f"cannot write {named}: it is a directory; give a file name")
@@ -297,7 +303,7 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
             "directory below it (e.g. ./out)",
         )
     if not path.exists():
-        written = _through_link(path)
+        written = _written(path)
         existing = next(parent for parent in (*written.parents, Path(".")) if parent.exists())
         if not existing.is_dir():
             raise UnwritableError(

@@ -301,16 +301,25 @@ def test_the_checks_before_the_work_look_where_a_link_points_as_the_writers_do(t
     (tmp_path / "afile").write_text("x")
     (tmp_path / "news.de").symlink_to(tmp_path / "afile" / "news.de")
     with pytest.raises(
-        UnwritableError, match=r"^cannot write .*news\.de \(a link to .*afile/news\.de\): .*afile is a file"
+        UnwritableError, match=r"^cannot write .*news\.de \(which leads to .*afile/news\.de\): .*afile is a file"
     ):
         check_writable(tmp_path / "news.de")
     (tmp_path / "out").symlink_to(tmp_path / "afile" / "export", target_is_directory=True)
-    with pytest.raises(UnwritableError, match=r"^cannot write .*out \(a link to .*afile/export\): .*afile is a file"):
+    with pytest.raises(
+        UnwritableError, match=r"^cannot write .*out \(which leads to .*afile/export\): .*afile is a file"
+    ):
         check_replaceable(tmp_path / "out", "export.json", "an export")
     (tmp_path / "dir").mkdir()
     (tmp_path / "to-dir").symlink_to(tmp_path / "dir", target_is_directory=True)
-    with pytest.raises(UnwritableError, match=r"^cannot write .*to-dir \(a link to .*dir\): it is a directory"):
+    with pytest.raises(UnwritableError, match=r"^cannot write .*to-dir \(which leads to .*dir\): it is a directory"):
         check_writable(tmp_path / "to-dir")
+    (tmp_path / "up").symlink_to(tmp_path / "afile" / "sub", target_is_directory=True)  # a link higher up
+    with pytest.raises(
+        UnwritableError, match=r"^cannot write .*up/out \(which leads to .*afile/sub/out\): .*afile is"
+    ):
+        check_replaceable(tmp_path / "up" / "out", "export.json", "an export")
+    with pytest.raises(UnwritableError, match=r"^cannot write .*up/news\.de \(which leads to .*\): .*afile is a file"):
+        check_writable(tmp_path / "up" / "news.de")
     (tmp_path / "later.de").symlink_to(tmp_path / "made" / "later.de")  # dangling, its folder still to be made
     check_writable(tmp_path / "later.de")
     assert (tmp_path / "made").is_dir() and (tmp_path / "later.de").is_symlink()
