@@ -248,6 +248,9 @@ class TransformerGenerationMixin(GenerationMixin):
 
         All may also be passed as keyword arguments, like any generation parameter.
 
+        Without an attention mask, the positions of the input ids holding `pad_token_id` are padding (transformers 5
+        infers that mask for decoder-only models only: the encoder attended to the pads of every shorter source).
+
         An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
         no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
         decodes a translation of nothing).
@@ -257,6 +260,7 @@ class TransformerGenerationMixin(GenerationMixin):
         (`prepacked_for_decoding`): the same outputs, faster steps, and a second copy of those weights while the
         call runs.
         """
+        self._mask_padding(inputs, kwargs)
         self._check_sources(inputs, kwargs)
         self.undo_library_default_fill()
         base_config = generation_config if generation_config is not None else self.generation_config
@@ -431,6 +435,21 @@ class TransformerGenerationMixin(GenerationMixin):
         if encoder_outputs is not None:
             return encoder_outputs[0].shape[0], encoder_outputs[0].shape[1]
         return None
+
+    def _mask_padding(self, inputs: torch.Tensor | None, kwargs: dict) -> None:
+        """Put the attention mask of padded input ids given without one into `kwargs`, as `_source_lengths` counts
+        their lengths; as transformers 4 did, not where padding and end-of-sentence share an id."""
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        pad_token_id = self.config.pad_token_id
+        if kwargs.get("attention_mask") is not None or kwargs.get("encoder_outputs") is not None:
+            return
+        if input_ids is None or input_ids.dim() != 2 or input_ids.is_floating_point():
+            return
+        if pad_token_id is None or pad_token_id == self.config.eos_token_id:
+            return
+        padding = input_ids.eq(pad_token_id)  # (B, S)
+        if padding.any():
+            kwargs["attention_mask"] = (~padding).long()
 
     @staticmethod
     def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
