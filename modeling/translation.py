@@ -14,10 +14,11 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -162,23 +163,50 @@ def check_workers(model: PreTrainedModel, workers: int) -> None:
         )
 
 
+class _ThreadShares:
+    """torch's thread count is the process's: while calls decode side by side, each divides the count from before
+    the first of them among its workers, and the last to end puts that count back. (Each call restoring the count
+    it found, two overlapping calls from a service's threads left the halved count behind for good.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._threads_before = 0
+
+    @contextmanager
+    def divided_among(self, workers: int) -> Iterator[None]:
+        with self._lock:
+            if self._calls == 0:
+                self._threads_before = torch.get_num_threads()
+            self._calls += 1
+            torch.set_num_threads(max(1, self._threads_before // workers))  # every worker takes its share
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if self._calls == 0:
+                    torch.set_num_threads(self._threads_before)
+
+
+_THREAD_SHARES = _ThreadShares()
+
+
 def _generate_side_by_side(
     model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], workers: int, generate_kwargs: dict
 ) -> Iterator[torch.Tensor]:
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads_before // workers))  # process-wide: every worker takes its share
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="generate")
-    pending: deque[Future] = deque()
-    try:
-        for batch in batches:
-            pending.append(pool.submit(_generate, model, batch, generate_kwargs))
-            if len(pending) >= 2 * workers:
+    with _THREAD_SHARES.divided_among(workers):
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="generate")
+        pending: deque[Future] = deque()
+        try:
+            for batch in batches:
+                pending.append(pool.submit(_generate, model, batch, generate_kwargs))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
                 yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        torch.set_num_threads(threads_before)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _generate(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], generate_kwargs: dict) -> torch.Tensor:

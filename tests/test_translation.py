@@ -148,6 +148,48 @@ def test_two_workers_decode_two_batches_at_once_and_keep_the_order(tokenizer, tw
     assert torch.get_num_threads() == 2, "and give them back"
 
 
+class WaitingEchoModel(EchoModel):
+    """An echo whose first batch sets `started`, then waits for `go_on`, if given."""
+
+    def __init__(self, go_on: threading.Event | None = None):
+        super().__init__()
+        self.started, self.go_on = threading.Event(), go_on
+
+    def generate(self, input_ids, attention_mask, **kwargs):
+        if not self.started.is_set():
+            self.started.set()
+            if self.go_on is not None:
+                assert self.go_on.wait(10), "the other call never came"
+        return super().generate(input_ids, attention_mask, **kwargs)
+
+
+def test_overlapping_calls_with_workers_give_torchs_threads_back(tokenizer, two_torch_threads):
+    """A service translating from several threads: the second call began while the first had halved torch's
+    (process-wide) thread count, and put back the halved count when it ended, so every later thread ran on 1."""
+    sentences = [en for en, _ in synthetic_pairs(12, seed=1)]
+    first_done = threading.Event()
+    second = WaitingEchoModel(go_on=first_done)  # decodes on only once the first call has ended
+    first = WaitingEchoModel(go_on=second.started)  # decodes on only once the second call has begun
+
+    def translate_first() -> None:
+        translate(first, tokenizer, sentences, max_tokens=40, workers=2)
+        first_done.set()
+
+    threads = [threading.Thread(target=translate_first)]
+    threads.append(threading.Thread(target=translate, args=(second, tokenizer, sentences), kwargs={"workers": 2}))
+    threads[0].start()
+    assert first.started.wait(10), "the first call divides the threads, then decodes"
+    threads[1].start()
+    for thread in threads:
+        thread.join(30)
+    assert first_done.is_set() and len(second.calls) > 0, "first began, second began, first ended, second ended"
+    seen = []
+    later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    later.start()
+    later.join()
+    assert seen == [2] and torch.get_num_threads() == 2
+
+
 def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):
     model = tiny_translator(len(tokenizer))
     sentences = [en for en, _ in synthetic_pairs(12, seed=2)]
