@@ -84,6 +84,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "
                 "update is derived from tokens_per_update."
             )
+        if not 0 <= self.label_smoothing_factor <= 1:  # the Trainer's own check is < 0 only, at the first step
+            raise ValueError(f"label_smoothing_factor must be between 0 and 1, got {self.label_smoothing_factor}.")
         if self.max_tokens_per_device < 1:
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:

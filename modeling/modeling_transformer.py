@@ -743,6 +743,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
                 f"skip_logits=True fuses the loss with lm_head's weight, which would bypass this lm_head "
                 f"({type(self.lm_head).__name__}: a subclass or wrapper, a bias or hooks); pass skip_logits=False."
             )
+        if labels is not None and not 0 <= smoothing_epsilon <= 1:  # F.cross_entropy's check, for the fused loss too
+            raise ValueError(f"smoothing_epsilon must be between 0 and 1, got {smoothing_epsilon}.")
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:

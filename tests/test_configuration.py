@@ -22,6 +22,11 @@ def test_presets_match_table_3():
         ({"positional_encoding_layout": "rotary"}, "Unknown positional_encoding_layout"),
         ({"positional_encoding_frequencies": "fairseq"}, "Unknown positional_encoding_frequencies 'fairseq'"),
         ({"positional_encoding_offset": -1}, "positional_encoding_offset must be a non-negative integer, got -1"),
+        ({"encoder_layers": 0}, r"encoder_layers must be at least 1 \(N of Table 3\), got 0"),
+        ({"decoder_layers": -1}, "decoder_layers must be at least 1"),
+        ({"dropout": 1.5}, "dropout must be a probability between 0 and 1, got 1.5"),
+        ({"attention_dropout": -0.1}, "attention_dropout must be a probability between 0 and 1"),
+        ({"activation_dropout": 2}, "activation_dropout must be a probability"),
     ],
 )
 def test_bad_config_raises_value_error(overrides, message):

@@ -335,6 +335,13 @@ def test_training_forward_fuses_the_loss_by_default_on_cpu_only(device):
     assert model(**labelled_batch(device), skip_logits=True).logits is None
 
 
+@pytest.mark.parametrize("skip_logits", [True, False])
+def test_both_losses_refuse_a_smoothing_epsilon_outside_0_to_1_alike(skip_logits):
+    model = tiny_model().train()
+    with pytest.raises(ValueError, match=r"smoothing_epsilon must be between 0 and 1, got 1.5"):
+        model(**labelled_batch(), smoothing_epsilon=1.5, skip_logits=skip_logits)
+
+
 def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train_on():
     model = tiny_model().train()
     inputs = labelled_batch()

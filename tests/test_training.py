@@ -561,6 +561,13 @@ def test_counts_that_leave_nothing_to_train_are_refused_before_any_work(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("factor", [1.5, -0.5])
+def test_a_label_smoothing_factor_outside_0_to_1_is_refused_when_the_arguments_are_made(tmp_path, factor):
+    """1.5 trained on CPU (the fused loss took any ε) and failed on a GPU at the first step (the plain loss)."""
+    with pytest.raises(ValueError, match=rf"^label_smoothing_factor must be between 0 and 1, got {factor}\.$"):
+        tiny_run_args(tmp_path / "run", label_smoothing_factor=factor)
+
+
 def test_an_averaged_directory_that_cannot_be_replaced_is_refused_before_training(tmp_path, monkeypatch):
     def not_reached(*args, **kwargs):
         raise AssertionError("the data was read although the average could not be written")
