@@ -5,7 +5,7 @@ import ast
 import re
 
 import pytest
-from helpers import LOG_HISTORY, tiny_model, tiny_tokenizer
+from helpers import LOG_HISTORY, tiny_config, tiny_model, tiny_tokenizer
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 
@@ -81,6 +81,13 @@ def test_the_test_hub_validates_model_index_like_the_hub(eval_result):
     assert card_metadata_errors(card) == []
     broken = card.replace("value: ", "value: about ", 1)  # the first metric value becomes a string
     assert card_metadata_errors(broken) == ['"model-index[].results[].metrics[]" needs a "type" and a numeric "value"']
+
+
+def test_the_architecture_table_shows_the_decoders_heads_and_d_ff_beside_the_encoders():
+    config = tiny_config(encoder_attention_heads=2, decoder_attention_heads=8, encoder_ffn_dim=48, decoder_ffn_dim=96)
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, model_config=config.to_dict())
+    for row in ("h (encoder attention heads) | 2 |", "h (decoder attention heads) | 8 |", "d_ff (decoder) | 96 |"):
+        assert row in card.text
 
 
 def test_card_without_measurements_says_so_and_invents_nothing():
