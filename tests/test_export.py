@@ -332,9 +332,17 @@ def test_ctranslate2_refuses_what_it_cannot_compute_naming_the_field(tokenizer, 
     assert not (tmp_path / "ct2").exists() and not (tmp_path / "ct2.partial").exists()
 
 
-def test_ctranslate2_refuses_a_tokenizer_larger_than_the_vocabulary(tokenizer, tmp_path):
-    with pytest.raises(ValueError, match="vocab_size=40"):
-        export.to_ctranslate2(tiny_model(40), tokenizer, tmp_path / "ct2")
+@pytest.mark.parametrize("target", ["ctranslate2", "marian", "onnx"])
+def test_every_export_refuses_a_tokenizer_larger_than_the_vocabulary(tokenizer, tmp_path, target):
+    """MarianMT and ONNX wrote such an export, whose runtime then failed on the first id beyond the rows."""
+    exporters = {
+        "ctranslate2": lambda model: export.to_ctranslate2(model, tokenizer, tmp_path / "out"),
+        "marian": lambda model: export.to_marian(model, tokenizer, tmp_path / "out"),
+        "onnx": lambda model: export.to_onnx(model, tmp_path / "out", tokenizer=tokenizer),
+    }
+    with pytest.raises(ValueError, match=rf"vocab_size=40 \(the tokenizer has {len(tokenizer)} tokens"):
+        exporters[target](tiny_model(40))
+    assert not (tmp_path / "out").exists()
 
 
 # --- writing the directory ------------------------------------------------------------------------------------

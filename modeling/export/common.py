@@ -72,6 +72,15 @@ def refuse(field: str, value: Any, target: str, why: str) -> None:
     raise ValueError(f"cannot export to {target} exactly: {field}={value!r} ({why}).")
 
 
+def check_tokenizer_fits(model: TransformerForConditionalGeneration, tokenizer: Any, target: str) -> None:
+    """Refuse a tokenizer with more tokens than the model has embedding rows: the runtime's lookup of an id beyond
+    them fails (or, where tokens are mapped by position, reads another token's row)."""
+    if tokenizer is not None and len(tokenizer) > model.config.vocab_size:
+        refuse(
+            "vocab_size", model.config.vocab_size, target, f"the tokenizer has {len(tokenizer)} tokens, more than rows"
+        )
+
+
 def check_model(model: Any) -> TransformerForConditionalGeneration:
     """`model`, if it is this project's translation model (the exporters read its modules). The same model loaded
     as remote code (`trust_remote_code=True`: its classes come from the checkpoint's files, not this package) is

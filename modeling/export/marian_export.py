@@ -9,7 +9,15 @@ from transformers import PreTrainedTokenizerBase
 
 from ..configuration_transformer import TransformerConfig
 from ..modeling_transformer import TransformerForConditionalGeneration
-from .common import building_directory, check_model, paper_decoding_not_expressed, refuse, single_eos, write_record
+from .common import (
+    building_directory,
+    check_model,
+    check_tokenizer_fits,
+    paper_decoding_not_expressed,
+    refuse,
+    single_eos,
+    write_record,
+)
 
 
 def check_marian(model: TransformerForConditionalGeneration) -> TransformerForConditionalGeneration:
@@ -68,6 +76,7 @@ def to_marian(
     from ..convert import to_marian as convert_to_marian
 
     model = check_marian(model)
+    check_tokenizer_fits(model, tokenizer, "MarianMTModel")
     marian = convert_to_marian(model)
     _check_marian_positions(model, marian)
     not_expressed = paper_decoding_not_expressed(model, "MarianMTModel")

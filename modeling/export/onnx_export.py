@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..configuration_transformer import TransformerConfig
 from ..modeling_transformer import TransformerForConditionalGeneration
-from .common import building_directory, check_model, write_record
+from .common import building_directory, check_model, check_tokenizer_fits, write_record
 
 ONNX_OPSET = 18
 
@@ -87,6 +87,7 @@ def to_onnx(
     import onnxscript  # noqa: F401
 
     model = check_model(model)
+    check_tokenizer_fits(model, tokenizer, "ONNX")
     if model.dtype != torch.float32:
         # onnxruntime's CPU kernels lack bfloat16 and float16 for most operators: such a graph would not even load.
         model = copy.deepcopy(model).float()
