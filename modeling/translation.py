@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import unicodedata
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,6 +50,13 @@ class TranslationInProgressError(RuntimeError):
     """Another process is translating into the same file."""
 
 
+def is_blank(line: str) -> bool:
+    """Whether `line` holds nothing to translate: only whitespace and invisible format characters (zero-width space,
+    word joiner, soft hyphen, byte-order mark: Unicode's Cf), which a tokenizer would turn into `<unk>` alone and
+    the model into an invented sentence."""
+    return all(character.isspace() or unicodedata.category(character) == "Cf" for character in line)
+
+
 def translate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -65,8 +73,8 @@ def translate(
     Sentences are sorted by length and grouped into batches of at most `max_tokens` padded tokens *counting every
     beam*: at most `max_tokens / num_beams` padded source tokens per batch, since beam search decodes `num_beams`
     hypotheses of each sentence at once (beam 1000 takes one sentence at a time rather than running out of
-    memory). Sorting wastes far less compute on padding than fixed-size batches. Empty (or blank) lines are never sent
-    to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
+    memory). Sorting wastes far less compute on padding than fixed-size batches. Empty or blank lines (`is_blank`) are
+    never sent to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
     to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
     `generate_kwargs` override them. `workers` > 1 translates that many batches at once (`generate_batches`).
     """
@@ -74,7 +82,7 @@ def translate(
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
     check_one_translation_per_line(model, generate_kwargs)
     outputs = [""] * len(sentences)
-    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
     if not todo:
         return outputs
     if num_beams is not None:

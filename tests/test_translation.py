@@ -53,15 +53,16 @@ def test_translate_keeps_order_and_empty_lines(tokenizer):
     sentences = [en for en, _ in pairs]
     sentences[3:3] = [""]
     sentences[10:10] = ["   "]
+    sentences[15:15] = ["\u200b \u2060\u00ad\ufeff"]  # invisible: zero-width space, word joiner, soft hyphen, BOM
     sentences.append("")
     model = EchoModel()
 
     outputs = translate(model, tokenizer, sentences, max_tokens=40, num_beams=2, max_new_tokens=7)
 
-    assert outputs == [s.strip() for s in sentences]
+    assert outputs == ["" if s.strip(" \u200b\u2060\u00ad\ufeff") == "" else s.strip() for s in sentences]
     assert model.training, "the model's train/eval mode is restored"
     seen = [ids for call in model.calls for ids in call["input_ids"].tolist()]
-    assert len(seen) == len(sentences) - 3, "empty lines never reach the model"
+    assert len(seen) == len(sentences) - 4, "empty and invisible lines never reach the model"
     for call in model.calls:
         batch_size, width = call["input_ids"].shape
         assert batch_size == 1 or batch_size * width * 2 <= 40, "batches respect the token budget, beams counted"
