@@ -441,7 +441,7 @@ class TransformerGenerationMixin(GenerationMixin):
         their lengths; as transformers 4 did, not where padding and end-of-sentence share an id."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         pad_token_id = self.config.pad_token_id
-        if kwargs.get("attention_mask") is not None or kwargs.get("encoder_outputs") is not None:
+        if kwargs.get("attention_mask") is not None:
             return
         if input_ids is None or input_ids.dim() != 2 or input_ids.is_floating_point():
             return

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import threading
-import unicodedata
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,11 +49,18 @@ class TranslationInProgressError(RuntimeError):
     """Another process is translating into the same file."""
 
 
+# Characters that show nothing: zero-width space, joiners, direction marks and embeddings, word joiner and the
+# invisible operators, soft hyphen, byte-order mark.
+INVISIBLE_CHARACTERS = frozenset(
+    "\u00ad\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+    "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
+)
+
+
 def is_blank(line: str) -> bool:
-    """Whether `line` holds nothing to translate: only whitespace and invisible format characters (zero-width space,
-    word joiner, soft hyphen, byte-order mark: Unicode's Cf), which a tokenizer would turn into `<unk>` alone and
-    the model into an invented sentence."""
-    return all(character.isspace() or unicodedata.category(character) == "Cf" for character in line)
+    """Whether `line` holds nothing to translate: only whitespace and `INVISIBLE_CHARACTERS`, which a tokenizer
+    would turn into `<unk>` alone and the model into an invented sentence."""
+    return all(character.isspace() or character in INVISIBLE_CHARACTERS for character in line)
 
 
 def translate(
@@ -172,9 +178,10 @@ def check_workers(model: PreTrainedModel, workers: int) -> None:
 
 
 class _ThreadShares:
-    """torch's thread count is the process's: while calls decode side by side, each divides the count from before
-    the first of them among its workers, and the last to end puts that count back. (Each call restoring the count
-    it found, two overlapping calls from a service's threads left the halved count behind for good.)"""
+    """While calls decode side by side, each divides torch's thread count from before the first of them among its
+    workers, and each puts that count back on its own thread when it ends. (Under OpenMP a thread keeps the count it
+    set and a new thread starts from the last count set anywhere: each call restoring the count it found, a call
+    that began while another ran left the halved count behind for its thread and every later one.)"""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -193,8 +200,7 @@ class _ThreadShares:
         finally:
             with self._lock:
                 self._calls -= 1
-                if self._calls == 0:
-                    torch.set_num_threads(self._threads_before)
+                torch.set_num_threads(self._threads_before)
 
 
 _THREAD_SHARES = _ThreadShares()

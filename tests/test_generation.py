@@ -286,6 +286,9 @@ def test_padded_input_ids_without_an_attention_mask_decode_as_with_it():
     expected = model.generate(**inputs, num_beams=4, max_new_tokens=6)
     assert torch.equal(model.generate(input_ids=inputs["input_ids"], num_beams=4, max_new_tokens=6), expected)
     assert torch.equal(model.generate(inputs["input_ids"], num_beams=4, max_new_tokens=6), expected)
+    encoded = model.get_encoder()(**inputs)  # the cross-attention reads the mask too
+    given = model.generate(input_ids=inputs["input_ids"], encoder_outputs=encoded, num_beams=4, max_new_tokens=6)
+    assert torch.equal(given, expected)
     alone = model.generate(input_ids=inputs["input_ids"][1:, :4], num_beams=4, max_new_tokens=6)
     assert alone[0].tolist() == expected[1, : alone.shape[1]].tolist()  # the shorter source translated alone
     with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):

@@ -35,6 +35,7 @@ from modeling.hub_client import HubError
 from modeling.translation import (
     TranslationInProgressError,
     generate_batches,
+    is_blank,
     load_model_and_tokenizer,
     partial_translation_path,
     tokenizer_fingerprint,
@@ -48,18 +49,24 @@ def tokenizer():
     return tiny_tokenizer()
 
 
+def test_blank_means_whitespace_and_characters_that_show_nothing_only():
+    assert is_blank("") and is_blank(" \t\u00a0") and is_blank("\u200b\ufeff\u00ad\u2060\u200f")
+    # Format characters that are seen (Arabic number sign, end of ayah) and text are not blank.
+    assert not is_blank("\u0600") and not is_blank("\u06dd") and not is_blank("\u200ba")
+
+
 def test_translate_keeps_order_and_empty_lines(tokenizer):
     pairs = synthetic_pairs(30, seed=1)
     sentences = [en for en, _ in pairs]
     sentences[3:3] = [""]
     sentences[10:10] = ["   "]
-    sentences[15:15] = ["\u200b \u2060\u00ad\ufeff"]  # invisible: zero-width space, word joiner, soft hyphen, BOM
+    sentences[15:15] = ["\u200b \u2060\u00ad\ufeff\u200e"]  # zero-width space, word joiner, soft hyphen, BOM, LRM
     sentences.append("")
     model = EchoModel()
 
     outputs = translate(model, tokenizer, sentences, max_tokens=40, num_beams=2, max_new_tokens=7)
 
-    assert outputs == ["" if s.strip(" \u200b\u2060\u00ad\ufeff") == "" else s.strip() for s in sentences]
+    assert outputs == ["" if s.strip(" \u200b\u2060\u00ad\ufeff\u200e") == "" else s.strip() for s in sentences]
     assert model.training, "the model's train/eval mode is restored"
     seen = [ids for call in model.calls for ids in call["input_ids"].tolist()]
     assert len(seen) == len(sentences) - 4, "empty and invisible lines never reach the model"
@@ -172,9 +179,12 @@ def test_overlapping_calls_with_workers_give_torchs_threads_back(tokenizer, two_
     second = WaitingEchoModel(go_on=first_done)  # decodes on only once the first call has ended
     first = WaitingEchoModel(go_on=second.started)  # decodes on only once the second call has begun
 
+    first_thread_after = []
+
     def translate_first() -> None:
         translate(first, tokenizer, sentences, max_tokens=40, workers=2)
         first_done.set()
+        first_thread_after.append(torch.get_num_threads())  # a service's thread, translating again later
 
     threads = [threading.Thread(target=translate_first)]
     threads.append(threading.Thread(target=translate, args=(second, tokenizer, sentences), kwargs={"workers": 2}))
@@ -188,7 +198,7 @@ def test_overlapping_calls_with_workers_give_torchs_threads_back(tokenizer, two_
     later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
     later.start()
     later.join()
-    assert seen == [2] and torch.get_num_threads() == 2
+    assert seen == [2] and first_thread_after == [2] and torch.get_num_threads() == 2
 
 
 def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):

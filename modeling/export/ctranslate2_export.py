@@ -250,7 +250,8 @@ print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0])) for r 
 
 A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by length into batches of at most
 `max_batch_size` tokens, and writes one line per line, in order (a line empty or of spaces stays empty; the
-others are stripped, as `modeling.translation.translate` strips them).
+others are stripped, as `modeling.translation.translate` strips them; a line of invisible characters only, which
+`translate` leaves empty, is translated).
 
 ```python
 translator.translate_file(
