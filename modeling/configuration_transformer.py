@@ -109,11 +109,11 @@ class TransformerConfig(PreTrainedConfig):
         # Checked here rather than in `validate_*` hooks so that users get a plain ValueError.
         # (Their types are checked by the strict dataclass: an int, a float.)
         for name in ("encoder_layers", "decoder_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (N of Table 3), got {getattr(self, name)}.")
+            if (layers := getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1 (N of Table 3), got {layers}.")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be a probability between 0 and 1, got {getattr(self, name)}.")
+            if not 0 <= (rate := getattr(self, name)) <= 1:
+                raise ValueError(f"{name} must be a probability between 0 and 1, got {rate}.")
         for side in ("encoder", "decoder"):
             heads = getattr(self, f"{side}_attention_heads")
             if heads < 1 or self.d_model % heads != 0:

@@ -148,11 +148,6 @@ def _temporary_name(path: Path) -> Path:
         return candidate
 
 
-def _through_link(path: Path) -> Path:
-    """Where the writers here put `path`: the file a link at `path` points to (the link itself stays)."""
-    return Path(os.path.realpath(path)) if os.path.islink(path) else path
-
-
 def _written(path: Path) -> Path:
     """Where `path` is written: itself, or where the links on the way to it lead (the writers here follow them)."""
     resolved = Path(os.path.realpath(path))
@@ -172,7 +167,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     explicit `format`). On failure the temporary file is removed and `path` is left as it was; a full disk
     raises `DiskFullError`. A link at `path` stays, and the file it points to is replaced.
     """
-    path = _through_link(Path(path))
+    path = _written(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
     umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps

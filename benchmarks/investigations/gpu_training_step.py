@@ -16,6 +16,7 @@ profiled step of this model (the fused loss) and of Marian.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -119,15 +120,9 @@ def main() -> None:
     batch = random_batch(plan, config.vocab_size, device)
     default_chunks = modeling_transformer.LOSS_CHUNK_ELEMENTS
 
-    def copy_of(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
-        twin = type(model)(model.config)
-        twin.load_state_dict(model.state_dict())
-        twin.set_attn_implementation("sdpa")
-        return twin
-
     chunked = {
         f"this model, fused loss ({factor * default_chunks:,} logits a chunk)": with_loss_chunks(
-            training_contender(copy_of(ours), {**batch, "skip_logits": True}, plan.steps, device),
+            training_contender(copy.deepcopy(ours), {**batch, "skip_logits": True}, plan.steps, device),
             factor * default_chunks,
         )
         for factor in arguments.chunk_factors
@@ -135,12 +130,12 @@ def main() -> None:
     contenders: dict[str, Callable[[], None]] = {
         **chunked,
         "this model, plain loss (skip_logits=False)": training_contender(
-            copy_of(ours), {**batch, "skip_logits": False}, plan.steps, device
+            copy.deepcopy(ours), {**batch, "skip_logits": False}, plan.steps, device
         ),
-        "this model, its default loss": training_contender(copy_of(ours), batch, plan.steps, device),
-        "MarianMT": training_contender(copy_of(marian), batch, plan.steps, device),
-        "this model, layers alone": layers_contender(copy_of(ours), batch, plan.steps, device),
-        "MarianMT, layers alone": layers_contender(copy_of(marian), batch, plan.steps, device),
+        "this model, its default loss": training_contender(copy.deepcopy(ours), batch, plan.steps, device),
+        "MarianMT": training_contender(copy.deepcopy(marian), batch, plan.steps, device),
+        "this model, layers alone": layers_contender(copy.deepcopy(ours), batch, plan.steps, device),
+        "MarianMT, layers alone": layers_contender(copy.deepcopy(marian), batch, plan.steps, device),
     }
     peaks = with_first_call_memory(contenders, device)  # also the warm-up
     timings = measure_alternating(contenders, plan.repeats, warmup=0)
@@ -157,10 +152,7 @@ def main() -> None:
         f"{plan.batch_size}×{plan.length} tokens a side, bf16 autocast, fused AdamW, on {device_name}\n"
     )
     print(
-        markdown_table(
-            ["contender", "ms per step", "tokens/s (median)", "min–max", "vs MarianMT", "peak GiB"],
-            rows,
-        )
+        markdown_table(["contender", "ms per step", "tokens/s (median)", "min–max", "vs MarianMT", "peak GiB"], rows)
     )
     print(
         f"\n- {plan.repeats} repeats of {plan.steps} steps after one warm-up call each (its peak memory), alternating."
