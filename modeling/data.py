@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .files import iter_lines
 from .hub_client import use_hub_timeouts
+from .tokenization import visible_words
 
 logger = logging.getLogger(__name__)
 
@@ -401,8 +402,8 @@ def clean_parallel_dataset(
 ) -> tuple[datasets.DatasetDict, dict[str, dict[str, int]]]:
     """Drop unusable training pairs as Moses `clean-corpus-n.perl` does; return the data and the counts.
 
-    Rules, applied in order, lengths in whitespace-separated words:
-      1. `empty`: either side is empty or blank;
+    Rules, applied in order, lengths in whitespace-separated words (`visible_words`):
+      1. `empty`: either side is empty or blank (whitespace and characters that show nothing, `is_blank`);
       2. `too_long`: either side has more than `max_length` words;
       3. `ratio`: the longer side has more than `max_ratio` times the words of the shorter.
     Defaults are fairseq's `prepare-wmt14en2de.sh` (`clean-corpus-n.perl -ratio 1.5 ... 1 250`), which
@@ -467,7 +468,7 @@ def _rejection_codes(
 ) -> dict[str, list[int]]:
     codes = []
     for pair in pairs:
-        n_source, n_target = (len(pair[lang].split()) for lang in languages)
+        n_source, n_target = (len(visible_words(pair[lang])) for lang in languages)
         shorter, longer = sorted((n_source, n_target))
         if shorter == 0:
             codes.append(_EMPTY)

@@ -39,6 +39,25 @@ MODEL_MAX_LENGTH = 1024
 
 logger = logging.getLogger(__name__)
 
+# Characters that show nothing: zero-width space, joiners, direction marks and embeddings, word joiner and the
+# invisible operators, soft hyphen, byte-order mark. The tokenizer keeps them (as `<unk>` when unseen).
+INVISIBLE_CHARACTERS = frozenset(
+    "\u00ad\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+    "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
+)
+_WITHOUT_INVISIBLE = str.maketrans(dict.fromkeys(INVISIBLE_CHARACTERS))
+
+
+def visible_words(text: str) -> list[str]:
+    """The whitespace-separated words of `text` once `INVISIBLE_CHARACTERS` are removed."""
+    return text.translate(_WITHOUT_INVISIBLE).split()
+
+
+def is_blank(line: str) -> bool:
+    """Whether `line` holds nothing to translate or learn from: only whitespace and `INVISIBLE_CHARACTERS`, which
+    the tokenizer would turn into `<unk>` alone and a model into an invented sentence."""
+    return not visible_words(line)
+
 
 def train_shared_bpe(
     texts: Iterable[str],

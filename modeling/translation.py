@@ -41,26 +41,13 @@ from .files import (
     write_json,
 )
 from .hub_client import naming_hub_failures, use_hub_timeouts
+from .tokenization import is_blank
 
 logger = logging.getLogger(__name__)
 
 
 class TranslationInProgressError(RuntimeError):
     """Another process is translating into the same file."""
-
-
-# Characters that show nothing: zero-width space, joiners, direction marks and embeddings, word joiner and the
-# invisible operators, soft hyphen, byte-order mark.
-INVISIBLE_CHARACTERS = frozenset(
-    "\u00ad\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
-    "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
-)
-
-
-def is_blank(line: str) -> bool:
-    """Whether `line` holds nothing to translate: only whitespace and `INVISIBLE_CHARACTERS`, which a tokenizer
-    would turn into `<unk>` alone and the model into an invented sentence."""
-    return all(character.isspace() or character in INVISIBLE_CHARACTERS for character in line)
 
 
 def translate(

@@ -284,6 +284,8 @@ def test_each_cleaning_rule_is_counted_and_logged(caplog):
         ("a man runs .", "ein mann läuft ."),  # kept
         ("", "leer ."),  # empty
         ("  ", "leer ."),  # blank counts as empty
+        ("\u200b \ufeff\u00ad", "leer ."),  # so do characters that show nothing (zero-width space, BOM, soft hyphen)
+        ("one \u200b", "eins zwei"),  # 1 word shown against 2: ratio 2 > 1.5
         ("word " * 11, "wort " * 11),  # too long (max_length=10)
         ("one two", "eins zwei drei vier"),  # ratio 2 > 1.5
         ("a b", "c d e"),  # ratio exactly 1.5: kept
@@ -294,13 +296,13 @@ def test_each_cleaning_rule_is_counted_and_logged(caplog):
     )
     with caplog.at_level(logging.INFO, logger="modeling.data"):
         cleaned, counts = clean_parallel_dataset(ds, "en", "de", max_length=10)
-    assert counts == {"train": {"total": 6, "empty": 2, "too_long": 1, "ratio": 1, "kept": 2}}
-    assert pairs(cleaned["train"]) == [rows[0], rows[5]]
-    assert len(cleaned["test"]) == 6  # test sentences are never dropped by default
-    assert "removed 2 empty, 1 longer than 10 words, 1 with length ratio > 1.5" in caplog.text
+    assert counts == {"train": {"total": 8, "empty": 3, "too_long": 1, "ratio": 2, "kept": 2}}
+    assert pairs(cleaned["train"]) == [rows[0], rows[7]]
+    assert len(cleaned["test"]) == 8  # test sentences are never dropped by default
+    assert "removed 3 empty, 1 longer than 10 words, 2 with length ratio > 1.5" in caplog.text
 
     _, counts = clean_parallel_dataset(ds, "en", "de", max_length=None, max_ratio=None, splits=["train", "test"])
-    assert counts["test"] == {"total": 6, "empty": 2, "too_long": 0, "ratio": 0, "kept": 4}
+    assert counts["test"] == {"total": 8, "empty": 3, "too_long": 0, "ratio": 0, "kept": 5}
 
 
 @pytest.fixture(scope="module")

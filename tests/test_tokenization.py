@@ -10,7 +10,14 @@ import pytest
 from helpers import MULTI30K
 from transformers import AutoTokenizer
 
-from modeling.tokenization import iter_corpus_text, iter_text_files, round_up, train_shared_bpe
+from modeling.tokenization import (
+    is_blank,
+    iter_corpus_text,
+    iter_text_files,
+    round_up,
+    train_shared_bpe,
+    visible_words,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +151,13 @@ def test_multi30k_val_round_trip_is_exact():
     decoded = tokenizer.batch_decode(tokenizer(val)["input_ids"], skip_special_tokens=True)
     failures = [s for s, d in zip(val, decoded, strict=True) if d != unicodedata.normalize("NFKC", s)]
     assert failures == []
+
+
+def test_blank_means_whitespace_and_characters_that_show_nothing_only():
+    assert is_blank("") and is_blank(" \t\u00a0") and is_blank("\u200b\ufeff\u00ad\u2060\u200f")
+    # Format characters that are seen (Arabic number sign, end of ayah) and text are not blank.
+    assert not is_blank("\u0600") and not is_blank("\u06dd") and not is_blank("\u200ba")
+
+
+def test_visible_words_leave_out_characters_that_show_nothing():
+    assert visible_words("\ufeffa man\u00ad \u200b rides\u200b. ") == ["a", "man", "rides."]

@@ -35,7 +35,6 @@ from modeling.hub_client import HubError
 from modeling.translation import (
     TranslationInProgressError,
     generate_batches,
-    is_blank,
     load_model_and_tokenizer,
     partial_translation_path,
     tokenizer_fingerprint,
@@ -47,12 +46,6 @@ from modeling.translation import (
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer()
-
-
-def test_blank_means_whitespace_and_characters_that_show_nothing_only():
-    assert is_blank("") and is_blank(" \t\u00a0") and is_blank("\u200b\ufeff\u00ad\u2060\u200f")
-    # Format characters that are seen (Arabic number sign, end of ayah) and text are not blank.
-    assert not is_blank("\u0600") and not is_blank("\u06dd") and not is_blank("\u200ba")
 
 
 def test_translate_keeps_order_and_empty_lines(tokenizer):
