@@ -19,11 +19,14 @@ Every text file the project reads (corpora, sources to translate, references, hy
 
 from __future__ import annotations
 
+import bz2
 import errno
 import gzip
 import json
 import logging
+import lzma
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -213,7 +216,17 @@ def check_writable(path: str | os.PathLike) -> None:
     """Raise `UnwritableError` now if `atomic_path` could not write `path` later: a directory there, a file where a
     directory should be, no permission, a read-only file system. For commands whose long work ends in writing a
     file (translating or scoring a test set), so that a mistyped or unwritable destination costs no work. Creates
-    the missing parent directories, as the write would; a path through links is checked where they lead."""
+    the missing parent directories, as the write would; a path through links is checked where they lead. Also
+    refused: `-`, which would make a file of that name rather than mean standard output, and a `.gz` name, which
+    would hold plain text (the project writes text uncompressed, and reads files by their bytes, not their names)."""
+    if os.fspath(path) == "-":
+        raise UnwritableError(errno.EINVAL, "cannot write -: it would be a file named '-', not standard output")
+    if os.fspath(path).endswith(".gz"):
+        raise UnwritableError(
+            errno.EINVAL,
+            f"cannot write {os.fspath(path)}: the output is plain text, which a .gz name would misdescribe; drop "
+            "the .gz (and gzip the file afterwards)",
+        )
     given = Path(path)
     path = _written(given)
     named = _named(given, path)
@@ -403,10 +416,12 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain or gzipped; `-`: standard input) without their line terminators.
 
     Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
-    parallel files). Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises
-    a ValueError naming the file and its exact line (`file:line`); a truncated or corrupt gzip file raises one
-    naming the file and the number of lines read. Gzip data is recognised by its first bytes whatever the file's
-    name (`.gz` or not). A byte order mark at the very start of the text is dropped; a U+FEFF anywhere else is text.
+    parallel files); a file whose lines end in "\\r" alone (classic Mac OS) is refused, as it would read as one
+    line. Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises a ValueError
+    naming the file and its exact line (`file:line`); a truncated or corrupt compressed file raises one naming the
+    file and the number of lines read. Compression is recognised by the first bytes whatever the file's name: gzip
+    and xz / bzip2 (the standard library reads them) are decompressed, zstd is refused by name. A byte order mark at
+    the very start of the text is dropped; a U+FEFF anywhere else is text.
     """
     path = os.fspath(path)
     name = "<stdin>" if path == "-" else path
@@ -415,6 +430,11 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         with ExitStack() as stack:
             for raw in _open_binary(path, stack):
                 line_number += 1
+                if line_number == 1 and not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
+                    raise ValueError(
+                        f"{name}: its lines end in \\r alone (classic Mac OS), so it would read as one line; "
+                        f"convert them (e.g. tr '\\r' '\\n' < {name})"
+                    )
                 line = raw.decode("utf-8").rstrip("\r\n")
                 # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
                 # that no hypothesis matches, a vocabulary entry).
@@ -424,27 +444,38 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
             f"{name}:{line_number}: not valid UTF-8 ({err.reason} at byte {err.start} of the line); "
             "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from err
-    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+    except (EOFError, OSError, zlib.error, lzma.LZMAError) as err:
+        if isinstance(err, OSError) and err.errno is not None:  # the file system's (not found, ...), not the data's
+            raise
         raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
 
 
 _BYTE_ORDER_MARK = "\ufeff"
 _GZIP_MAGIC = b"\x1f\x8b"
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_BZIP2_MAGIC = re.compile(rb"BZh[1-9]1AY&SY")  # "BZh", the block size, a block's start: no sentence begins so
 _UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: what Windows' "Unicode" saves
 
 
 def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
-    """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip data."""
-    if path.endswith(".gz"):
-        return stack.enter_context(gzip.open(path, "rb"))
+    """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip, xz or bzip2
+    data, whatever its name (a `.gz` name on plain text is read as text)."""
     handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
-    # Gzip data named like text (`train.de`, `zcat` forgotten) is read as gzip rather than refused: no UTF-8 text
-    # can start with these bytes (0x8b is a continuation byte), so no text file is ever misread this way.
-    head = _peek(handle, len(_GZIP_MAGIC))
-    if head == _GZIP_MAGIC:
-        return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))  # closes not `handle`, the stack does
-    if head in _UTF16_BYTE_ORDER_MARKS:  # else "not valid UTF-8 ... iconv -f latin1", which would garble it
-        name = "<stdin>" if path == "-" else path
+    # Compressed data named like text (`train.de`, `zcat` forgotten) is read decompressed rather than refused: no
+    # UTF-8 text starts with the gzip, xz or zstd bytes (0x8b, 0xfd, 0xb5 cannot follow there), so no text file is
+    # ever misread this way. The wrappers close not `handle`; the stack does.
+    head = _peek(handle, 10)
+    if head.startswith(_GZIP_MAGIC):
+        return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))
+    if head.startswith(_XZ_MAGIC):
+        return stack.enter_context(lzma.LZMAFile(handle, "rb"))
+    if _BZIP2_MAGIC.match(head):
+        return stack.enter_context(bz2.BZ2File(handle, "rb"))
+    name = "<stdin>" if path == "-" else path
+    if head.startswith(_ZSTD_MAGIC):  # else "not valid UTF-8 ... iconv -f latin1", which would garble it
+        raise ValueError(f"{name} is zstd-compressed: decompress it first (e.g. zstd -d {name})")
+    if head[:2] in _UTF16_BYTE_ORDER_MARKS:
         raise ValueError(f"{name} is UTF-16 text: convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
     return handle
 

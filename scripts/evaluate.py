@@ -122,7 +122,7 @@ def main() -> None:
             hypotheses_file=hypotheses_path,
             chunk_lines=args.chunk_lines,
         )
-    except (OSError, TranslationInProgressError) as error:
+    except (OSError, ValueError, TranslationInProgressError) as error:  # ValueError: a hypotheses file unreadable
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if hypotheses_path:

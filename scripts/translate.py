@@ -33,11 +33,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="model directory or Hub repo id")
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
     parser.add_argument("--input-file", help="one sentence per line, plain or .gz (-: stdin)")
-    parser.add_argument("--output-file", help="where to write the translations (default: stdout)")
+    parser.add_argument("--output-file", help="where to write the translations (default, or -: stdout)")
     add_decoding_arguments(parser, chunk_lines_help="lines read, sorted and saved at a time")
     args = parser.parse_args()
     if args.text and args.input_file:
         parser.error("give sentences as arguments or --input-file, not both")
+    if args.output_file == "-":  # as --input-file - reads stdin
+        args.output_file = None
     return args
 
 

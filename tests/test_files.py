@@ -2,9 +2,11 @@
 an unwritable destination is named before the work; text files are read line by line, gzip or not, each refusal
 naming the file and the line."""
 
+import bz2
 import errno
 import gzip
 import io
+import lzma
 import os
 import shutil
 import sys
@@ -180,6 +182,17 @@ def test_replacing_directory_replaces_only_what_holds_its_marker(tmp_path):
             (late / "notes.txt").write_text("appeared meanwhile")
     assert sorted(path.name for path in late.iterdir()) == ["notes.txt"]
     assert not (tmp_path / "late.partial").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("-", r"^cannot write -: it would be a file named '-', not standard output$"), ("news.de.gz", r"drop the \.gz")],
+)
+def test_check_writable_refuses_names_that_would_mislead(tmp_path, monkeypatch, name, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnwritableError, match=message):
+        check_writable(name)
+    assert not list(tmp_path.iterdir())
 
 
 def test_check_writable_names_what_stands_in_the_way_and_leaves_nothing(tmp_path, monkeypatch):
@@ -362,6 +375,7 @@ def test_iter_lines_plain_and_gzip(tmp_path):
     with gzip.open(packed, "wt", encoding="utf-8") as f:
         f.write("über\nfünf\n")
     assert list(iter_lines(plain)) == ["one", "two\rstill two", "", "four"]
+    assert list(iter_lines(packed)) == ["über", "fünf"]
 
 
 def test_iter_lines_names_unreadable_file(tmp_path):
@@ -420,6 +434,49 @@ def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
     path.write_bytes(gzip.compress(b"fine\n" * 100)[:-20])  # truncated: named as gzip, not as Latin-1
     with pytest.raises(ValueError, match=r"^cannot read .*train\.txt after \d+ lines"):
         list(iter_lines(path))
+
+
+def test_plain_text_named_gz_is_read_as_text(tmp_path):
+    # Another tool's output named .gz by habit: its bytes say text, and text is what it holds.
+    path = tmp_path / "hypotheses.de.gz"
+    path.write_text("eins\nzwei\n", encoding="utf-8")
+    assert list(iter_lines(path)) == ["eins", "zwei"]
+
+
+@pytest.mark.parametrize(("compress", "suffix"), [(lzma.compress, ".xz"), (bz2.compress, ".bz2")])
+def test_xz_and_bzip2_data_are_read_decompressed_and_their_faults_named(tmp_path, compress, suffix):
+    path = tmp_path / f"train.de{suffix}"
+    lines = [f"Zeile {i} ist grün" for i in range(3000)]
+    data = compress("\n".join(lines).encode() + b"\n")
+    path.write_bytes(data)
+    assert list(iter_lines(path)) == lines
+    (tmp_path / "no-suffix").write_bytes(data)
+    assert list(iter_lines(tmp_path / "no-suffix")) == lines
+    path.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(ValueError, match=rf"^cannot read .*train\.de{suffix} after \d+ lines"):
+        list(iter_lines(path))
+    corrupt = bytearray(data)
+    corrupt[100:160] = b"x" * 60
+    path.write_bytes(bytes(corrupt))
+    with pytest.raises(ValueError, match=rf"^cannot read .*train\.de{suffix} after \d+ lines"):
+        list(iter_lines(path))
+
+
+def test_zstd_data_is_named_not_read_as_latin1(tmp_path):
+    path = tmp_path / "train.en"
+    path.write_bytes(b"\x28\xb5\x2f\xfd\x24\x05\x29\x00\x00")  # a zstd frame's header
+    with pytest.raises(ValueError, match=r"^.*train\.en is zstd-compressed: decompress it first"):
+        list(iter_lines(path))
+
+
+def test_a_file_whose_lines_end_in_carriage_returns_alone_is_refused(tmp_path):
+    # Read by "\n" alone it would be one sentence: an evaluation of 1 line, a translation of 1 line.
+    path = tmp_path / "refs.de"
+    path.write_bytes(b"eins\rzwei\rdrei\r")
+    with pytest.raises(ValueError, match=r"refs\.de: its lines end in \\r alone .*tr '\\r' '\\n'"):
+        list(iter_lines(path))
+    path.write_bytes(b"eins\r\nzwei\r\n")  # Windows' line ends stay fine
+    assert list(iter_lines(path)) == ["eins", "zwei"]
 
 
 def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):

@@ -105,6 +105,11 @@ def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
     assert message == f"error: cannot write {written}: {blocker} is a file, not a directory"
     message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path, monkeypatch=monkeypatch)
     assert message == f"error: cannot write {tmp_path}: it is a directory; give a file name"
+    # Before, `-` became a file of that name and stdin was scored; a .gz name held plain text, then failed to read.
+    message = script_error("evaluate.py", *common, "--hypotheses-file", "-", monkeypatch=monkeypatch)
+    assert message == "error: cannot write -: it would be a file named '-', not standard output"
+    message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path / "h.de.gz", monkeypatch=monkeypatch)
+    assert message.startswith(f"error: cannot write {tmp_path / 'h.de.gz'}: the output is plain text")
 
 
 def test_outputs_that_would_overwrite_the_test_set_or_each_other_are_refused(

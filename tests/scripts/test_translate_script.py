@@ -43,6 +43,14 @@ def test_a_pipe_as_input_file_loses_no_line(to_file, tiny_checkpoint, tmp_path, 
     assert translations == translate(model, tokenizer, lines)
 
 
+def test_output_file_dash_is_standard_output(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    model_dir, model, tokenizer = tiny_checkpoint
+    monkeypatch.chdir(tmp_path)
+    run_script("translate.py", "--model", model_dir, "--output-file", "-", "a cat.", monkeypatch=monkeypatch)
+    assert capsys.readouterr().out == translate(model, tokenizer, ["a cat."])[0] + "\n"
+    assert not list(tmp_path.iterdir()), "no file named '-'"
+
+
 def test_an_output_file_that_is_the_input_file_is_refused_before_loading(tiny_checkpoint, tmp_path, monkeypatch):
     model_dir = tiny_checkpoint[0]
     source = tmp_path / "news.en"
