@@ -25,6 +25,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -80,6 +81,8 @@ def train_shared_bpe(
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    if min_frequency < 0:
+        raise ValueError(f"min_frequency must be at least 0 (occurrences of a pair to merge), got {min_frequency}")
     target_size = round_up(vocab_size, VOCAB_MULTIPLE)
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
@@ -131,7 +134,23 @@ def train_shared_bpe(
         eos_token=EOS_TOKEN,
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,  # would turn "a ." into "a." and break the round trip
+        # "</s>" or "<pad>" written in a sentence is text: read as the control token, it ends a source early for the
+        # encoder and teaches a model, from a training target, to stop mid-sentence.
+        split_special_tokens=True,
     )
+
+
+def check_tokenizer_destination(directory: str | os.PathLike) -> None:
+    """Refuse, in one line, to write a tokenizer into a directory that holds a model: the model's token ids are
+    those of the tokenizer it was trained with, and another one there would make it translate nonsense."""
+    directory = Path(directory)
+    weights = sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
+    if (directory / "config.json").is_file() or weights:
+        found = "config.json" if (directory / "config.json").is_file() else weights[0].name
+        raise FileExistsError(
+            f"{directory} holds a model ({found}): a new tokenizer there would replace the one it was trained with; "
+            "write the tokenizer into another directory"
+        )
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from modeling.data import load_parallel_dataset, split_source
 from modeling.files import check_writable, write_files_into
-from modeling.tokenization import iter_corpus_text, iter_text_files, train_shared_bpe
+from modeling.tokenization import check_tokenizer_destination, iter_corpus_text, iter_text_files, train_shared_bpe
 
 
 def parse_args() -> argparse.Namespace:
@@ -80,6 +80,7 @@ def main() -> None:
     args = parse_args()
     try:  # a dataset loads here; plain files are read lazily, while the BPE trains
         check_writable(Path(args.output_dir) / "tokenizer.json")  # named now, not after the training
+        check_tokenizer_destination(args.output_dir)
         texts = training_texts(args)
         start = time.perf_counter()
         tokenizer = train_shared_bpe(

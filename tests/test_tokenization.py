@@ -125,6 +125,20 @@ def test_save_and_load_through_auto_tokenizer(tokenizer, corpus, tmp_path):
     assert loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True) == text
 
 
+def test_special_token_strings_in_text_are_text_also_after_loading(tokenizer, tmp_path):
+    # Read as control tokens they would end a source early, or teach a model to stop mid-sentence.
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for each in (tokenizer, loaded):
+        ids = each("a dog </s> runs <pad> in <unk> snow", text_target="ein hund </s> läuft")
+        assert 0 not in ids["input_ids"] and 1 in ids["input_ids"]  # "<", "/", ">" were not seen in training
+        assert ids["input_ids"].index(2) == len(ids["input_ids"]) - 1
+        assert ids["labels"].index(2) == len(ids["labels"]) - 1
+        first = each("a dog")["input_ids"]
+        padded = each.pad([{"input_ids": first}, {"input_ids": [5]}])["input_ids"]
+        assert padded[1] == [5] + [0] * (len(first) - 1)  # padding still pads
+
+
 def test_iter_text_files_reads_each_file_in_turn(tmp_path):
     plain, packed, unnamed = tmp_path / "a.txt", tmp_path / "b.txt.gz", tmp_path / "c.txt"
     plain.write_bytes(b"one\r\ntwo\rstill two\n\nfour")  # only \n ends a line

@@ -48,6 +48,7 @@ def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpu
     cases = [
         (["--train-files", str(tmp_path / "missing.gz"), "--vocab-size", "90"], "No such file or directory"),
         (["--train-files", str(tmp_path / "train.en"), "--vocab-size", "2"], "vocab_size must exceed the 3 special"),
+        (["--train-files", str(tmp_path / "train.en"), "--vocab-size", "90", "--min-frequency", "-1"], "at least 0"),
     ]
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["train_tokenizer.py", *args, "--output-dir", str(tmp_path / "bpe")])
@@ -91,3 +92,21 @@ def test_an_unwritable_output_directory_is_named_before_the_bpe_trains(corpus, t
         runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
     written = tmp_path / "bpe" / "tokenizer.json"
     assert exit_info.value.code == f"error: cannot write {written}: {tmp_path / 'bpe'} is a file, not a directory"
+
+
+def test_a_model_directory_keeps_its_tokenizer(corpus, tmp_path, monkeypatch):
+    """Before, `--output-dir MODEL` replaced the tokenizer the model was trained with: it then translated nonsense."""
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("the model's own")
+    argv = ["train_tokenizer.py", "--train-files", str(tmp_path / "train.en"), "--vocab-size", "90"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(model)])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    assert exit_info.value.code == (
+        f"error: {model} holds a model (config.json): a new tokenizer there would replace the one it was trained "
+        "with; write the tokenizer into another directory"
+    )
+    assert (model / "tokenizer.json").read_text() == "the model's own"
