@@ -5,6 +5,7 @@ decoding settings that produced them, so that every number can be reproduced. Wi
 translation goes through `translate_file`, and so resumes after a kill.
 """
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from .files import iter_lines, write_text
 from .generation_transformer import MODEL_DECODING_FIELDS
 from .scoring import corpus_scores
 from .translation import as_lines, translate, translate_file
+
+logger = logging.getLogger(__name__)
 
 # Recorded with every evaluation, so that its numbers can be reproduced: the transformers generation config fields
 # that the paper's and fairseq's decoding set (`set_paper_decoding`, `set_fairseq_decoding`), then all of this
@@ -56,6 +59,7 @@ def evaluate_split(
     pairs = list(split["translation"])
     sources = [pair[source_lang] for pair in pairs]
     references = [pair[target_lang] for pair in pairs]
+    warn_of_unreachable_references(tokenizer, references)
     settings = {"max_tokens": max_tokens, "num_beams": num_beams, "workers": workers, "progress": progress}
     settings |= generate_kwargs
     if hypotheses_file is None:
@@ -78,6 +82,29 @@ def evaluate_split(
         **corpus_scores(hypotheses, references, target_lang),
     }
     return metrics, hypotheses
+
+
+def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, references: list[str]) -> int:
+    """Warn when references hold text that the tokenizer's normaliser changes (decomposed "a" + "¨" under NFKC, a
+    ligature, a no-break space): the model's outputs never hold it, so BLEU counts it as errors the model could not
+    avoid. The score stays sacreBLEU's on the references as given; returns how many references would change."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is None:
+        return 0
+    changed = [index for index, reference in enumerate(references) if normalizer.normalize_str(reference) != reference]
+    if changed:
+        first = references[changed[0]]
+        logger.warning(
+            "%d of %d references change under the tokenizer's normalisation (the first: line %d, %r becomes %r), "
+            "which the model's outputs always have: BLEU counts those characters as errors. Normalise the references "
+            "the same way (e.g. unicodedata.normalize('NFKC', line)) if comparing with a score on normalised text.",
+            len(changed),
+            len(references),
+            changed[0] + 1,
+            first,
+            normalizer.normalize_str(first),
+        )
+    return len(changed)
 
 
 def metrics_filename(split: str) -> str:

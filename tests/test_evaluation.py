@@ -2,6 +2,8 @@
 hypotheses file, resumed after a kill."""
 
 import json
+import logging
+import unicodedata
 
 import pytest
 from datasets import Dataset
@@ -32,6 +34,20 @@ def test_evaluate_split_scores_the_split_and_records_decoding_settings(tokenizer
     path = write_json(tmp_path / "out" / metrics_filename("test"), metrics)
     assert path.name == "eval_results_test.json"
     assert json.loads(path.read_text()) == metrics
+
+
+def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
+    # Decomposed umlauts (NFD): the tokenizer's NFKC composes them, so no hypothesis can hold these references' bytes.
+    references = ["ein hund .", unicodedata.normalize("NFD", "ein mädchen läuft ."), "zwei hunde ."]
+    split = Dataset.from_list([{"translation": {"en": "a dog .", "de": reference}} for reference in references])
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    assert "1 of 3 references change under the tokenizer's normalisation (the first: line 2" in caplog.text
+    caplog.clear()
+    split = Dataset.from_list([{"translation": {"en": "a dog .", "de": "ein mädchen läuft ."}}])  # composed: NFC
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    assert caplog.text == ""
 
 
 def test_a_converted_fairseq_models_decoding_settings_are_recorded(tokenizer):
