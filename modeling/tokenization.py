@@ -21,6 +21,7 @@ Choices the rest of the project relies on:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -172,7 +173,10 @@ def _pad_vocab(tokenizer: Tokenizer, size: int) -> Tokenizer:
 
 def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
     """Yield every line of every file in turn (`iter_lines`: gzip data is decompressed on the fly, whatever the
-    file's name)."""
+    file's name). A missing file is named before the first line is read, not after the files before it."""
+    for path in paths:
+        if os.fspath(path) != "-" and not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
     for path in paths:
         yield from iter_lines(path)
 

@@ -148,6 +148,9 @@ def test_iter_text_files_reads_each_file_in_turn(tmp_path):
         *("one", "two\rstill two", "", "four", "über", "fünf", "sechs"),
         *("one", "two\rstill two", "", "four"),
     ]
+    lines = iter_text_files([plain, tmp_path / "missing.txt"])
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        next(lines)  # before the first file's lines, not after a WMT-sized file was read for nothing
 
 
 def test_iter_corpus_text_streams_both_sides():
