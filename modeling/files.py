@@ -217,8 +217,8 @@ def check_writable(path: str | os.PathLike) -> None:
     directory should be, no permission, a read-only file system. For commands whose long work ends in writing a
     file (translating or scoring a test set), so that a mistyped or unwritable destination costs no work. Creates
     the missing parent directories, as the write would; a path through links is checked where they lead. Also
-    refused: `-`, which would make a file of that name rather than mean standard output, and a `.gz` name, which
-    would hold plain text (the project writes text uncompressed, and reads files by their bytes, not their names)."""
+    refused: `-`, which would make a file of that name rather than mean standard output, and a `.gz` name: the
+    project writes text uncompressed, which neither `zcat` nor `iter_lines` would read back under that name."""
     if os.fspath(path) == "-":
         raise UnwritableError(errno.EINVAL, "cannot write -: it would be a file named '-', not standard output")
     if os.fspath(path).endswith(".gz"):
@@ -420,8 +420,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     line. Lines are read as bytes and decoded one at a time, so that an invalid UTF-8 sequence raises a ValueError
     naming the file and its exact line (`file:line`); a truncated or corrupt compressed file raises one naming the
     file and the number of lines read. Compression is recognised by the first bytes whatever the file's name: gzip
-    and xz / bzip2 (the standard library reads them) are decompressed, zstd is refused by name. A byte order mark at
-    the very start of the text is dropped; a U+FEFF anywhere else is text.
+    and xz / bzip2 (the standard library reads them) are decompressed, zstd is refused by name; a `.gz` file must
+    hold gzip data. A byte order mark at the very start of the text is dropped; a U+FEFF anywhere else is text.
     """
     path = os.fspath(path)
     name = "<stdin>" if path == "-" else path
@@ -460,7 +460,10 @@ _UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: wha
 
 def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
     """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip, xz or bzip2
-    data, whatever its name (a `.gz` name on plain text is read as text)."""
+    data, whatever its name; a `.gz` name must hold gzip data (what else does is more often an error page
+    downloaded under that name than text)."""
+    if path.endswith(".gz"):
+        return stack.enter_context(gzip.open(path, "rb"))
     handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
     # Compressed data named like text (`train.de`, `zcat` forgotten) is read decompressed rather than refused: no
     # UTF-8 text starts with the gzip, xz or zstd bytes (0x8b, 0xfd, 0xb5 cannot follow there), so no text file is

@@ -436,13 +436,6 @@ def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
         list(iter_lines(path))
 
 
-def test_plain_text_named_gz_is_read_as_text(tmp_path):
-    # Another tool's output named .gz by habit: its bytes say text, and text is what it holds.
-    path = tmp_path / "hypotheses.de.gz"
-    path.write_text("eins\nzwei\n", encoding="utf-8")
-    assert list(iter_lines(path)) == ["eins", "zwei"]
-
-
 @pytest.mark.parametrize(("compress", "suffix"), [(lzma.compress, ".xz"), (bz2.compress, ".bz2")])
 def test_xz_and_bzip2_data_are_read_decompressed_and_their_faults_named(tmp_path, compress, suffix):
     path = tmp_path / f"train.de{suffix}"
