@@ -60,8 +60,11 @@ class TransformerConfig(PreTrainedConfig):
         positional_encoding_offset: position p (0 for the first token) is encoded as position p + offset. fairseq
             numbers positions from `padding_idx + 1`, i.e. 2 for its dictionaries; 0 is the paper's.
         scale_embedding: multiply embeddings by sqrt(d_model) (Sec. 3.4).
-        tie_word_embeddings: share one matrix between encoder input, decoder input and the pre-softmax
-            projection (Sec. 3.4).
+        tie_word_embeddings: share one matrix, `model.shared`, between encoder input, decoder input and the
+            pre-softmax projection (Sec. 3.4). `False` (not the paper's) gives each of the three a matrix of its own
+            and no `model.shared`: `get_input_embeddings()` is the encoder's (what `inputs_embeds` stand for), the
+            decoder's is `model.decoder.embed_tokens`, the projection `lm_head`; `resize_token_embeddings` resizes
+            all three.
         init_std: standard deviation of the embedding initialisation; `None` means d_model ** -0.5, so that the
             scaled embedding has unit variance (as fairseq).
         layer_norm_eps: epsilon of every LayerNorm.
@@ -106,8 +109,29 @@ class TransformerConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 2
 
     def __post_init__(self, **kwargs):
-        # Checked here rather than in `validate_*` hooks so that users get a plain ValueError.
-        # (Their types are checked by the strict dataclass: an int, a float.)
+        # After the parent's, which sets the attribute-map aliases (`num_attention_heads=...`) among the kwargs.
+        super().__post_init__(**kwargs)
+        self.check_values()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "TransformerConfig":
+        """`PreTrainedConfig.from_dict` (the config, or with `return_unused_kwargs` the config and the kwargs left),
+        checked once its keyword overrides are in: it sets those (`from_pretrained(path, d_model=...)`) one by one
+        after `__post_init__`, which never sees them."""
+        loaded = super().from_dict(config_dict, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).check_values()
+        return loaded
+
+    def validate_architecture(self) -> None:
+        """Part of the strict dataclass's validation, which `save_pretrained` runs: a value set by hand after
+        construction is refused before it is written."""
+        super().validate_architecture()
+        self.check_values()
+
+    def check_values(self) -> None:
+        """A plain ValueError naming the first value the model cannot be built from. (Their types are checked by the
+        strict dataclass: an int, a float.) Not on each assignment: overrides come one by one, and a valid change
+        of two fields (d_model and the heads) passes through an invalid state."""
         for name in ("encoder_layers", "decoder_layers"):
             if (layers := getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1 (N of Table 3), got {layers}.")
@@ -134,7 +158,6 @@ class TransformerConfig(PreTrainedConfig):
             raise ValueError(f"positional_encoding_offset must be a non-negative integer, got {offset!r}.")
         if self.d_model % 2 != 0:
             raise ValueError(f"d_model ({self.d_model}) must be even: sinusoids come in sin/cos pairs.")
-        super().__post_init__(**kwargs)
 
     @classmethod
     def base(cls, **overrides: Any) -> "TransformerConfig":

@@ -230,7 +230,9 @@ class TransformerGenerationMixin(GenerationMixin):
 
         - `max_length_offset` (default 50): each sentence's output holds at most its source length plus this many
           tokens, end-of-sentence included; `None` turns the limit off. A `max_length` or `max_new_tokens`
-          given here or saved in the generation config still caps the whole batch.
+          given here, in a generation config passed or in the model's still caps the whole batch. The limit ends a
+          sentence with its end-of-sentence: with `eos_token_id=None` (as with fairseq's limit below) no sentence
+          ends early, and every one runs to the batch's longest limit, as transformers runs each to `max_length`.
         - `length_penalty_type`: `"gnmt"` (default) ranks finished beams by log P(Y) / ((5 + |Y|) / 6) ** alpha;
           `"transformers"` keeps the library's log P(Y) / |Y| ** alpha.
 
@@ -310,9 +312,11 @@ class TransformerGenerationMixin(GenerationMixin):
         if max_lengths is not None:
             eos_token_id = setting("eos_token_id", self.config.eos_token_id)
             eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
-            logits_processor = LogitsProcessorList(logits_processor or [])
-            logits_processor.append(PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score))
-            if not self._length_cap_given(base_config, kwargs):
+            if eos_token_id is not None:  # without one, no sentence ends before the batch's limit below
+                logits_processor = LogitsProcessorList(logits_processor or [])
+                processor = PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score)
+                logits_processor.append(processor)
+            if not self._length_cap_given(configs, kwargs):
                 cap = int(max_lengths.max())
                 if generation_config is None:
                     kwargs["max_new_tokens"] = cap
@@ -470,20 +474,23 @@ class TransformerGenerationMixin(GenerationMixin):
                 )
 
     @staticmethod
-    def _length_cap_given(generation_config: GenerationConfig, kwargs: dict) -> bool:
-        """Whether the caller or the saved generation config set a length for the whole batch."""
+    def _length_cap_given(configs: list[GenerationConfig], kwargs: dict) -> bool:
+        """Whether the caller or a generation config that transformers merges (the one given, whose unset fields
+        the model's fills) set a length for the whole batch."""
         if kwargs.get("max_new_tokens") is not None or kwargs.get("max_length") is not None:
             return True
-        return generation_config.max_new_tokens is not None or generation_config.max_length is not None
+        return any(config.max_new_tokens is not None or config.max_length is not None for config in configs)
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
         """Real (non-padding) source lengths, (B,), from the attention mask or the input ids; every position of
-        embeddings or encoder states given without a mask."""
+        embeddings or encoder states given without a mask, and of input ids without a padding id."""
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None:
             return attention_mask.sum(dim=-1)
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is not None:
+            if self.config.pad_token_id is None:
+                return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
             return input_ids.ne(self.config.pad_token_id).sum(dim=-1)
         encoder_outputs = kwargs.get("encoder_outputs")
         states = encoder_outputs[0] if encoder_outputs is not None else kwargs.get("inputs_embeds")

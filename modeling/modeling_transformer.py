@@ -333,6 +333,11 @@ class TransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
 
+    def __init__(self, config: TransformerConfig, *inputs, **kwargs):
+        # A config changed after it was built (attributes set by hand) never went through `__post_init__`'s checks.
+        config.check_values()
+        super().__init__(config, *inputs, **kwargs)
+
     def _init_weights(self, module: nn.Module) -> None:
         """fairseq's initialisation: Xavier-uniform projections with zero biases, N(0, d_model^-0.5) embeddings
         (so that the sqrt(d_model)-scaled embedding has unit variance) with a zero padding row."""
@@ -354,8 +359,11 @@ class TransformerPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, refused in one line before anything is written for a model whose
-        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`). The generation
-        config is saved without the library defaults that `Seq2SeqTrainer` wrote into it (`generate()` says why)."""
+        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`) or whose config
+        holds a value set by hand that the model cannot be built from. The generation config is saved without the
+        library defaults that `Seq2SeqTrainer` wrote into it (`generate()` says why). The config's `auto_map` names
+        `TransformerModel` for `AutoModel` too: transformers writes only the saved class's."""
+        self.config.check_values()
         int8_layers = int8_layer_names(self)
         if int8_layers:
             raise ValueError(
@@ -365,7 +373,27 @@ class TransformerPreTrainedModel(PreTrainedModel):
             )
         if hasattr(self, "undo_library_default_fill"):
             self.undo_library_default_fill()
+        if self._auto_class is not None:  # where transformers writes an auto_map and copies the code at all
+            module = TransformerModel.__module__.rsplit(".", 1)[-1]  # as transformers names remote code
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoModel": f"{module}.TransformerModel",
+            }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """`PreTrainedModel`'s, which resizes `get_input_embeddings()` and the output projection; untied, the
+        decoder's own input embeddings too, their old rows kept, so that the three keep one vocabulary. (Tied,
+        `tie_weights` hands the decoder the resized shared matrix.)"""
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        stacks = self.base_model
+        if isinstance(stacks, TransformerModel) and stacks.shared is None:
+            stacks.decoder.embed_tokens = self._get_resized_embeddings(
+                stacks.decoder.embed_tokens, embeddings.num_embeddings, mean_resizing=mean_resizing
+            )
+        return embeddings
 
 
 def int8_layer_names(model: nn.Module) -> list[str]:
@@ -390,6 +418,23 @@ def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> Non
 def _check_mask_shape(mask: torch.Tensor | None, expected: tuple[int, ...], name: str) -> None:
     if mask is not None and not is_torchdynamo_compiling() and tuple(mask.shape) != tuple(expected):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {tuple(expected)}.")
+
+
+def _check_encoder_states(encoder_hidden_states: torch.Tensor, batch_size: int, d_model: int) -> None:
+    """Unchecked, one encoder row silently served every decoder row (broadcast), and other mismatches failed in a
+    later product, on oneDNN without naming a shape."""
+    if is_torchdynamo_compiling():
+        return
+    if encoder_hidden_states.shape[0] != batch_size:
+        raise ValueError(
+            f"The decoder input has batch size {batch_size}, the encoder output {encoder_hidden_states.shape[0]}: "
+            "decoder_input_ids (or labels, decoder_inputs_embeds) and input_ids (or inputs_embeds, encoder_outputs) "
+            "must hold the same sentences."
+        )
+    if encoder_hidden_states.shape[-1] != d_model:
+        raise ValueError(
+            f"The encoder output has width {encoder_hidden_states.shape[-1]}, expected d_model ({d_model})."
+        )
 
 
 class TransformerStack(TransformerPreTrainedModel):
@@ -493,6 +538,7 @@ class TransformerDecoder(TransformerStack):
             if cache_length == 0:  # later steps feed back ids the model itself produced
                 _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
+        _check_encoder_states(encoder_hidden_states, inputs_embeds.shape[0], self.config.d_model)
         _check_mask_shape(
             encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask (of the encoder input)"
         )
@@ -523,24 +569,38 @@ class TransformerDecoder(TransformerStack):
 
 
 class TransformerModel(TransformerPreTrainedModel):
-    """Encoder and decoder over one embedding matrix shared by both languages (Sec. 3.4)."""
+    """Encoder and decoder over one embedding matrix shared by both languages (Sec. 3.4), `shared`. Untied
+    (`tie_word_embeddings=False`), each stack has its own and there is no `shared` (the config says more)."""
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
+    # Untied checkpoints saved before `shared` was left out of untied models hold it, trained by nothing.
+    _keys_to_ignore_on_load_unexpected = [r"(^|\.)shared\.weight$"]
 
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        # transformers ties nothing when tie_word_embeddings is off, this tie of the two stacks included.
+        self.shared = (
+            nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            if config.tie_word_embeddings
+            else None
+        )
         self.encoder = TransformerEncoder(config)
         self.decoder = TransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
+        """The matrix that `input_ids` are looked up in (what `inputs_embeds` stand for): the shared one, or the
+        encoder's own when untied."""
+        return self.shared if self.shared is not None else self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """The shared matrix of both stacks; untied, the encoder's alone (as MarianMT's)."""
+        if self.shared is None:
+            self.encoder.embed_tokens = value
+            return
         self.shared = value
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
@@ -654,8 +714,16 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden_states * grad_loss, grad_weight * grad_loss, None, None
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+def shift_tokens_right(
+    labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None
+) -> torch.Tensor:
     """Decoder inputs for teacher forcing: the start token, then the labels without their last position."""
+    if pad_token_id is None:
+        raise ValueError(
+            "config.pad_token_id has to be defined to make decoder inputs from labels (it fills their -100)."
+        )
+    if decoder_start_token_id is None:
+        raise ValueError("config.decoder_start_token_id has to be defined to make decoder inputs from labels.")
     decoder_input_ids = labels.new_full(labels.shape, pad_token_id)
     decoder_input_ids[:, 1:] = labels[:, :-1]
     decoder_input_ids[:, 0] = decoder_start_token_id

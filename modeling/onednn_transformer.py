@@ -67,13 +67,15 @@ def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
     oneDNN on AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products)
     picks them by instruction set. So oneDNN is taken on x86 CPUs not made by Intel (`prefers_onednn`). The two
     agree to float32 rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses, other devices
-    and dtypes keep MKL, and so does everything after `torch.backends.mkldnn.enabled = False`.
+    and dtypes keep MKL, and so does everything after `torch.backends.mkldnn.enabled = False`. So do shapes that
+    cannot be multiplied: torch's error names them, oneDNN's ("could not create a primitive descriptor") does not.
     """
     return (
         type(hidden_states) is torch.Tensor
         and hidden_states.device.type == "cpu"
         and hidden_states.dtype == weight.dtype == torch.float32
         and hidden_states.numel() > 0  # oneDNN has no product over an empty dimension (a backward's over 0 rows)
+        and hidden_states.shape[-1] == weight.shape[-1]
         and _onednn_on()
     )
 

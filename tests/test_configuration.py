@@ -1,9 +1,11 @@
 """Tests of modeling/configuration_transformer.py: the paper's sizes and refused settings."""
 
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, tiny_model
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from modeling import TransformerConfig
+from modeling import TransformerConfig, TransformerForConditionalGeneration
 
 
 def test_presets_match_table_3():
@@ -27,6 +29,7 @@ def test_presets_match_table_3():
         ({"dropout": 1.5}, "dropout must be a probability between 0 and 1, got 1.5"),
         ({"attention_dropout": -0.1}, "attention_dropout must be a probability between 0 and 1"),
         ({"activation_dropout": 2}, "activation_dropout must be a probability"),
+        ({"num_attention_heads": 5}, "divisible by encoder_attention_heads"),  # an alias, set after the fields
     ],
 )
 def test_bad_config_raises_value_error(overrides, message):
@@ -41,3 +44,28 @@ def test_positional_encoding_defaults_are_the_papers_so_saved_models_load_as_bef
     old = {key: value for key, value in tiny_config().to_dict().items() if not key.startswith("positional_encoding_")}
     loaded = TransformerConfig.from_dict(old)
     assert (loaded.positional_encoding_frequencies, loaded.positional_encoding_offset) == ("paper", 0)
+
+
+def test_keyword_overrides_of_a_saved_config_are_checked_once_all_are_in(tmp_path):
+    """`from_pretrained` sets its keyword overrides one by one after building the config."""
+    tiny_model().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"d_model \(36\) must be divisible by encoder_attention_heads \(8\)"):
+        AutoConfig.from_pretrained(tmp_path, d_model=36, encoder_attention_heads=8)
+    with pytest.raises(ValueError, match="Unknown positional_encoding_layout 'Interleaved'"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path, positional_encoding_layout="Interleaved")
+    config, unused = AutoConfig.from_pretrained(  # invalid after the first override, valid after the last
+        tmp_path, d_model=36, encoder_attention_heads=6, decoder_attention_heads=6, return_unused_kwargs=True
+    )
+    assert (config.d_model, config.encoder_attention_heads, config.decoder_attention_heads, unused) == (36, 6, 6, {})
+
+
+def test_values_set_by_hand_are_refused_before_a_model_is_built_or_anything_is_saved(tmp_path):
+    model = tiny_model()
+    model.config.positional_encoding_layout = "foo"
+    with pytest.raises(ValueError, match="Unknown positional_encoding_layout 'foo'"):
+        TransformerForConditionalGeneration(model.config)
+    with pytest.raises(ValueError, match="Unknown positional_encoding_layout 'foo'"):
+        model.save_pretrained(tmp_path / "model")
+    with pytest.raises(StrictDataclassClassValidationError, match="Unknown positional_encoding_layout 'foo'"):
+        model.config.save_pretrained(tmp_path / "config")
+    assert not list(tmp_path.rglob("*.json"))

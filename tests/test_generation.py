@@ -240,6 +240,37 @@ def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
     assert torch.equal(greedy, model.generate(**inputs, max_new_tokens=5, num_beams=1))
 
 
+@pytest.mark.parametrize("cap", [{"max_new_tokens": 3}, {"max_length": 4}])
+def test_a_generation_config_given_keeps_the_length_cap_of_the_models(cap):
+    """transformers fills what the config given leaves unset from the model's, its length cap included, which the
+    per-sentence limit (source length + 50 here) must then not override."""
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    for name, value in cap.items():
+        setattr(model.generation_config, name, value)
+    for num_beams in (1, 2):
+        assert model.generate(**inputs, generation_config=GenerationConfig(num_beams=num_beams)).shape[1] == 4
+
+
+def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit():
+    """The per-sentence limit forces end-of-sentence: without an id for it, it gave every token of the last
+    position the same score, and the first token of the vocabulary won."""
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    for num_beams in (1, 2):
+        limited = model.generate(**inputs, eos_token_id=None, max_length_offset=3, num_beams=num_beams)
+        capped = model.generate(
+            **inputs, eos_token_id=None, max_length_offset=None, max_new_tokens=6 + 3, num_beams=num_beams
+        )
+        assert torch.equal(limited, capped)
+
+
+def test_without_a_padding_id_every_source_position_counts_for_the_limit():
+    model = tiny_model(pad_token_id=None)
+    input_ids = torch.tensor([[5, 6, 7, EOS], [8, EOS, PAD, PAD]])  # PAD's id is a token like any other here
+    for num_beams in (1, 2):
+        out = model.generate(input_ids, max_length_offset=3, min_new_tokens=4 + 3, num_beams=num_beams)
+        assert [row[1:].index(EOS) + 1 for row in out.tolist()] == [4 + 3, 4 + 3]  # forced at the limit
+
+
 @pytest.mark.parametrize("num_beams", [0, -1, 2.0])
 def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, tiny_model
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from modeling import TransformerForConditionalGeneration, TransformerModel, modeling_transformer
@@ -487,6 +488,66 @@ def test_resize_token_embeddings_keeps_the_three_way_tie():
         -1
     ] == (VOCAB + 6)
     assert model.get_input_embeddings() is model.model.shared and model.get_output_embeddings() is model.lm_head
+
+
+def test_untied_embeddings_are_three_matrices_that_inputs_embeds_and_resizing_follow():
+    """transformers ties nothing without tie_word_embeddings, the two stacks' tie to `shared` included: a `shared`
+    matrix would be used by nothing, yet be the input embeddings that inputs_embeds and resizing took."""
+    model = tiny_model(tie_word_embeddings=False)
+    encoder, decoder = model.model.encoder, model.model.decoder
+    assert model.model.shared is None
+    weights = (encoder.embed_tokens.weight, decoder.embed_tokens.weight, model.lm_head.weight)
+    assert len({weight.data_ptr() for weight in weights}) == 3
+    assert model.get_input_embeddings() is encoder.embed_tokens
+    inputs = batch()
+    expected = model(**inputs).logits
+    embedded = model(
+        inputs_embeds=model.get_input_embeddings()(inputs["input_ids"]),
+        attention_mask=inputs["attention_mask"],
+        decoder_inputs_embeds=decoder.embed_tokens(inputs["decoder_input_ids"]),
+    ).logits
+    assert torch.equal(embedded, expected)
+
+    model.resize_token_embeddings(VOCAB + 6, mean_resizing=False)
+    for weight in (encoder.embed_tokens.weight, decoder.embed_tokens.weight, model.lm_head.weight):
+        assert weight.shape == (VOCAB + 6, 32)
+    assert torch.equal(model(**inputs).logits[..., :VOCAB], expected), "the trained rows of all three are kept"
+    replacement = torch.nn.Embedding(VOCAB + 6, 32)
+    model.set_input_embeddings(replacement)
+    assert encoder.embed_tokens is replacement and decoder.embed_tokens is not replacement  # as MarianMT's
+
+
+def test_an_untied_checkpoint_holding_the_unused_shared_matrix_loads_without_it(tmp_path):
+    """Untied checkpoints saved before `shared` was left out of untied models hold it."""
+    model = tiny_model(tie_word_embeddings=False)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({**weights, "model.shared.weight": torch.randn(VOCAB, 32)}, tmp_path / "model.safetensors")
+    loaded, report = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert loaded.model.shared is None and not report["unexpected_keys"] and not report["missing_keys"]
+    assert torch.equal(loaded.eval()(**batch()).logits, model(**batch()).logits)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"decoder_input_ids": torch.tensor([[EOS, 20]])}, "The decoder input has batch size 1, the encoder output 2"),
+        ({"decoder_input_ids": None, "labels": torch.tensor([[20, EOS]])}, "has batch size 1, the encoder output 2"),
+        ({"input_ids": torch.tensor([[5, EOS]]), "attention_mask": None}, "has batch size 2, the encoder output 1"),
+        ({"encoder_outputs": (torch.randn(2, 6, 48),)}, r"The encoder output has width 48, expected d_model \(32\)"),
+    ],
+)
+def test_decoder_inputs_that_do_not_match_the_encoder_output_are_named(inputs, message):
+    """Unchecked, these failed in a product deep inside attention (on oneDNN without naming a shape), except one
+    source for two decoder rows, which served both without a word."""
+    with pytest.raises(ValueError, match=message):
+        tiny_model()(**{**batch(), **inputs})
+
+
+@pytest.mark.parametrize("field", ["pad_token_id", "decoder_start_token_id"])
+def test_labels_without_a_padding_or_start_id_are_refused_naming_the_field(field):
+    with pytest.raises(ValueError, match=f"config.{field} has to be defined to make decoder inputs from labels"):
+        tiny_model(**{field: None})(**labelled_batch())
 
 
 def test_token_ids_outside_the_vocabulary_raise():

@@ -91,6 +91,15 @@ def test_a_linear_layer_over_no_rows_has_gradients():
 
 
 @needs_onednn_linear
+def test_shapes_that_cannot_be_multiplied_get_torchs_error_naming_them_not_onednns():
+    """oneDNN's says only "could not create a primitive descriptor for the inner product"."""
+    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x48 and 32x8\)"):
+        onednn_transformer.linear(torch.nn.Linear(32, 8), torch.randn(3, 48))
+    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x48 and 32x5\)"):
+        onednn_transformer.matmul_transposed(torch.randn(3, 48), torch.randn(5, 32))
+
+
+@needs_onednn_linear
 @torch.no_grad()
 def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtypes():
     model = tiny_model()

@@ -52,24 +52,41 @@ def test_remote_code_loads_and_generates_where_the_package_cannot_be_imported(tm
     torch.save(inputs, tmp_path / "batch.pt")
     with torch.inference_mode():
         torch.save(model(**inputs).logits, tmp_path / "logits.pt")
+        torch.save(model.model(**inputs).last_hidden_state, tmp_path / "hidden_states.pt")
         generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
     result = run_without_the_package(
         f"""
         import json, torch
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModel, AutoModelForSeq2SeqLM
         model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        base = AutoModel.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
+        assert type(base).__name__ == "TransformerModel", type(base)
         inputs = torch.load({str(tmp_path / "batch.pt")!r})
         with torch.inference_mode():
             logits = model(**inputs).logits
+            hidden_states = base(**inputs).last_hidden_state
             generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         assert torch.equal(logits, torch.load({str(tmp_path / "logits.pt")!r})), "logits differ"
+        assert torch.equal(hidden_states, torch.load({str(tmp_path / "hidden_states.pt")!r})), "AutoModel's differ"
         print(json.dumps(generated.tolist()))
         """,
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.splitlines()[-1]) == generated.tolist(), "the paper's beam search, remotely"
+
+
+def test_auto_map_names_the_encoder_decoder_for_automodel_too(tmp_path):
+    """transformers writes the saved class's entry only: `AutoModel.from_pretrained(..., trust_remote_code=True)`
+    found none."""
+    tiny_model().save_pretrained(tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": "configuration_transformer.TransformerConfig",
+        "AutoModel": "modeling_transformer.TransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_transformer.TransformerForConditionalGeneration",
+    }
 
 
 @pytest.mark.parametrize("version", ["5.17.0", "4.57.1"])
