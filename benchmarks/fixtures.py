@@ -27,6 +27,7 @@ from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.convert import to_marian
 from modeling.data import load_parallel_dataset, tokenize_parallel_dataset
 from modeling.export import RECORD_FILE, to_ctranslate2
+from modeling.files import atomic_directory
 from modeling.schedule import noam_learning_rate, noam_scheduler
 from modeling.tokenization import iter_corpus_text, train_shared_bpe
 
@@ -119,11 +120,14 @@ class Checkpoint:
     def save(
         self, model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerFast | None = None
     ) -> None:
-        model.save_pretrained(self.ours)
-        to_marian(model).save_pretrained(self.marian)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(self.ours)
-            tokenizer.save_pretrained(self.marian)
+        """Both models (with the tokenizer) into a directory that takes this one's place once complete, readable
+        as the umask allows (`atomic_directory`): killed midway, it leaves nothing that `exists()` would take."""
+        with atomic_directory(self.directory) as partial:
+            model.save_pretrained(partial / self.ours.name)
+            to_marian(model).save_pretrained(partial / self.marian.name)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(partial / self.ours.name)
+                tokenizer.save_pretrained(partial / self.marian.name)
 
     def load_ours(self, attention: str = "sdpa") -> TransformerForConditionalGeneration:
         return TransformerForConditionalGeneration.from_pretrained(self.ours, attn_implementation=attention).eval()

@@ -316,6 +316,16 @@ def test_generation_checkpoint_is_trained_once_and_cached(tmp_path, benchmarks_i
     written = weights.stat().st_mtime_ns
     assert trained_checkpoint(corpus, QUICK_SIZE, steps=10, cache_dir=cache, max_tokens=256) == checkpoint
     assert weights.stat().st_mtime_ns == written  # found in the cache, not trained again
+    # Built beside its place and renamed into it, each file as readable as the umask makes new files (safetensors
+    # writes its own 0600): a carried or shared cache is readable by the accounts that run the benchmarks.
+    built = [path.name for path in cache.iterdir() if path.name.startswith("trained")]
+    assert built == [checkpoint.directory.name]  # no partial directory left beside it
+    probe = cache / "probe"
+    probe.touch()
+    umask_mode = probe.stat().st_mode & 0o777
+    for path in checkpoint.directory.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & umask_mode == umask_mode, path
 
 
 # --- train_peers.py: the pieces that run without the peers ------------------------------------------------------
