@@ -13,8 +13,9 @@ any error (torch and safetensors report a full disk as a bare "write failed") wh
 free space left.
 
 Every text file the project reads (corpora, sources to translate, references, hypotheses) goes through
-`iter_lines`: UTF-8 only, one "\n" per line, gzip recognised by its bytes, each refusal one line naming the file
-(and the line); `reads_once` says whether a path is a pipe that can be read only once.
+`iter_lines`: UTF-8 only, one "\n" per line, gzip, xz and bzip2 decompressed (recognised by their bytes), each
+refusal one line naming the file (and the line); `reads_once` says whether a path is a pipe that can be read only
+once.
 """
 
 from __future__ import annotations
@@ -413,7 +414,7 @@ def write_files_into(
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzipped; `-`: standard input) without their line terminators.
+    """Yield the lines of a UTF-8 text file (plain or compressed; `-`: standard input) without line terminators.
 
     Only "\\n" ends a line (a stray "\\r" or U+2028 inside a sentence must not break line alignment of
     parallel files); a file whose lines end in "\\r" alone (classic Mac OS) is refused, as it would read as one
@@ -430,10 +431,11 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         with ExitStack() as stack:
             for raw in _open_binary(path, stack):
                 line_number += 1
-                if line_number == 1 and not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
+                if line_number == 1 and not raw.endswith(b"\n") and _ends_lines_in_carriage_returns(raw):
+                    convert = "tr '\\r' '\\n'" + ("" if path == "-" else f" < {name}")
                     raise ValueError(
                         f"{name}: its lines end in \\r alone (classic Mac OS), so it would read as one line; "
-                        f"convert them (e.g. tr '\\r' '\\n' < {name})"
+                        f"convert them (e.g. {convert})"
                     )
                 line = raw.decode("utf-8").rstrip("\r\n")
                 # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
@@ -448,6 +450,13 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         if isinstance(err, OSError) and err.errno is not None:  # the file system's (not found, ...), not the data's
             raise
         raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
+
+
+def _ends_lines_in_carriage_returns(text: bytes) -> bool:
+    """Whether a file's whole text (it holds no "\\n") looks like lines ended by "\\r": two of them, or one ending
+    it and another before. A single "\\r" inside one sentence is a stray character, kept."""
+    inner = text.rstrip(b"\r")
+    return inner.count(b"\r") >= 2 or (b"\r" in inner and text.endswith(b"\r"))
 
 
 _BYTE_ORDER_MARK = "\ufeff"
@@ -466,8 +475,8 @@ def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
         return stack.enter_context(gzip.open(path, "rb"))
     handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
     # Compressed data named like text (`train.de`, `zcat` forgotten) is read decompressed rather than refused: no
-    # UTF-8 text starts with the gzip, xz or zstd bytes (0x8b, 0xfd, 0xb5 cannot follow there), so no text file is
-    # ever misread this way. The wrappers close not `handle`; the stack does.
+    # UTF-8 text starts with the gzip, xz or zstd bytes (0xfd is never UTF-8; 0x8b and 0xb5 cannot follow there), so
+    # no text file is ever misread this way. The wrappers close not `handle`; the stack does.
     head = _peek(handle, 10)
     if head.startswith(_GZIP_MAGIC):
         return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))

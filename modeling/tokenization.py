@@ -25,6 +25,7 @@ import errno
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,14 @@ INVISIBLE_CHARACTERS = frozenset(
     "\u00ad\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
     "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
 )
-_WITHOUT_INVISIBLE = str.maketrans(dict.fromkeys(INVISIBLE_CHARACTERS))
+_INVISIBLE = re.compile(f"[{''.join(sorted(INVISIBLE_CHARACTERS))}]")
 
 
 def visible_words(text: str) -> list[str]:
     """The whitespace-separated words of `text` once `INVISIBLE_CHARACTERS` are removed."""
-    return text.translate(_WITHOUT_INVISIBLE).split()
+    # Searched first: most sentences hold none, and a search costs far less than a substitution (or str.translate,
+    # 10× `split()` on non-ASCII text): cleaning WMT's 4.5M pairs counts words 9M times.
+    return (_INVISIBLE.sub("", text) if _INVISIBLE.search(text) else text).split()
 
 
 def is_blank(line: str) -> bool:
@@ -172,8 +175,8 @@ def _pad_vocab(tokenizer: Tokenizer, size: int) -> Tokenizer:
 
 
 def iter_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
-    """Yield every line of every file in turn (`iter_lines`: gzip data is decompressed on the fly, whatever the
-    file's name). A missing file is named before the first line is read, not after the files before it."""
+    """Yield every line of every file in turn (`iter_lines`: gzip, xz and bzip2 data are decompressed on the fly).
+    A missing file is named before the first line is read, not after the files before it."""
     for path in paths:
         if os.fspath(path) != "-" and not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))

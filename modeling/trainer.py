@@ -414,6 +414,16 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         optimizer = Path(checkpoint) / "optimizer.pt" if checkpoint is not None else None
         if optimizer is not None and optimizer.is_file() and self.optimizer is not None:
             groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
+            saved_counts = [len(group.get("params", ())) for group in groups or []]
+            built_counts = [len(group["params"]) for group in self.optimizer.param_groups]
+            if groups and saved_counts != built_counts:  # else torch's "doesn't match the size of optimizer's group"
+                raise ValueError(
+                    f"cannot resume {checkpoint}: its optimizer state holds {sum(saved_counts)} parameters "
+                    f"({saved_counts} by group), this model trains {sum(built_counts)} ({built_counts}); it was saved "
+                    "for a model of other parameters (an untied model saved before 2026-12-04 holds an unused "
+                    "`model.shared`): start a new run from its weights (--model_name_or_path) or resume with the "
+                    "code that saved it"
+                )
             saved, built = (groups or [{}])[0], self.optimizer.param_groups[0]
             saved_keys = saved.keys() - _SCHEDULED_OR_IMPLEMENTATION
             built_keys = built.keys() - _SCHEDULED_OR_IMPLEMENTATION

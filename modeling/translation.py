@@ -384,6 +384,8 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         definition = backend.to_str()
+        if getattr(tokenizer, "split_special_tokens", False):  # "</s>" in text as text: other ids, kept in the config
+            definition += "\nsplit_special_tokens"
     else:
         arguments = {
             name: file_sha256(value) if isinstance(value, str) and os.path.isfile(value) else str(value)

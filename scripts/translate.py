@@ -32,7 +32,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model directory or Hub repo id")
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
-    parser.add_argument("--input-file", help="one sentence per line, plain or .gz (-: stdin)")
+    parser.add_argument("--input-file", help="one sentence per line, plain, gzip, xz or bzip2 (-: stdin)")
     parser.add_argument("--output-file", help="where to write the translations (default, or -: stdout)")
     add_decoding_arguments(parser, chunk_lines_help="lines read, sorted and saved at a time")
     args = parser.parse_args()

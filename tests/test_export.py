@@ -548,6 +548,27 @@ def test_a_model_loaded_as_remote_code_exports_as_the_package_model_does(trained
     assert all(torch.equal(marian[0][name], marian[1][name]) for name in marian[0])
 
 
+def test_an_untied_model_of_older_remote_code_exports_without_its_unused_shared_matrix(tokenizer, tmp_path):
+    """Untied models saved before `shared` was left out of them carry code that builds it, trained by nothing."""
+    model = tiny_model(len(tokenizer), tie_word_embeddings=False)
+    model.save_pretrained(tmp_path / "saved")
+    code = tmp_path / "saved" / "modeling_transformer.py"
+    embedding = "nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)"
+    indent = "\n" + " " * 12
+    without = f"self.shared = ({indent}{embedding}{indent}if config.tie_word_embeddings{indent}else None\n        )"
+    older = f"self.shared = {embedding}"
+    assert without in code.read_text()
+    code.write_text(code.read_text().replace(without, older))
+    remote_class = get_class_from_dynamic_module(
+        "modeling_transformer.TransformerForConditionalGeneration", str(tmp_path / "saved")
+    )
+    remote = remote_class.from_pretrained(tmp_path / "saved")
+    assert "model.shared.weight" in remote.state_dict()
+    export.export(model, tokenizer, tmp_path / "package", to="ctranslate2")
+    export.export(remote, tokenizer, tmp_path / "remote", to="ctranslate2")
+    assert (tmp_path / "package" / "model.bin").read_bytes() == (tmp_path / "remote" / "model.bin").read_bytes()
+
+
 def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
     marian = to_marian(tiny_model(len(tokenizer)))
     with pytest.raises(

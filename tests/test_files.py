@@ -468,8 +468,19 @@ def test_a_file_whose_lines_end_in_carriage_returns_alone_is_refused(tmp_path):
     path.write_bytes(b"eins\rzwei\rdrei\r")
     with pytest.raises(ValueError, match=r"refs\.de: its lines end in \\r alone .*tr '\\r' '\\n'"):
         list(iter_lines(path))
+    path.write_bytes(b"eins\rzwei\rdrei")  # without the last one
+    with pytest.raises(ValueError, match=r"its lines end in \\r alone"):
+        list(iter_lines(path))
     path.write_bytes(b"eins\r\nzwei\r\n")  # Windows' line ends stay fine
     assert list(iter_lines(path)) == ["eins", "zwei"]
+    path.write_bytes(b"one sentence with a stray \r in it")  # one line, no newline: a stray character, kept
+    assert list(iter_lines(path)) == ["one sentence with a stray \r in it"]
+
+
+def test_standard_input_with_carriage_returns_alone_is_refused_with_a_command_that_runs(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"eins\rzwei\r"), encoding="utf-8"))
+    with pytest.raises(ValueError, match=r"^<stdin>: its lines end in \\r alone .*\(e\.g\. tr '\\r' '\\n'\)$"):
+        list(iter_lines("-"))
 
 
 def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):

@@ -331,6 +331,19 @@ def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, **ove
     )
 
 
+def test_resuming_an_optimizer_state_of_other_parameters_is_refused_naming_the_counts(tmp_path):
+    """An untied model saved before 2026-12-04 held an unused `shared` matrix, whose Adam state the resumed model
+    has no parameter for: torch's message named no checkpoint and no cause."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    optimizer = tmp_path / "checkpoint-3" / "optimizer.pt"
+    state = torch.load(optimizer, weights_only=True)
+    state["param_groups"][0]["params"].append(max(max(group["params"]) for group in state["param_groups"]) + 1)
+    torch.save(state, optimizer)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(ValueError, match=r"cannot resume .*checkpoint-3: its optimizer state holds (\d+) parameters"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+
+
 @pytest.mark.parametrize(
     ("changed", "refusal"),
     [

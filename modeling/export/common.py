@@ -108,8 +108,11 @@ def _with_installed_classes(model: Any) -> TransformerForConditionalGeneration:
     parameter = next(model.parameters())
     twin = TransformerForConditionalGeneration(TransformerConfig.from_dict(model.config.to_dict()))
     twin.to(device=parameter.device, dtype=parameter.dtype)
+    weights = model.state_dict()
+    if twin.model.shared is None:  # untied code from before `shared` was left out of untied models still holds it
+        weights.pop("model.shared.weight", None)
     try:
-        twin.load_state_dict(model.state_dict())
+        twin.load_state_dict(weights)
     except RuntimeError as error:
         first = str(error).splitlines()[1].strip() if len(str(error).splitlines()) > 1 else str(error)
         raise TypeError(
