@@ -522,6 +522,9 @@ def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, token
     """Fast tokenizers by their JSON; fairseq's (a Python tokenizer) by vocabulary, arguments and file contents."""
     assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(tiny_tokenizer())
     assert tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(word_tokenizer())
+    reading_tags = tiny_tokenizer()
+    reading_tags.split_special_tokens = False  # "</s>" in text as the control token: other ids for such a line
+    assert tokenizer_fingerprint(reading_tags) != tokenizer_fingerprint(tokenizer)
     _, fairseq_tokenizer = convert_fairseq_fixture("transformer_wmt_en_de")
     fairseq_tokenizer.save_pretrained(tmp_path / "here")
     shutil.copytree(tmp_path / "here", tmp_path / "there")
