@@ -8,6 +8,7 @@ meaning. A preset (`modeling.presets`) supplies the defaults.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,21 @@ logger = logging.getLogger(__name__)
 
 # Where launchers put the number of processes (torchrun, MPI implementations), as accelerate reads them.
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+# The float settings that must be finite numbers.
+_FINITE_NUMBERS = (
+    "learning_rate",
+    "warmup_steps",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "max_train_minutes",
+    "save_every_minutes",
+)
 
 
 @dataclass
@@ -79,6 +95,21 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         super().__post_init__()
+        for name in _FINITE_NUMBERS:  # inf or nan (YAML's `.inf`) trained to all-NaN weights, or turned a limit off
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}.")
+        # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a
+        # corrected rerun into the same directory would find an earlier run there.
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate must not be negative, got {self.learning_rate}.")
+        if self.gradient_accumulation_steps < 1:
+            steps = self.gradient_accumulation_steps
+            raise ValueError(f"gradient_accumulation_steps must be at least 1, got {steps}.")
+        if self.tokens_per_update is not None and self.tokens_per_update < 1:
+            raise ValueError(f"tokens_per_update must be positive, got {self.tokens_per_update}.")
+        if self.save_every_minutes is not None and self.save_every_minutes <= 0:
+            raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "

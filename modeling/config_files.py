@@ -24,10 +24,11 @@ ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading `1e-9` as a number (YAML 1.2) rather than as a string (YAML 1.1): the
-    usual way to write a learning rate or an epsilon, and a string would be refused for a float field. A key given
-    twice is an error (PyYAML keeps the last one without a word: an edited copy of a config would silently run
-    with the value further down)."""
+    """PyYAML's safe loader, reading as YAML 1.2 does: `1e-9` is a number rather than a string (YAML 1.1), the
+    usual way to write a learning rate or an epsilon, and a string would be refused for a float field; only
+    `true` and `false` are booleans, so that `eval_strategy: no` and `target_lang: no` (Norwegian) stay strings.
+    A key given twice is an error (PyYAML keeps the last one without a word: an edited copy of a config would
+    silently run with the value further down)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
@@ -43,6 +44,13 @@ ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
+)
+ConfigLoader.yaml_implicit_resolvers = {  # the loader's own copy, made by the call above
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in ConfigLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
 

@@ -216,8 +216,11 @@ def _earlier_run_paths(output_dir: Path) -> list[Path]:
     logs = output_dir / "runs"  # the Trainer's TensorBoard logs, OUT/runs/<date>_<host>: else the new run is shown
     if logs.is_dir():  # beside the one it replaces
         directories += [path for path in logs.iterdir() if path.is_dir() and any(path.glob("events.out.tfevents.*"))]
-    names = [*RUN_RECORD_FILES, *MODEL_FILES, "README.md", "training_curves.png"]
+    names = [*RUN_RECORD_FILES, *MODEL_FILES, "training_curves.png"]
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
+    card = output_dir / "README.md"
+    if card.is_file() and card.read_bytes().startswith(b"---\n"):  # a model card's metadata; a user's notes stay
+        files.append(card)
     return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]
 
 
@@ -481,16 +484,31 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     return model_type
 
 
-def _check_run_arguments(model_args: ModelArguments, data_args: DataArguments) -> None:
-    """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared): refused
-    first, in one line."""
+def _check_run_arguments(
+    model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments
+) -> None:
+    """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared, the run
+    recorded, so that the corrected command finds an earlier run there): refused first, in one line."""
+    if training_args.paper_schedule and training_args.warmup_steps <= 0:
+        raise ValueError("The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0.")
+    output_dir = Path(training_args.output_dir).resolve()
+    if data_args.data_dir is not None and Path(data_args.data_dir).resolve() == output_dir:
+        raise ValueError(
+            f"--output_dir {training_args.output_dir} is --data_dir: the run's files would mix with the corpus "
+            "(and --overwrite_output_dir remove some); give the run a directory of its own"
+        )
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be at least 1, got {data_args.max_train_samples}.")
     if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
         raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
         preset = get_preset(model_args.preset)
-        preset.model_config(data_args.vocab_size or preset.vocab_size, **model_args.config_overrides())
+        preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
+
+
+def _vocab_size(data_args: DataArguments, preset: TrainingPreset) -> int:
+    """--vocab_size, else the preset's (0 is a size given, refused where the BPE is trained, not the preset's)."""
+    return data_args.vocab_size if data_args.vocab_size is not None else preset.vocab_size
 
 
 def _match_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_args: ModelArguments) -> None:
@@ -769,7 +787,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     The main process holds `output_dir/.training.lock` from the first check of `output_dir` to the end of the push
     (`training_lock`): a second run into the same directory meanwhile is refused, naming this one.
     """
-    _check_run_arguments(model_args, data_args)
+    _check_run_arguments(model_args, data_args, training_args)
     use_hub_timeouts()  # every Hub request (tokenizer, model, dataset, push) has a timeout
     source_type = check_fine_tuning_source(model_args)
     hub = None
@@ -786,7 +804,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             set_seed(training_args.seed)  # the same initial weights on every process and every run
             evaluate = training_args.eval_strategy != "no"
             text, cleaning = _load_text(data_args, evaluate=evaluate)
-            vocab_size = data_args.vocab_size or preset.vocab_size
+            vocab_size = _vocab_size(data_args, preset)
             tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
             model = _model(model_args, preset, len(tokenizer), source_type)
             _match_vocabulary(model, tokenizer, model_args)

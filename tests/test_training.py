@@ -42,6 +42,7 @@ from modeling.training import (
     TRAINING_LOCK_FILE,
     OutputDirectoryInUseError,
     TrainingPreempted,
+    _earlier_run_paths,
     _model,
     _without_hub_push,
     _write_run_records,
@@ -300,6 +301,14 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
     with open(run / TRAINING_LOCK_FILE) as after:
         fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
         assert after.read().startswith(f"pid {os.getpid()} on ")
+
+
+def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
+    (tmp_path / "run_identity.json").write_text("{}")
+    (tmp_path / "README.md").write_text("My notes on this run\n")
+    assert tmp_path / "README.md" not in _earlier_run_paths(tmp_path)
+    (tmp_path / "README.md").write_text("---\nlanguage: [en, de]\n---\n\n# run\n")  # a card, as a push renders it
+    assert tmp_path / "README.md" in _earlier_run_paths(tmp_path)
 
 
 def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):

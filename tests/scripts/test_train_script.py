@@ -94,7 +94,6 @@ def test_the_shipped_paper_configs_give_table_2s_recipes(config, expected):
         ("learning_rate: fast", "learning_rate must be a number, got 'fast'"),
         ("bf16: 1", "bf16 must be true or false, got 1"),
         ("bf16: 'true'", "bf16 must be true or false, got 'true'"),
-        ("source_lang: no", "source_lang must be a string, got False"),  # YAML 1.1 reads `no` as false
         ("report_to: [none, 3]", "report_to must be null, a string or a list of strings, got ['none', 3]"),
         ("eval_strategy: sometimes", "eval_strategy must be one of ['no', 'steps', 'epoch'], got 'sometimes'"),
         ("lr_scheduler_kwargs: 3", "lr_scheduler_kwargs must be a mapping, a string or null, got 3"),
@@ -124,6 +123,44 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
     config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\nadam_epsilon: 1e-9\nlearning_rate: 5.0E-1\n")
     _, _, args = script.parse([str(config)])
     assert (args.adam_epsilon, args.learning_rate) == (1e-9, 0.5)
+    # YAML 1.1 reads no / yes / on / off as booleans: `eval_strategy: no` was refused, Norwegian taken for false.
+    config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\neval_strategy: no\ntarget_lang: no\nbf16: false\n")
+    _, data_args, args = script.parse([str(config)])
+    assert (args.eval_strategy, data_args.target_lang, args.bf16) == ("no", "no", False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--learning_rate", "inf"], "learning_rate must be a finite number, got inf."),  # trained to NaN, exit 0
+        (["--max_train_minutes", "nan"], "max_train_minutes must be a finite number, got nan."),  # was no limit
+        (["--learning_rate", "-1"], "learning_rate must not be negative, got -1.0."),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be at least 1, got 0."),
+        (["--gradient_accumulation_steps", "-1"], "gradient_accumulation_steps must be at least 1, got -1."),
+        (["--tokens_per_update", "0"], "tokens_per_update must be positive, got 0."),
+        (["--save_every_minutes", "0"], "save_every_minutes must be positive, got 0.0."),
+        (["--warmup_steps", "0"], "The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0."),
+    ],
+)
+def test_settings_that_fail_a_run_late_are_refused_before_anything_is_written(flags, message, tmp_path, monkeypatch):
+    """Before, some trained to NaN weights and exited 0, others failed once the BPE was trained and the run recorded
+    in --output_dir, where the corrected command then found an "earlier run"."""
+    common = ["--preset", "tiny", "--data_dir", tmp_path / "data", "--output_dir", tmp_path / "run"]
+    if "--tokens_per_update" in flags:  # the tiny preset derives its accumulation from a token count of its own
+        common += ["--gradient_accumulation_steps", "1"]
+    assert script_error("train.py", *common, "--report_to", "none", *flags, monkeypatch=monkeypatch) == (
+        f"error: {message}"
+    )
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monkeypatch):
+    data = write_corpus(tmp_path / "data", 20, word_for_word)
+    (data / "README.md").write_text("My corpus notes")
+    flags = ["--preset", "tiny", "--data_dir", data, "--output_dir", data, "--report_to", "none"]
+    message = script_error("train.py", *flags, "--overwrite_output_dir", monkeypatch=monkeypatch)
+    assert message.startswith(f"error: --output_dir {data} is --data_dir: ")
+    assert (data / "README.md").read_text() == "My corpus notes"
 
 
 @pytest.mark.parametrize(
