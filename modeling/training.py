@@ -80,7 +80,7 @@ from .files import check_replaceable, check_writable, write_files_into, write_js
 from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
-from .tokenization import VOCAB_MULTIPLE, iter_corpus_text, round_up, train_shared_bpe
+from .tokenization import SPECIAL_TOKENS, VOCAB_MULTIPLE, iter_corpus_text, round_up, train_shared_bpe
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
@@ -502,6 +502,10 @@ def _check_run_arguments(
     if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
         raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
+        if data_args.vocab_size is not None and data_args.vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {data_args.vocab_size}"
+            )
         preset = get_preset(model_args.preset)
         preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
 

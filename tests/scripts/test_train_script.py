@@ -140,6 +140,7 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         (["--tokens_per_update", "0"], "tokens_per_update must be positive, got 0."),
         (["--save_every_minutes", "0"], "save_every_minutes must be positive, got 0.0."),
         (["--warmup_steps", "0"], "The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0."),
+        (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
     ],
 )
 def test_settings_that_fail_a_run_late_are_refused_before_anything_is_written(flags, message, tmp_path, monkeypatch):
