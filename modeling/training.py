@@ -489,6 +489,17 @@ def _check_run_arguments(
 ) -> None:
     """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared, the run
     recorded, so that the corrected command finds an earlier run there): refused first, in one line."""
+    tokenizer = model_args.tokenizer_name_or_path
+    if tokenizer is not None and Path(tokenizer).is_file():
+        raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
+    if (
+        tokenizer is not None
+        and Path(tokenizer).is_dir()
+        and not any((Path(tokenizer) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    ):
+        raise ValueError(
+            f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
+        )
     if training_args.paper_schedule and training_args.warmup_steps <= 0:
         raise ValueError("The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0.")
     output_dir = Path(training_args.output_dir).resolve()

@@ -141,6 +141,15 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         (["--save_every_minutes", "0"], "save_every_minutes must be positive, got 0.0."),
         (["--warmup_steps", "0"], "The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0."),
         (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
+        # Named after the data was read: a Hub connection error (55 s online), or a Marian tokenizer's `langs`.
+        (
+            ["--tokenizer", "/"],
+            "--tokenizer_name_or_path / holds no tokenizer (no tokenizer.json or tokenizer_config.json)",
+        ),
+        (
+            ["--tokenizer", __file__],
+            f"--tokenizer_name_or_path {__file__} is a file: give the directory that holds it",
+        ),
     ],
 )
 def test_settings_that_fail_a_run_late_are_refused_before_anything_is_written(flags, message, tmp_path, monkeypatch):
