@@ -108,6 +108,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"gradient_accumulation_steps must be at least 1, got {steps}.")
         if self.tokens_per_update is not None and self.tokens_per_update < 1:
             raise ValueError(f"tokens_per_update must be positive, got {self.tokens_per_update}.")
+        if self.average_last_checkpoints < 0:  # 0 or 1: none averaged
+            raise ValueError(f"average_last_checkpoints must not be negative, got {self.average_last_checkpoints}.")
         if self.save_every_minutes is not None and self.save_every_minutes <= 0:
             raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:

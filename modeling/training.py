@@ -510,6 +510,8 @@ def _check_run_arguments(
         )
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be at least 1, got {data_args.max_train_samples}.")
+    if data_args.bleu_sample_size is not None and data_args.bleu_sample_size < 0:  # 0: none scored
+        raise ValueError(f"--bleu_sample_size must not be negative, got {data_args.bleu_sample_size}.")
     if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
         raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it

@@ -141,6 +141,8 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         (["--save_every_minutes", "0"], "save_every_minutes must be positive, got 0.0."),
         (["--warmup_steps", "0"], "The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0."),
         (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
+        (["--average_last_checkpoints", "-3"], "average_last_checkpoints must not be negative, got -3."),  # was none
+        (["--bleu_sample_size", "-1"], "--bleu_sample_size must not be negative, got -1."),  # was none, silently
         # Named after the data was read: a Hub connection error (55 s online), or a Marian tokenizer's `langs`.
         (
             ["--tokenizer", "/"],
@@ -203,6 +205,21 @@ def test_a_malformed_config_file_is_one_line_naming_it(name, text, message, tmp_
     config.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert script_error("train.py", config, monkeypatch=monkeypatch).startswith(f"error: {config}: {message}")
     assert capsys.readouterr().err == ""
+
+
+def test_micro_batches_per_update_given_replace_the_presets_tokens_per_update(tmp_path):
+    """Before, `--preset base --gradient_accumulation_steps 4` was refused as giving both (the preset gave one), and no
+    flag could unset the preset's tokens_per_update."""
+    script = load_train_script()
+    flags = ["--preset", "base", "--output_dir", str(tmp_path), "--report_to", "none"]
+    assert script.parse(flags)[2].tokens_per_update == 25000
+    args = script.parse([*flags, "--gradient_accumulation_steps", "4"])[2]
+    assert (args.tokens_per_update, args.gradient_accumulation_steps) == (None, 4)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: base\noutput_dir: {tmp_path}\ngradient_accumulation_steps: 2\n")
+    assert script.parse([str(config)])[2].tokens_per_update is None
+    with pytest.raises(ValueError, match="Give tokens_per_update or gradient_accumulation_steps, not both"):
+        script.parse([*flags, "--gradient_accumulation_steps", "4", "--tokens_per_update", "8000"])
 
 
 def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
