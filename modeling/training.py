@@ -501,7 +501,8 @@ def _check_run_arguments(
             f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
         )
     if training_args.paper_schedule and training_args.warmup_steps <= 0:
-        raise ValueError("The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0.")
+        warmup = training_args.warmup_steps
+        raise ValueError(f"The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got {warmup:g}.")
     output_dir = Path(training_args.output_dir).resolve()
     if data_args.data_dir is not None and Path(data_args.data_dir).resolve() == output_dir:
         raise ValueError(
@@ -524,7 +525,7 @@ def _check_run_arguments(
 
 
 def _vocab_size(data_args: DataArguments, preset: TrainingPreset) -> int:
-    """--vocab_size, else the preset's (0 is a size given, refused where the BPE is trained, not the preset's)."""
+    """--vocab_size, else the preset's (0 is a size given, and refused, not a request for the preset's)."""
     return data_args.vocab_size if data_args.vocab_size is not None else preset.vocab_size
 
 
