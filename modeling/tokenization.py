@@ -148,12 +148,12 @@ def check_tokenizer_destination(directory: str | os.PathLike) -> None:
     """Refuse, in one line, to write a tokenizer into a directory that holds a model: the model's token ids are
     those of the tokenizer it was trained with, and another one there would make it translate nonsense."""
     directory = Path(directory)
-    weights = sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
-    if (directory / "config.json").is_file() or weights:
-        found = "config.json" if (directory / "config.json").is_file() else weights[0].name
+    found = [path for path in (directory / "config.json",) if path.is_file()]
+    found += sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
+    if found:
         raise FileExistsError(
-            f"{directory} holds a model ({found}): a new tokenizer there would replace the one it was trained with; "
-            "write the tokenizer into another directory"
+            f"{directory} holds a model ({found[0].name}): a new tokenizer there would replace the one it was trained "
+            "with; write the tokenizer into another directory"
         )
 
 

@@ -219,8 +219,10 @@ def _earlier_run_paths(output_dir: Path) -> list[Path]:
     names = [*RUN_RECORD_FILES, *MODEL_FILES, "training_curves.png"]
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
     card = output_dir / "README.md"
-    if card.is_file() and card.read_bytes().startswith(b"---\n"):  # a model card's metadata; a user's notes stay
-        files.append(card)
+    if card.is_file():
+        with open(card, "rb") as handle:
+            if handle.read(4) == b"---\n":  # a model card's metadata; a user's notes stay
+                files.append(card)
     return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]
 
 
@@ -490,16 +492,14 @@ def _check_run_arguments(
     """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared, the run
     recorded, so that the corrected command finds an earlier run there): refused first, in one line."""
     tokenizer = model_args.tokenizer_name_or_path
-    if tokenizer is not None and Path(tokenizer).is_file():
-        raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
-    if (
-        tokenizer is not None
-        and Path(tokenizer).is_dir()
-        and not any((Path(tokenizer) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
-    ):
-        raise ValueError(
-            f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
-        )
+    if tokenizer is not None:  # a local path (else a Hub repo id): named now, not as the data is read
+        if Path(tokenizer).is_file():
+            raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
+        files = ("tokenizer.json", "tokenizer_config.json")
+        if Path(tokenizer).is_dir() and not any((Path(tokenizer) / name).is_file() for name in files):
+            raise ValueError(
+                f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
+            )
     if training_args.paper_schedule and training_args.warmup_steps <= 0:
         warmup = training_args.warmup_steps
         raise ValueError(f"The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got {warmup:g}.")
