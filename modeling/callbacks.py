@@ -47,6 +47,15 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(max_over_ranks(int(flag), device))
 
 
+def leave_process_group() -> None:
+    """Destroy this process's process group, if it has one, while the interpreter is still whole: for a process
+    that has done its last collective. Left to interpreter shutdown, gloo's worker threads can abort a finished
+    run (SIGABRT, "terminate called without an active exception": pytorch/pytorch#190489). Local to the process:
+    no collective, so a rank that leaves does not wait for the others."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class SaveEveryMinutesCallback(TrainerCallback):
     """Save a checkpoint once `minutes` have passed since the last one (Sec. 6.1: "written at 10-minute intervals").
 

@@ -26,7 +26,7 @@ import typing
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS
+from modeling.callbacks import PREEMPTION_SIGNALS, leave_process_group
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
@@ -99,10 +99,12 @@ def main() -> None:
         output_dir = train(model_args, data_args, training_args)
     except TrainingPreempted as preempted:
         exit_now_on_signal(EXIT_PREEMPTED)
+        leave_process_group()  # every rank stopped together, past the last collective
         log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
         sys.exit(EXIT_PREEMPTED)
     except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
         sys.exit(f"error: {error}")
+    leave_process_group()
     log.info("Model, tokenizer and generation config saved to %s", output_dir)
 
 

@@ -2,6 +2,7 @@
 push at the end of training, with this project's card, through the local Hub look-alike tests/hub_server.py;
 the token checked before training and kept out of every record)."""
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -9,8 +10,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers import (
     HUB_TOKEN,
     REPO_ROOT,
@@ -29,7 +32,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from modeling.arguments import TranslationTrainingArguments
 from modeling.checkpoints import checkpoint_problems
 from modeling.presets import get_preset
-from modeling.training import train
+from modeling.training import TrainingPreempted, train
 
 
 def load_train_script():
@@ -434,3 +437,28 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     assert sorted(actual_losses) == list(range(1, 61))
     for update in range(step + 1, 61):
         assert actual_losses[update] == pytest.approx(expected_losses[update], rel=1e-5, abs=1e-6), update
+
+
+@pytest.mark.parametrize("outcome", ["finished", "preempted"])
+def test_the_script_leaves_its_process_group_before_the_interpreter_exits(outcome, tmp_path, monkeypatch):
+    """A gloo group left to interpreter shutdown can abort a finished worker with SIGABRT (pytorch#190489): a
+    2-node run exited 1 after saving everything. The script destroys the group after the run, finished or
+    preempted (which every rank reaches together); here, a group of one, as each rank has its own."""
+    script = load_train_script()
+
+    def run(*arguments):
+        if outcome == "preempted":
+            raise TrainingPreempted("SIGTERM", 3, str(tmp_path / "checkpoint-3"))
+        return str(tmp_path)
+
+    monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
+    monkeypatch.setattr(script, "train", run)
+    monkeypatch.setattr(script, "exit_now_on_signal", lambda code: None)  # would os._exit pytest on a signal
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(SystemExit) if outcome == "preempted" else contextlib.nullcontext():
+            script.main()
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
