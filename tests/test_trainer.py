@@ -184,6 +184,7 @@ WORKER = """
 import json, os, sys, torch
 sys.path.insert(0, {tests_dir!r})
 from helpers import copy_dataset, equal_length_halves, make_trainer, tiny_model, training_args, word_tokenizer
+from modeling.callbacks import leave_process_group
 from modeling.trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 class RecordingTrainer(TokenBudgetSeq2SeqTrainer):
@@ -206,6 +207,7 @@ if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
         json.dump(metrics, f)
+leave_process_group()  # as scripts/train.py does: gloo left to interpreter shutdown can abort the worker
 """
 
 
