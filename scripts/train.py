@@ -42,7 +42,8 @@ TIED_TO_THE_PRESET = (
     "metric_for_best_model",
     "load_best_model_at_end",
 )
-# The preset's tokens_per_update derives the micro-batches per update: a user who gives their number instead means it.
+# The preset's tokens_per_update derives the micro-batches per update: a user who gives their number instead (other
+# than 1, Hugging Face's default, which configs copied from elsewhere spell out) means it.
 ACCUMULATION = ("gradient_accumulation_steps", "tokens_per_update")
 
 
@@ -65,16 +66,16 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
     preset = get_preset(preset_parser.parse_known_args(argv)[0].preset)
     # Which of the preset's tied defaults the user sets, in the file or by a flag: the others follow them.
     given = {name: values[name] for name in TIED_TO_THE_PRESET if name in values}
-    chosen = {name for name in ACCUMULATION if name in values}
+    chosen = {name: values[name] for name in ACCUMULATION if name in values}
     probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
     not_given = dict.fromkeys((*TIED_TO_THE_PRESET, *ACCUMULATION), NOT_GIVEN)
     probe.set_defaults(**{**preset.training_defaults(), **values, **not_given})
     with contextlib.suppress(argparse.ArgumentError):  # the parse proper reports it
         flags = vars(probe.parse_known_args(argv)[0])
         given |= {name: flags[name] for name in TIED_TO_THE_PRESET if flags[name] is not NOT_GIVEN}
-        chosen |= {name for name in ACCUMULATION if flags[name] is not NOT_GIVEN}
+        chosen |= {name: flags[name] for name in ACCUMULATION if flags[name] is not NOT_GIVEN}
     defaults = preset.training_defaults(**given)
-    if chosen == {"gradient_accumulation_steps"}:
+    if chosen.keys() == {"gradient_accumulation_steps"} and chosen["gradient_accumulation_steps"] != 1:
         defaults["tokens_per_update"] = None
     parser.set_defaults(**{**defaults, **values})
     return parser.parse_args_into_dataclasses(argv)
