@@ -84,14 +84,19 @@ def evaluate_split(
     return metrics, hypotheses
 
 
-def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, references: list[str]) -> int:
-    """Warn when references hold text that the tokenizer's normaliser changes (decomposed "a" + "¨" under NFKC, a
-    ligature, a no-break space): the model's outputs never hold it, so BLEU counts it as errors the model could not
-    avoid. The score stays sacreBLEU's on the references as given; returns how many references would change."""
+def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, references: list[str]) -> None:
+    """Warn when references hold words that the tokenizer's normaliser changes (decomposed "a" + "¨" under NFKC, a
+    ligature): the model's outputs never hold them, so BLEU counts them as errors the model could not avoid. Only
+    words count: a no-break space that becomes a space separates the same words, and no score sees the difference.
+    The score stays sacreBLEU's on the references as given."""
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
     if normalizer is None:
-        return 0
-    changed = [index for index, reference in enumerate(references) if normalizer.normalize_str(reference) != reference]
+        return
+    changed = [
+        index
+        for index, reference in enumerate(references)
+        if normalizer.normalize_str(reference).split() != reference.split()
+    ]
     if changed:
         first = references[changed[0]]
         logger.warning(
@@ -104,7 +109,6 @@ def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, reference
             first,
             normalizer.normalize_str(first),
         )
-    return len(changed)
 
 
 def metrics_filename(split: str) -> str:

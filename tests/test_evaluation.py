@@ -44,7 +44,10 @@ def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
         evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
     assert "1 of 3 references change under the tokenizer's normalisation (the first: line 2" in caplog.text
     caplog.clear()
-    split = Dataset.from_list([{"translation": {"en": "a dog .", "de": "ein mädchen läuft ."}}])  # composed: NFC
+    # Composed (NFC) umlauts, and no-break spaces (French typography) that NFKC makes spaces: the same words, which
+    # every score reads alike.
+    references = ["ein mädchen läuft .", "le chat dit\xa0: bonjour\u202f!", "il fait 20\xa0°C ."]
+    split = Dataset.from_list([{"translation": {"en": "a dog .", "de": reference}} for reference in references])
     with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
         evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
     assert caplog.text == ""
