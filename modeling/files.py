@@ -463,7 +463,8 @@ _BYTE_ORDER_MARK = "\ufeff"
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_BZIP2_MAGIC = re.compile(rb"BZh[1-9]1AY&SY")  # "BZh", the block size, a block's start: no sentence begins so
+# "BZh", the block size, then a block's start or (an empty stream) the end-of-stream marker: no sentence begins so
+_BZIP2_MAGIC = re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)")
 _UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")  # little-, big-endian: what Windows' "Unicode" saves
 
 
@@ -471,13 +472,16 @@ def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
     """`path` (`-`: standard input, left open) opened for reading bytes, decompressed if it holds gzip, xz or bzip2
     data, whatever its name; a `.gz` name must hold gzip data (what else does is more often an error page
     downloaded under that name than text)."""
-    if path.endswith(".gz"):
-        return stack.enter_context(gzip.open(path, "rb"))
     handle = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
     # Compressed data named like text (`train.de`, `zcat` forgotten) is read decompressed rather than refused: no
     # UTF-8 text starts with the gzip, xz or zstd bytes (0xfd is never UTF-8; 0x8b and 0xb5 cannot follow there), so
     # no text file is ever misread this way. The wrappers close not `handle`; the stack does.
     head = _peek(handle, 10)
+    if path.endswith(".gz") and head and not head.startswith(_GZIP_MAGIC):
+        raise ValueError(
+            f"{path} is named .gz but holds no gzip data (it starts with {head[:8]!r}): a file decompressed but not "
+            "renamed (rename it), or an error page downloaded under that name (download it again)"
+        )
     if head.startswith(_GZIP_MAGIC):
         return stack.enter_context(gzip.GzipFile(fileobj=handle, mode="rb"))
     if head.startswith(_XZ_MAGIC):

@@ -490,6 +490,26 @@ def test_one_byte_and_empty_files_are_not_mistaken_for_gzip(tmp_path):
     assert list(iter_lines(tmp_path / "empty")) == []
 
 
+@pytest.mark.parametrize("compress", [gzip.compress, lzma.compress, bz2.compress])
+def test_empty_compressed_files_read_as_empty(tmp_path, compress):
+    # bzip2's empty stream has no block, only its end marker: once read as text, "not valid UTF-8 ... iconv".
+    path = tmp_path / "empty.de"
+    path.write_bytes(compress(b""))
+    assert list(iter_lines(path)) == []
+
+
+def test_a_gz_name_over_plain_text_says_so(tmp_path):
+    # What a browser or `curl --compressed` leaves: the text decompressed, the name kept. Once "Not a gzipped file".
+    path = tmp_path / "news.de.gz"
+    path.write_bytes(b"Ein Satz.\n")
+    with pytest.raises(
+        ValueError, match=r"news\.de\.gz is named \.gz but holds no gzip data \(it starts with b'Ein Satz'\): "
+    ):
+        list(iter_lines(path))
+    path.write_bytes(b"")  # an empty file holds no text either way
+    assert list(iter_lines(path)) == []
+
+
 def test_iter_lines_reads_standard_input_as_it_reads_files(monkeypatch):
     stdin = io.TextIOWrapper(io.BytesIO(b"one\r\ntwo\rstill two\n\nvier"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
