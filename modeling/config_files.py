@@ -4,6 +4,8 @@ argument groups, each value checked against its field's type before any work.
 The values become the parser's defaults, which argparse passes through a field's type only when they are strings:
 anything else (`max_steps: 5.5`, `bf16: "true"`) would reach the Trainer unchecked and fail there, after the data
 was prepared, without naming the file. A syntax error is one line naming the file, the line and the column.
+YAML is read as YAML 1.2: booleans are `true` and `false` only, so YAML 1.1's `yes` / `on` for a boolean field are
+refused by name (`bf16: yes` -> "bf16 must be true or false, got 'yes'"), and stay strings elsewhere.
 """
 
 from __future__ import annotations
