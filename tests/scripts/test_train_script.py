@@ -169,11 +169,12 @@ def test_settings_that_fail_a_run_late_are_refused_before_anything_is_written(fl
 
 def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "data", 20, word_for_word)
-    (data / "README.md").write_text("My corpus notes")
-    flags = ["--preset", "tiny", "--data_dir", data, "--output_dir", data, "--report_to", "none"]
+    card = "---\nlicense: cc-by-4.0\n---\n# Our corpus\n"  # a dataset card: front matter, as a model card's
+    (data / "README.md").write_text(card)
+    flags = ["--preset", "tiny", "--data_dir", data, "--output_dir", data, "--report_to", "none", "--max_steps", "2"]
     message = script_error("train.py", *flags, "--overwrite_output_dir", monkeypatch=monkeypatch)
     assert message.startswith(f"error: --output_dir {data} is --data_dir: ")
-    assert (data / "README.md").read_text() == "My corpus notes"
+    assert (data / "README.md").read_text() == card
 
 
 @pytest.mark.parametrize(
