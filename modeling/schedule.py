@@ -11,6 +11,15 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
+def check_warmup_steps(warmup_steps: float) -> None:
+    """The schedule rises for `warmup_steps` updates, so it needs one at least: refused in one line otherwise. Checked
+    on the argument (below 1, Hugging Face reads it as a ratio of the run's updates) and on the count it gives."""
+    if not warmup_steps > 0:
+        raise ValueError(
+            f"The schedule of Sec. 5.3 needs a warmup of at least one update (the paper: 4000), got {warmup_steps:g}."
+        )
+
+
 def noam_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
     """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5) (Eq. 3), for the update numbered `step` ≥ 1.
 

@@ -64,6 +64,12 @@ def is_blank(line: str) -> bool:
     return not visible_words(line)
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    """A vocabulary must hold more than the special tokens; refused in one line otherwise."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+
+
 def train_shared_bpe(
     texts: Iterable[str],
     vocab_size: int,
@@ -83,8 +89,7 @@ def train_shared_bpe(
     every character. A ValueError when `texts` holds no non-blank line; `source` (say the file names) says where
     they came from in its message.
     """
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    check_vocab_size(vocab_size)
     if min_frequency < 0:
         raise ValueError(f"min_frequency must be at least 0 (occurrences of a pair to merge), got {min_frequency}")
     target_size = round_up(vocab_size, VOCAB_MULTIPLE)
@@ -104,7 +109,7 @@ def train_shared_bpe(
     def watched(texts: Iterable[str]) -> Iterator[str]:
         nonlocal has_text
         for text in texts:
-            has_text = has_text or (bool(text) and not text.isspace())
+            has_text = has_text or not is_blank(text)
             yield text
 
     tokenizer.train_from_iterator(watched(texts), trainer=trainer)

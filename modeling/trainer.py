@@ -76,7 +76,7 @@ from .checkpoints import (
     write_completeness_marker,
 )
 from .files import disk_full_error, publish_tree, remove_tree, replace_files, swap_directory, write_json, write_text
-from .schedule import noam_learning_rate, noam_scheduler
+from .schedule import check_warmup_steps, noam_learning_rate, noam_scheduler
 from .scoring import corpus_scores
 
 logger = logging.getLogger(__name__)
@@ -621,8 +621,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
             warmup = self.args.get_warmup_steps(num_training_steps)
-            if warmup < 1:
-                raise ValueError("The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000).")
+            check_warmup_steps(warmup)
             d_model = self.model.config.d_model
             self.lr_scheduler = noam_scheduler(optimizer or self.optimizer, d_model, warmup)
             self._created_lr_scheduler = True  # the Trainer rebuilds it on the next train() call

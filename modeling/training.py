@@ -80,7 +80,8 @@ from .files import check_replaceable, check_writable, write_files_into, write_js
 from .hub_client import use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
-from .tokenization import SPECIAL_TOKENS, VOCAB_MULTIPLE, iter_corpus_text, round_up, train_shared_bpe
+from .schedule import check_warmup_steps
+from .tokenization import VOCAB_MULTIPLE, check_vocab_size, iter_corpus_text, round_up, train_shared_bpe
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
@@ -500,9 +501,8 @@ def _check_run_arguments(
             raise ValueError(
                 f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
             )
-    if training_args.paper_schedule and training_args.warmup_steps <= 0:
-        warmup = training_args.warmup_steps
-        raise ValueError(f"The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got {warmup:g}.")
+    if training_args.paper_schedule:
+        check_warmup_steps(training_args.warmup_steps)
     output_dir = Path(training_args.output_dir).resolve()
     if data_args.data_dir is not None and Path(data_args.data_dir).resolve() == output_dir:
         raise ValueError(
@@ -516,10 +516,8 @@ def _check_run_arguments(
     if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
         raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
-        if data_args.vocab_size is not None and data_args.vocab_size <= len(SPECIAL_TOKENS):
-            raise ValueError(
-                f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {data_args.vocab_size}"
-            )
+        if data_args.vocab_size is not None:
+            check_vocab_size(data_args.vocab_size)
         preset = get_preset(model_args.preset)
         preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
 

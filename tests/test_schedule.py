@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from modeling.schedule import noam_learning_rate, noam_scheduler
+from modeling.schedule import check_warmup_steps, noam_learning_rate, noam_scheduler
 
 
 def test_schedule_values_equal_the_formula():
@@ -25,3 +25,11 @@ def test_schedule_values_equal_the_formula():
         assert optimizer.param_groups[0]["lr"] == formula(step)
         optimizer.step()
         scheduler.step()
+
+
+def test_a_warmup_of_less_than_one_update_is_refused_in_one_line():
+    for warmup in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match=r"^The schedule of Sec\. 5\.3 needs a warmup of at least one update"):
+            check_warmup_steps(warmup)
+    check_warmup_steps(0.1)  # a ratio of the run's updates, as Hugging Face reads it; its count is checked again
+    check_warmup_steps(4000)

@@ -89,7 +89,11 @@ def test_rejects_vocab_without_room_for_specials(corpus):
         train_shared_bpe(iter(corpus), vocab_size=3)
 
 
-@pytest.mark.parametrize("texts", [[], ["", "  ", "\t"]], ids=["nothing", "blank lines"])
+@pytest.mark.parametrize(
+    "texts",
+    [[], ["", "  ", "\t"], ["\u200b", "\ufeff \u00ad"]],  # the last: once a tokenizer of <unk>s, saved as a success
+    ids=["nothing", "blank lines", "invisible characters"],
+)
 def test_refuses_to_train_on_no_text(texts):
     with pytest.raises(ValueError, match=r"^no text to train the BPE on: train\.en, train\.de hold\(s\) no line"):
         train_shared_bpe(iter(texts), vocab_size=16, source="train.en, train.de")

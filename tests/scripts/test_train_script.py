@@ -142,7 +142,10 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         (["--gradient_accumulation_steps", "-1"], "gradient_accumulation_steps must be at least 1, got -1."),
         (["--tokens_per_update", "0"], "tokens_per_update must be positive, got 0."),
         (["--save_every_minutes", "0"], "save_every_minutes must be positive, got 0.0."),
-        (["--warmup_steps", "0"], "The schedule of Sec. 5.3 needs warmup_steps ≥ 1 (the paper: 4000), got 0."),
+        (
+            ["--warmup_steps", "0"],
+            "The schedule of Sec. 5.3 needs a warmup of at least one update (the paper: 4000), got 0.",
+        ),
         (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
         (["--average_last_checkpoints", "-3"], "average_last_checkpoints must not be negative, got -3."),  # was none
         (["--bleu_sample_size", "-1"], "--bleu_sample_size must not be negative, got -1."),  # was none, silently
