@@ -95,12 +95,17 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         super().__post_init__()
+        # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a
+        # corrected rerun into the same directory would find an earlier run there.
+        self._check_numbers()
+        self._check_combinations()
+
+    def _check_numbers(self) -> None:
+        """Each number in its range: a value outside it trains to NaN, turns a limit off or fails late."""
         for name in _FINITE_NUMBERS:  # inf or nan (YAML's `.inf`) trained to all-NaN weights, or turned a limit off
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}.")
-        # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a
-        # corrected rerun into the same directory would find an earlier run there.
         if self.learning_rate < 0:
             raise ValueError(f"learning_rate must not be negative, got {self.learning_rate}.")
         if self.gradient_accumulation_steps < 1:
@@ -112,17 +117,20 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"average_last_checkpoints must not be negative, got {self.average_last_checkpoints}.")
         if self.save_every_minutes is not None and self.save_every_minutes <= 0:
             raise ValueError(f"save_every_minutes must be positive, got {self.save_every_minutes}.")
-        if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
-            raise ValueError(
-                "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "
-                "update is derived from tokens_per_update."
-            )
         if not 0 <= self.label_smoothing_factor <= 1:  # the Trainer's own check is < 0 only, at the first step
             raise ValueError(f"label_smoothing_factor must be between 0 and 1, got {self.label_smoothing_factor}.")
         if self.max_tokens_per_device < 1:
             raise ValueError(f"max_tokens_per_device must be positive, got {self.max_tokens_per_device}.")
         if self.max_train_minutes is not None and self.max_train_minutes <= 0:
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
+
+    def _check_combinations(self) -> None:
+        """Settings that contradict one another."""
+        if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "
+                "update is derived from tokens_per_update."
+            )
         limit, averaged = self.save_total_limit, self.average_last_checkpoints
         # With a metric_for_best_model (load_best_model_at_end sets one), rotation keeps the best checkpoint, however
         # old, in one of the limit's places: the last `averaged` must fit in the others, or an old best would be
