@@ -492,15 +492,7 @@ def _check_run_arguments(
 ) -> None:
     """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared, the run
     recorded, so that the corrected command finds an earlier run there): refused first, in one line."""
-    tokenizer = model_args.tokenizer_name_or_path
-    if tokenizer is not None:  # a local path (else a Hub repo id): named now, not as the data is read
-        if Path(tokenizer).is_file():
-            raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
-        files = ("tokenizer.json", "tokenizer_config.json")
-        if Path(tokenizer).is_dir() and not any((Path(tokenizer) / name).is_file() for name in files):
-            raise ValueError(
-                f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
-            )
+    _check_tokenizer_path(model_args.tokenizer_name_or_path)
     if training_args.paper_schedule:
         check_warmup_steps(training_args.warmup_steps)
     output_dir = Path(training_args.output_dir).resolve()
@@ -509,17 +501,34 @@ def _check_run_arguments(
             f"--output_dir {training_args.output_dir} is --data_dir: the run's files would mix with the corpus "
             "(and --overwrite_output_dir remove some); give the run a directory of its own"
         )
+    _check_data_sizes(data_args)
+    if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
+        if data_args.vocab_size is not None:
+            check_vocab_size(data_args.vocab_size)
+        preset = get_preset(model_args.preset)
+        preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
+
+
+def _check_tokenizer_path(tokenizer: str | None) -> None:
+    """A local --tokenizer path (else a Hub repo id) that holds no tokenizer: named now, not as the data is read."""
+    if tokenizer is None:
+        return
+    if Path(tokenizer).is_file():
+        raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if Path(tokenizer).is_dir() and not any((Path(tokenizer) / name).is_file() for name in files):
+        raise ValueError(
+            f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
+        )
+
+
+def _check_data_sizes(data_args: DataArguments) -> None:
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be at least 1, got {data_args.max_train_samples}.")
     if data_args.bleu_sample_size is not None and data_args.bleu_sample_size < 0:  # 0: none scored
         raise ValueError(f"--bleu_sample_size must not be negative, got {data_args.bleu_sample_size}.")
     if data_args.max_length is not None and data_args.max_length < 2:  # tokenize_parallel_dataset's own limit
         raise ValueError(f"--max_length must be at least 2 (a token and </s>), got {data_args.max_length}.")
-    if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
-        if data_args.vocab_size is not None:
-            check_vocab_size(data_args.vocab_size)
-        preset = get_preset(model_args.preset)
-        preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
 
 
 def _vocab_size(data_args: DataArguments, preset: TrainingPreset) -> int:
