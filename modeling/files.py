@@ -222,7 +222,7 @@ def check_writable(path: str | os.PathLike) -> None:
     project writes text uncompressed, which neither `zcat` nor `iter_lines` would read back under that name."""
     if os.fspath(path) == "-":
         raise UnwritableError(errno.EINVAL, "cannot write -: it would be a file named '-', not standard output")
-    if os.fspath(path).endswith(".gz"):
+    if os.fspath(path).lower().endswith(".gz"):
         raise UnwritableError(
             errno.EINVAL,
             f"cannot write {os.fspath(path)}: the output is plain text, which a .gz name would misdescribe; drop "

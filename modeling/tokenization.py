@@ -153,7 +153,7 @@ def check_tokenizer_destination(directory: str | os.PathLike) -> None:
     """Refuse, in one line, to write a tokenizer into a directory that holds a model: the model's token ids are
     those of the tokenizer it was trained with, and another one there would make it translate nonsense."""
     directory = Path(directory)
-    found = [path for path in (directory / "config.json",) if path.is_file()]
+    found = [directory / "config.json"] if (directory / "config.json").is_file() else []
     found += sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
     if found:
         raise FileExistsError(

@@ -122,7 +122,7 @@ def main() -> None:
             hypotheses_file=hypotheses_path,
             chunk_lines=args.chunk_lines,
         )
-    except (OSError, ValueError, TranslationInProgressError) as error:  # ValueError: a hypotheses file unreadable
+    except (OSError, ValueError, TranslationInProgressError) as error:  # ValueError: a bad file or setting's line
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if hypotheses_path:

@@ -186,7 +186,11 @@ def test_replacing_directory_replaces_only_what_holds_its_marker(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("-", r"^cannot write -: it would be a file named '-', not standard output$"), ("news.de.gz", r"drop the \.gz")],
+    [
+        ("-", r"^cannot write -: it would be a file named '-', not standard output$"),
+        ("news.de.gz", r"drop the \.gz"),
+        ("NEWS.DE.GZ", r"drop the \.gz"),
+    ],
 )
 def test_check_writable_refuses_names_that_would_mislead(tmp_path, monkeypatch, name, message):
     monkeypatch.chdir(tmp_path)
