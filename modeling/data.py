@@ -70,7 +70,7 @@ def load_parallel_dataset(
 ) -> datasets.DatasetDict:
     """Load a parallel corpus from the Hub (`dataset`) or from local files (`data_dir` / `data_files`).
 
-    Local files, discovered in `data_dir` by split and language, plain or gzipped:
+    Local files, discovered in `data_dir` by split and language, plain or compressed (`.gz`, `.xz`, `.bz2`):
       - line-aligned text, one sentence per line: `train.en` + `train.de`, `val.en.gz` + `val.de.gz`;
       - TSV with two columns: `train.en-de.tsv` (column order from the name) or `train.tsv`
         (source, then target);
@@ -190,9 +190,10 @@ class ParallelFiles:
     columns: tuple[str, str] | None = None  # tsv: the language of each column
 
 
-_TEXT_RE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[^.]+?)(?:\.gz)?$")
-_TSV_RE = re.compile(r"^(?P<split>[^.]+)(?:\.(?P<l1>[^.-]+)-(?P<l2>[^.-]+))?\.tsv(?:\.gz)?$")
-_JSONL_RE = re.compile(r"^(?P<split>[^.]+)\.jsonl(?:\.gz)?$")
+_COMPRESSED = r"(?:\.(?:gz|xz|bz2))?"  # what `iter_lines` decompresses
+_TEXT_RE = re.compile(rf"^(?P<split>[^.]+)\.(?P<lang>[^.]+?){_COMPRESSED}$")
+_TSV_RE = re.compile(rf"^(?P<split>[^.]+)(?:\.(?P<l1>[^.-]+)-(?P<l2>[^.-]+))?\.tsv{_COMPRESSED}$")
+_JSONL_RE = re.compile(rf"^(?P<split>[^.]+)\.jsonl{_COMPRESSED}$")
 
 
 def discover_parallel_files(

@@ -2,9 +2,11 @@
 
 All data is synthetic and written by the tests; the Multi30k test skips when ../shared is absent."""
 
+import bz2
 import gzip
 import json
 import logging
+import lzma
 from pathlib import Path
 
 import datasets
@@ -34,13 +36,12 @@ DE = ["ein mann läuft .", "zwei hunde spielen im park .", "eine frau in einem r
 VAL_EN, VAL_DE = ["a dog ."], ["ein hund ."]
 
 
+COMPRESSORS = {".gz": gzip.compress, ".xz": lzma.compress, ".bz2": bz2.compress}
+
+
 def write_lines(path: Path, lines: list[str]) -> None:
-    text = "".join(f"{line}\n" for line in lines)
-    if path.suffix == ".gz":
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
+    text = "".join(f"{line}\n" for line in lines).encode()
+    path.write_bytes(COMPRESSORS.get(path.suffix, bytes)(text))
 
 
 def pairs(ds: datasets.Dataset, source: str = "en", target: str = "de") -> list[tuple[str, str]]:
@@ -52,7 +53,7 @@ def load(data_dir: Path, **kwargs) -> datasets.DatasetDict:
     return load_parallel_dataset(source_lang="en", target_lang="de", data_dir=data_dir, **kwargs)
 
 
-@pytest.mark.parametrize("suffix", ["", ".gz"])
+@pytest.mark.parametrize("suffix", ["", ".gz", ".xz", ".bz2"])  # xz, bzip2: once "no parallel files" in the dir
 def test_line_aligned_text_files(tmp_path, suffix):
     write_lines(tmp_path / f"train.en{suffix}", EN)
     write_lines(tmp_path / f"train.de{suffix}", DE)
