@@ -493,10 +493,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             failure = error
         finally:
             self._staging_root = None
+        # The Trainer found "the best" in staging, on every process: each loads it at the end (load_best_model_at_end)
+        best = self.state.best_model_checkpoint
+        best_in_staging = best is not None and Path(best).parent == staging_root
+        if best_in_staging:
+            self.state.best_model_checkpoint = str(run_dir / Path(best).name)
         # Once every process has written its part (or failed), the main process completes the checkpoint.
         if not any_rank(failure is not None, self.args.device) and self.args.should_save:
             try:
-                self._finish_checkpoint(staging_root / final.name, final)
+                self._finish_checkpoint(staging_root / final.name, final, rewrite_state=best_in_staging)
             except Exception as error:
                 failure = error
         if any_rank(failure is not None, self.args.device):
@@ -515,12 +520,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise failure
         raise RuntimeError(f"Saving {final} failed on another process; the earlier checkpoints are intact.")
 
-    def _finish_checkpoint(self, staged: Path, final: Path) -> None:
-        """Main process: flush the staged checkpoint, write its completeness marker, rename it into place."""
+    def _finish_checkpoint(self, staged: Path, final: Path, rewrite_state: bool) -> None:
+        """Main process: flush the staged checkpoint (its trainer state written again when `rewrite_state`: it names
+        the best checkpoint by its staging path), write its completeness marker, rename it into place."""
         staging_root = staged.parent
-        best = self.state.best_model_checkpoint
-        if best is not None and Path(best).parent == staging_root:  # the Trainer found "the best" in staging
-            self.state.best_model_checkpoint = str(final.parent / Path(best).name)
+        if rewrite_state:
             write_text(staged / TRAINER_STATE_NAME, self._state_json())
         identity = final.parent / RUN_IDENTITY_FILE
         if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():

@@ -438,6 +438,28 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
 
 
+def test_every_process_names_the_best_checkpoint_by_its_final_path(tmp_path, monkeypatch):
+    """Ranks other than 0 kept the staging path (`.checkpoint-N.partial/checkpoint-N`) as the best checkpoint, as
+    the main process corrected it only as it finished the checkpoint, which they never do: at the end,
+    load_best_model_at_end found nothing there, those ranks kept other weights than rank 0's, and the Trainer's
+    warning advised save_on_each_node. Here, what the state says before the main process's finishing step."""
+    best_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    best_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    trainer = resumable_run(tmp_path, max_steps=2, eval_dataset=validation, **best_first)
+    seen_by_every_process = []
+    finish = TokenBudgetSeq2SeqTrainer._finish_checkpoint
+
+    def main_process_finishes(self, *args, **kwargs):
+        seen_by_every_process.append(Path(self.state.best_model_checkpoint))
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(TokenBudgetSeq2SeqTrainer, "_finish_checkpoint", main_process_finishes)
+    trainer.train()
+    assert seen_by_every_process == [tmp_path / "checkpoint-1", tmp_path / "checkpoint-2"]  # the loss rose: best
+    assert Path(trainer.state.best_model_checkpoint) == tmp_path / "checkpoint-2"
+
+
 def test_resuming_with_other_batches_says_that_the_data_position_moves(tmp_path, caplog):
     resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
     marker = json.loads((tmp_path / "checkpoint-3" / "checkpoint_complete.json").read_text())
