@@ -82,6 +82,11 @@ from .scoring import corpus_scores
 logger = logging.getLogger(__name__)
 
 
+class SaveFailedOnAnotherProcessError(OSError):
+    """A save (a checkpoint, the final model) that failed on another process, which raises its own cause: this one
+    stops too, an OSError as the cause most often is, so that the scripts say it in one line."""
+
+
 class _EvaluationAbandoned(Exception):
     """Raised inside the evaluation loop on a preemption signal; `evaluate` turns it into a stop."""
 
@@ -518,7 +523,9 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise full from failure
         if failure is not None:
             raise failure
-        raise RuntimeError(f"Saving {final} failed on another process; the earlier checkpoints are intact.")
+        raise SaveFailedOnAnotherProcessError(
+            f"Saving {final} failed on another process (its error says why); the earlier checkpoints are intact."
+        )
 
     def _finish_checkpoint(self, staged: Path, final: Path, rewrite_state: bool) -> None:
         """Main process: flush the staged checkpoint (its trainer state written again when `rewrite_state`: it names
@@ -612,7 +619,9 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 shutil.rmtree(staging, ignore_errors=True)
             if full is not None:
                 raise full from failure
-            raise failure or RuntimeError(f"Saving the model to {output_dir} failed on another process.")
+            raise failure or SaveFailedOnAnotherProcessError(
+                f"Saving the model to {output_dir} failed on another process (its error says why)."
+            )
         return output_dir
 
     # --- optimisation ---

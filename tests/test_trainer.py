@@ -38,7 +38,7 @@ from modeling.checkpoints import (
 )
 from modeling.files import DiskFullError
 from modeling.schedule import noam_learning_rate
-from modeling.trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
+from modeling.trainer import SaveFailedOnAnotherProcessError, TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 
 def one_sgd_update(output_dir: Path, max_tokens: int, **overrides) -> dict[str, torch.Tensor]:
@@ -621,6 +621,17 @@ def kill_during_second_checkpoint(output_dir: Path, point: str) -> int:
         resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2).train()
     finally:
         os._exit(3)  # not killed: the kill point was never reached
+
+
+def test_a_save_that_failed_on_another_process_stops_this_one_with_an_oserror_leaving_no_half(tmp_path, monkeypatch):
+    """Rank 0, when another rank could not write its part (its error names the cause): a RuntimeError once, which
+    scripts/train.py showed as a traceback. One process stands in, told by `any_rank` that another failed."""
+    trainer = resumable_run(tmp_path, max_steps=4, save_strategy="steps", save_steps=2)
+    monkeypatch.setattr("modeling.trainer.any_rank", lambda flag, device: True)
+    with pytest.raises(SaveFailedOnAnotherProcessError, match=r"Saving .*checkpoint-2 failed on another process"):
+        trainer.train()
+    assert list_checkpoints(tmp_path) == [] and staging_directories(tmp_path) == []
+    assert issubclass(SaveFailedOnAnotherProcessError, OSError), "what scripts/train.py says in one line"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
