@@ -125,7 +125,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"max_train_minutes must be positive, got {self.max_train_minutes}.")
 
     def _check_combinations(self) -> None:
-        """Settings that contradict one another."""
+        """Settings that contradict one another, or how this project's checkpoints work."""
+        if self.save_on_each_node:
+            raise ValueError(
+                "save_on_each_node is not supported: rank 0 writes each checkpoint, with every rank's RNG state, and "
+                "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes "
+                "would get checkpoints without weights, which no requeue resumes)."
+            )
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "

@@ -8,6 +8,7 @@ one process only, is agreed on by all of them (the maximum of their flags).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import signal
@@ -42,6 +43,15 @@ def max_over_ranks(value: int, device: torch.device) -> int:
     return int(reduced.item())
 
 
+def lowest_and_highest_over_ranks(value: int, device: torch.device) -> tuple[int, int]:
+    """The smallest and the largest of every rank's `value`, on every rank: one all_reduce (MAX) of two integers."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value, value
+    reduced = torch.tensor([-value, value], device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    return -int(reduced[0].item()), int(reduced[1].item())
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank if `flag` is true on any."""
     return bool(max_over_ranks(int(flag), device))
@@ -49,10 +59,12 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 def leave_process_group() -> None:
     """Destroy this process's process group, if it has one, while the interpreter is still whole: for a process
-    that has done its last collective. Left to interpreter shutdown, gloo's worker threads can abort a finished
-    run (SIGABRT, "terminate called without an active exception": pytorch/pytorch#190489). Local to the process:
-    no collective, so a rank that leaves does not wait for the others."""
+    that has done its last collective and holds no trainer any more. Left to interpreter shutdown, gloo's worker
+    threads can abort a finished run (SIGABRT, "terminate called without an active exception":
+    pytorch/pytorch#190489). A DistributedDataParallel wrapper holds the group too, so what is left of a trainer
+    (reference cycles) is collected first. Local to the process: a rank that leaves does not wait for the others."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -46,7 +46,7 @@ from transformers.utils import cached_file
 
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
-from .callbacks import PreemptionCallback, any_rank
+from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
     CONVERSION_FILE,
     DATA_STATS_FILE,
@@ -298,12 +298,32 @@ def prepare_output_dir(
             logger.info("No complete checkpoint in %s: starting a fresh run", output_dir)
     else:
         checkpoint = require_complete_checkpoint(resume)
+    _check_same_checkpoint_everywhere(checkpoint, training_args)
     if training_args.should_save:
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
     _wait_for_everyone(training_args)
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     return str(checkpoint) if checkpoint is not None else None
+
+
+def _check_same_checkpoint_everywhere(checkpoint: Path | None, training_args: TranslationTrainingArguments) -> None:
+    """Every process resumes from the same checkpoint, or none does. Where they found different ones, output_dir
+    is not one file system that every node shares (each node's own disk: rank 0's checkpoints on one, the others'
+    RNG states on another), and ranks resuming from different updates would hang or fail apart."""
+    if training_args.world_size <= 1:
+        return
+    step = checkpoint_step(checkpoint) if checkpoint is not None else -1
+    oldest, newest = lowest_and_highest_over_ranks(step, training_args.device)
+    if newest != oldest:
+
+        def seen(step: int) -> str:
+            return f"checkpoint-{step}" if step >= 0 else "no checkpoint"
+
+        raise ValueError(
+            f"{training_args.output_dir}: the processes do not see the same checkpoints (one resumes from "
+            f"{seen(oldest)}, another from {seen(newest)}): output_dir must be on a file system every node shares"
+        )
 
 
 def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str | None) -> None:

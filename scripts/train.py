@@ -96,16 +96,18 @@ def main() -> None:
     level = logging.INFO if training_args.should_log else logging.WARNING  # the main process tells the story
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
     log = logging.getLogger("train")
+    preempted = None
     try:
         output_dir = train(model_args, data_args, training_args)
-    except TrainingPreempted as preempted:
+    except TrainingPreempted as stop:
         exit_now_on_signal(EXIT_PREEMPTED)
-        leave_process_group()  # every rank stopped together, past the last collective
-        log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
-        sys.exit(EXIT_PREEMPTED)
+        preempted = str(stop)  # not the exception: its traceback holds the trainer, which holds the process group
     except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
         sys.exit(f"error: {error}")
-    leave_process_group()
+    leave_process_group()  # finished or preempted, every rank is past the last collective
+    if preempted is not None:
+        log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
+        sys.exit(EXIT_PREEMPTED)
     log.info("Model, tokenizer and generation config saved to %s", output_dir)
 
 

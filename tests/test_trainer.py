@@ -184,7 +184,7 @@ WORKER = """
 import json, os, sys, torch
 sys.path.insert(0, {tests_dir!r})
 from helpers import copy_dataset, equal_length_halves, make_trainer, tiny_model, training_args, word_tokenizer
-from modeling.callbacks import leave_process_group
+from modeling.callbacks import leave_process_group, lowest_and_highest_over_ranks
 from modeling.trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
 
 class RecordingTrainer(TokenBudgetSeq2SeqTrainer):
@@ -207,6 +207,8 @@ if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
         json.dump(metrics, f)
+assert lowest_and_highest_over_ranks(5 * args.process_index, args.device) == (0, 5)  # what resuming agrees on
+del trainer, model  # as scripts/train.py holds none once train() returns: the DDP wrapper holds the group
 leave_process_group()  # as scripts/train.py does: gloo left to interpreter shutdown can abort the worker
 """
 

@@ -47,6 +47,7 @@ from modeling.training import (
     _without_hub_push,
     _write_run_records,
     check_fine_tuning_source,
+    prepare_output_dir,
     train,
 )
 from modeling.translation import load_model_and_tokenizer, model_fingerprint, tokenizer_fingerprint, translate
@@ -336,6 +337,21 @@ def test_resume_last_without_a_complete_checkpoint_starts_fresh(tmp_path, datase
     explicit = tiny_run_args(run, resume_from_checkpoint=str(run / "checkpoint-1"))
     with pytest.raises(IncompleteCheckpointError, match=r"checkpoint-1 is incomplete: no checkpoint_complete\.json"):
         train(ModelArguments(preset="tiny", **TINY), data, explicit)
+
+
+def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, monkeypatch):
+    """Two nodes without a shared file system (each its own output_dir): rank 0 resumed from checkpoint-15, rank 1
+    from its checkpoint-10, which held no weights, and the run failed at every requeue. Here one process, told by
+    the collective that another sees checkpoint-12 where it sees none."""
+    monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(training, "lowest_and_highest_over_ranks", lambda step, device: (min(step, 12), 12))
+    args = tiny_run_args(tmp_path / "run", resume_from_checkpoint="last")
+    with pytest.raises(
+        ValueError,
+        match=r"run: the processes do not see the same checkpoints \(one resumes from no "
+        r"checkpoint, another from checkpoint-12\): output_dir must be on a file system every node",
+    ):
+        prepare_output_dir(args)
 
 
 def tiny_marian_dir(directory: Path, vocab_size: int) -> Path:

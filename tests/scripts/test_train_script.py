@@ -148,6 +148,13 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         ),
         (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
         (["--average_last_checkpoints", "-3"], "average_last_checkpoints must not be negative, got -3."),  # was none
+        # Weightless checkpoints on the other nodes, which no requeue resumed (the 2-node config once advised it)
+        (
+            ["--save_on_each_node"],
+            "save_on_each_node is not supported: rank 0 writes each checkpoint, with every rank's RNG state, and "
+            "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes would "
+            "get checkpoints without weights, which no requeue resumes).",
+        ),
         (["--bleu_sample_size", "-1"], "--bleu_sample_size must not be negative, got -1."),  # was none, silently
         # Named after the data was read: a Hub connection error (55 s online), or a Marian tokenizer's `langs`.
         (
