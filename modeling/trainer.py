@@ -118,6 +118,26 @@ def _overridden(checkpoint: Path, used: list[str]) -> ValueError:
     )
 
 
+def _other_processes(checkpoint: Path, saved: dict[str, int], batching: dict[str, int]) -> ValueError:
+    """A requeue on another number of processes, with micro-batches per update fixed by the arguments: updates of
+    another size, and the Trainer would skip another part of the epoch than the one trained on. Says what keeps
+    them."""
+    total, processes = _batches_per_update(saved), batching["processes"]
+    if total % processes == 0:
+        keep = [f"--gradient_accumulation_steps {total // processes}"]
+        if batching["max_tokens_per_device"] != saved["max_tokens_per_device"]:
+            keep.append(f"--max_tokens_per_device {saved['max_tokens_per_device']}")
+        fix = f"resume with {' '.join(keep)} to keep them"
+    else:
+        fix = f"resume on a number of processes that divides {total}, with as many micro-batches as keep {total}"
+    return ValueError(
+        f"Cannot resume {checkpoint} as {_describe_batching(batching)}: it was trained as "
+        f"{_describe_batching(saved)}, {total} batches per update, and other updates would skip another part of the "
+        f"epoch than the one trained on; {fix} (or train on from its weights as a new run: --model_name_or_path "
+        f"{checkpoint})"
+    )
+
+
 def _numbers(value: Any) -> tuple[float, ...] | None:
     """A number, or a tuple or list of numbers, as a tuple of floats; None for anything else."""
     values = value if isinstance(value, (tuple, list)) else (value,)
@@ -136,6 +156,12 @@ def _close(value: Any, saved: Any) -> bool:
 def _shown(value: Any) -> str:
     numbers = _numbers(value)
     return ", ".join(f"{number:g}" for number in numbers) if numbers is not None else repr(value)
+
+
+def _batches_per_update(batching: dict[str, int]) -> int:
+    """Batches in one update over all processes: the same number split otherwise over the processes makes the same
+    updates, in the same order (rank r takes batches r, r + R, ... of one shuffled list; see `batching`)."""
+    return batching["processes"] * batching["micro_batches_per_update"]
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
@@ -343,12 +369,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         return str(checkpoint)
 
     def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
-        """On as many processes as `checkpoint` was trained on, keep its micro-batches per update and batch size
-        where `tokens_per_update` now derives others (from other data, or an earlier version of this code): one
-        run, one update size. Not where the run now asks for other batches (another `tokens_per_update` or
-        `max_tokens_per_device` than the checkpoint records): those are derived, with `_check_resumable`'s warning.
-        Never batches larger than `max_tokens_per_device`. `train` calls it when resuming; call it first to record
-        the batching that the run will use."""
+        """Keep `checkpoint`'s batches per update and batch size where `tokens_per_update` now derives others (from
+        other data, another number of processes, or an earlier version of this code): one run, one update size. On
+        another number of processes, its batches per update are split over them where they divide evenly. Not
+        where the run now asks for other batches (another `tokens_per_update` or `max_tokens_per_device` than the
+        checkpoint records): those are derived, with `_check_resumable`'s warning. Never batches larger than
+        `max_tokens_per_device`. `train` calls it when resuming; call it first to record the batching that the run
+        will use."""
         record = marker_record(checkpoint)
         saved, batching = record.get("batching"), self._batching()
         if (
@@ -356,18 +383,20 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
             or not saved
             or saved == batching
-            or saved.get("processes") != batching["processes"]
+            or _batches_per_update(saved) % batching["processes"] != 0
             or saved.get("max_tokens_per_device", math.inf) > self.max_tokens_limit
         ):
             return
+        adopted = {**saved, "processes": batching["processes"]}
+        adopted["micro_batches_per_update"] = _batches_per_update(saved) // batching["processes"]
         logger.info(
             "Resuming %s with its own batches (%s) rather than those derived now (%s)",
             checkpoint,
-            _describe_batching(saved),
+            _describe_batching(adopted),
             _describe_batching(batching),
         )
-        self.args.gradient_accumulation_steps = saved["micro_batches_per_update"]
-        self.args.max_tokens_per_device = saved["max_tokens_per_device"]
+        self.args.gradient_accumulation_steps = adopted["micro_batches_per_update"]
+        self.args.max_tokens_per_device = adopted["max_tokens_per_device"]
 
     def _total_updates(self) -> int:
         """The run's number of updates: `max_steps`, or what the Trainer derives from `num_train_epochs` and the
@@ -382,8 +411,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     def _check_resumable(self, checkpoint: Path, total: int) -> None:
         """Refuse to resume with a learning rate or warmup that the checkpoint's scheduler state would override
         without a word (the Trainer restores it whole: the new values would be logged and recorded, the old ones
-        used; the optimizer's own settings are compared in `_load_optimizer_and_scheduler`); warn when the batches
-        differ from the checkpoint's, since the Trainer then skips a count of the new batches, not the data already
+        used; the optimizer's own settings are compared in `_load_optimizer_and_scheduler`). Batches other than the
+        checkpoint's: the same batches per update split over another number of processes resume exactly; on another
+        number of processes with micro-batches fixed by the arguments, other updates are refused (saying what keeps
+        them); otherwise a warning, since the Trainer then skips a count of the new batches, not the data already
         seen. `total` is the run's number of updates."""
         given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
@@ -403,7 +434,20 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise _overridden(checkpoint, used)
         saved_batching = marker_record(checkpoint).get("batching")
         batching = self._batching()
-        if saved_batching and saved_batching != batching:
+        if not saved_batching or saved_batching == batching:
+            return
+        if saved_batching["max_tokens_per_device"] == batching["max_tokens_per_device"] and _batches_per_update(
+            saved_batching
+        ) == _batches_per_update(batching):
+            logger.info(
+                "Resuming %s as %s, trained as %s: the same batches per update, in the same order",
+                checkpoint,
+                _describe_batching(batching),
+                _describe_batching(saved_batching),
+            )
+        elif self.args.tokens_per_update is None and saved_batching["processes"] != batching["processes"]:
+            raise _other_processes(checkpoint, saved_batching, batching)
+        else:
             logger.warning(
                 "Resuming %s with other batches (%s) than it was trained with (%s): the Trainer skips the updates "
                 "done in this epoch as counted in the new batches, so part of the epoch is skipped or seen twice",

@@ -27,6 +27,7 @@ from helpers import (
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+import modeling.trainer as trainer_module
 from modeling.averaging import average_checkpoints, last_checkpoints
 from modeling.checkpoints import (
     COMPLETE_MARKER,
@@ -481,6 +482,66 @@ def test_resuming_with_other_batches_says_that_the_data_position_moves(tmp_path,
             resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3")
         )
     assert "other batches" not in caplog.text
+
+
+def trained_as(checkpoint: Path, **batching) -> None:
+    """Make `checkpoint`'s marker say it was trained with other batching (another number of processes, say)."""
+    marker = checkpoint / "checkpoint_complete.json"
+    record = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**record, "batching": {**record["batching"], **batching}}))
+
+
+def test_a_requeue_on_another_number_of_processes_resumes_the_same_updates_or_is_refused(tmp_path, caplog):
+    """2 processes x 1 micro-batch resumed as 1 x 2 are the same updates in the same order (rank r takes batches
+    r, r + R, ... of one list): once warned of as a moved data position. 2 x 2 resumed as 1 x 2 would make updates
+    half the size and train part of the epoch twice: once a warning, which a multi-day run's log buries."""
+    checkpoint = tmp_path / "checkpoint-3"
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    trained_as(checkpoint, processes=2, micro_batches_per_update=1)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3).train(resume_from_checkpoint=str(checkpoint))
+    assert "the same batches per update, in the same order" in caplog.text and "other batches" not in caplog.text
+
+    trained_as(checkpoint, processes=2, micro_batches_per_update=2)
+    refused = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(
+        ValueError,
+        match=r"trained as 2 process\(es\) × 2 micro-batch\(es\) per update .*, 4 "
+        r"batches per update, .*; resume with --gradient_accumulation_steps 4 to keep them",
+    ):
+        refused.train(resume_from_checkpoint=str(checkpoint))
+
+
+def test_a_requeue_on_another_number_of_processes_splits_the_checkpoints_batches_over_them(tmp_path, caplog):
+    """With tokens_per_update, the checkpoint's batches per update, split over the processes there are now; before,
+    derived anew, with the warning that part of the epoch is skipped or seen twice."""
+    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1, "max_tokens_per_device": 1000}
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    first = training_args(tmp_path, max_steps=1, tokens_per_update=28, **settings)
+    make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
+    trained_as(tmp_path / "checkpoint-1", processes=2, micro_batches_per_update=1)  # 2 batches of <= 62 tokens
+    resumed = make_trainer(
+        training_args(tmp_path, max_steps=2, tokens_per_update=28, **settings),
+        data,
+        tokenizer,
+        tiny_model(len(tokenizer)),
+    )
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert (resumed.args.gradient_accumulation_steps, resumed.args.max_tokens_per_device) == (2, 62)
+    assert "with its own batches (1 process(es) × 2 micro-batch(es) per update of at most 62 tokens)" in caplog.text
+    assert "other batches" not in caplog.text
+
+
+def test_a_refused_requeue_says_what_keeps_the_updates_where_no_accumulation_can():
+    message = str(
+        trainer_module._other_processes(
+            Path("run/checkpoint-9"),
+            {"processes": 2, "micro_batches_per_update": 3, "max_tokens_per_device": 4096},
+            {"processes": 4, "micro_batches_per_update": 1, "max_tokens_per_device": 4096},
+        )
+    )
+    assert "resume on a number of processes that divides 6, with as many micro-batches as keep 6" in message
 
 
 class SignalOnMicroBatch(TokenBudgetSeq2SeqTrainer):
