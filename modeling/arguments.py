@@ -23,6 +23,12 @@ logger = logging.getLogger(__name__)
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+def _node_count() -> int:
+    """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one."""
+    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    return int(world) // int(local) if world and local else 1
+
+
 # The float settings that must be finite numbers.
 _FINITE_NUMBERS = (
     "learning_rate",
@@ -126,7 +132,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def _check_combinations(self) -> None:
         """Settings that contradict one another, or how this project's checkpoints work."""
-        if self.save_on_each_node:
+        if self.save_on_each_node and _node_count() > 1:  # on one node it changes nothing
             raise ValueError(
                 "save_on_each_node is not supported: rank 0 writes each checkpoint, with every rank's RNG state, and "
                 "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes "

@@ -179,11 +179,9 @@ def read_config_file(path: str) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:  # a ValueError that would not name the file
         raise ValueError(f"{path}: {error}") from None
-    values = load_config_text(path, text)
-    if not isinstance(values, dict | None):
+    values = load_config_text(path, text) or {}
+    if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of argument names to values.")
-    if not values:  # else the run fails on the first setting it needed, naming that setting and not the file
-        raise ValueError(f"{path}: no settings in it (it is empty, or comments only)")
     known = field_types()
     unknown = sorted(set(values) - set(known), key=str)  # YAML keys may be numbers too
     if unknown:

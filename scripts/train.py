@@ -42,8 +42,9 @@ TIED_TO_THE_PRESET = (
     "metric_for_best_model",
     "load_best_model_at_end",
 )
-# The preset's tokens_per_update derives the micro-batches per update: a user who gives their number instead (other
-# than 1, Hugging Face's default, which configs copied from elsewhere spell out) means it.
+# The preset's tokens_per_update derives the micro-batches per update: a user who gives their number instead means
+# it, by a flag whatever the number, in a config file unless it is 1 (Hugging Face's default, which configs copied
+# from elsewhere spell out).
 ACCUMULATION = ("gradient_accumulation_steps", "tokens_per_update")
 
 
@@ -60,13 +61,18 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
     parser = HfArgumentParser(ARGUMENT_GROUPS)
     values = {}
     if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
-        values, argv = read_config_file(argv[0]), argv[1:]
+        config_file, argv = argv[0], argv[1:]
+        values = read_config_file(config_file)
+        if not values and not argv:  # else the run fails on the first setting it needs, naming neither
+            raise ValueError(f"{config_file}: no settings in it, and no flags after it")
     preset_parser = argparse.ArgumentParser(add_help=False)
     preset_parser.add_argument("--preset", default=values.get("preset", ModelArguments.preset))
     preset = get_preset(preset_parser.parse_known_args(argv)[0].preset)
     # Which of the preset's tied defaults the user sets, in the file or by a flag: the others follow them.
     given = {name: values[name] for name in TIED_TO_THE_PRESET if name in values}
     chosen = {name: values[name] for name in ACCUMULATION if name in values}
+    if chosen.get("gradient_accumulation_steps") == 1:
+        del chosen["gradient_accumulation_steps"]
     probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
     not_given = dict.fromkeys((*TIED_TO_THE_PRESET, *ACCUMULATION), NOT_GIVEN)
     probe.set_defaults(**{**preset.training_defaults(), **values, **not_given})
@@ -75,7 +81,7 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
         given |= {name: flags[name] for name in TIED_TO_THE_PRESET if flags[name] is not NOT_GIVEN}
         chosen |= {name: flags[name] for name in ACCUMULATION if flags[name] is not NOT_GIVEN}
     defaults = preset.training_defaults(**given)
-    if chosen.keys() == {"gradient_accumulation_steps"} and chosen["gradient_accumulation_steps"] != 1:
+    if chosen.keys() == {"gradient_accumulation_steps"}:
         defaults["tokens_per_update"] = None
     parser.set_defaults(**{**defaults, **values})
     return parser.parse_args_into_dataclasses(argv)
@@ -96,15 +102,18 @@ def main() -> None:
     level = logging.INFO if training_args.should_log else logging.WARNING  # the main process tells the story
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
     log = logging.getLogger("train")
-    preempted = None
+    # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
+    preempted = failure = None
     try:
         output_dir = train(model_args, data_args, training_args)
     except TrainingPreempted as stop:
         exit_now_on_signal(EXIT_PREEMPTED)
-        preempted = str(stop)  # not the exception: its traceback holds the trainer, which holds the process group
+        preempted = str(stop)
     except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
-        sys.exit(f"error: {error}")
-    leave_process_group()  # finished or preempted, every rank is past the last collective
+        failure = f"error: {error}"
+    leave_process_group()  # local: a rank that failed alone does not wait for the others
+    if failure is not None:
+        sys.exit(failure)
     if preempted is not None:
         log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
         sys.exit(EXIT_PREEMPTED)

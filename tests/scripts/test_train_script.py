@@ -9,6 +9,7 @@ import math
 import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,6 +30,7 @@ from helpers import (
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from modeling import arguments
 from modeling.arguments import TranslationTrainingArguments
 from modeling.checkpoints import checkpoint_problems
 from modeling.presets import get_preset
@@ -148,13 +150,6 @@ def test_config_values_of_the_right_type_are_taken(tmp_path):
         ),
         (["--vocab_size", "0"], "vocab_size must exceed the 3 special tokens, got 0"),  # was the preset's 6,000
         (["--average_last_checkpoints", "-3"], "average_last_checkpoints must not be negative, got -3."),  # was none
-        # Weightless checkpoints on the other nodes, which no requeue resumed (the 2-node config once advised it)
-        (
-            ["--save_on_each_node"],
-            "save_on_each_node is not supported: rank 0 writes each checkpoint, with every rank's RNG state, and "
-            "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes would "
-            "get checkpoints without weights, which no requeue resumes).",
-        ),
         (["--bleu_sample_size", "-1"], "--bleu_sample_size must not be negative, got -1."),  # was none, silently
         # Named after the data was read: a Hub connection error (55 s online), or a Marian tokenizer's `langs`.
         (
@@ -211,9 +206,9 @@ def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monke
         ("run.json", '{"max_steps": 5, "max_steps": 7}', "['max_steps'] given twice"),
         ("run.yaml", "preset: caf\xe9\n".encode("latin-1"), "'utf-8' codec can't decode byte 0xe9 in position 11"),
         # Once read as no settings: the run then failed on the data it needed, naming neither the file nor the fault.
-        ("run.yaml", "", "no settings in it (it is empty, or comments only)"),
-        ("run.yaml", "# base, EN-DE\n", "no settings in it"),
-        ("run.json", "{}", "no settings in it"),
+        ("run.yaml", "", "no settings in it, and no flags after it"),
+        ("run.yaml", "# base, EN-DE\n", "no settings in it, and no flags after it"),
+        ("run.json", "{}", "no settings in it, and no flags after it"),
     ],
 )
 def test_a_malformed_config_file_is_one_line_naming_it(name, text, message, tmp_path, monkeypatch, capsys):
@@ -223,14 +218,37 @@ def test_a_malformed_config_file_is_one_line_naming_it(name, text, message, tmp_
     assert capsys.readouterr().err == ""
 
 
+def test_save_on_each_node_is_refused_across_nodes_only(tmp_path, monkeypatch):
+    """Across nodes it gave the others checkpoints without weights, which no requeue resumed (the 2-node config once
+    advised it without a shared file system); on one node it changes nothing."""
+    flags = ["--preset", "tiny", "--output_dir", str(tmp_path), "--report_to", "none", "--save_on_each_node"]
+    assert load_train_script().parse(flags)[2].save_on_each_node
+    monkeypatch.setenv("WORLD_SIZE", "16")  # what torchrun sets on each of 2 machines of 8 GPUs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert arguments._node_count() == 2
+    monkeypatch.delenv("WORLD_SIZE")  # the arguments themselves must stay one process here
+    monkeypatch.setattr(arguments, "_node_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^save_on_each_node is not supported: rank 0 writes each checkpoint"):
+        load_train_script().parse(flags)
+
+
+def test_a_config_file_without_settings_is_taken_when_flags_follow_it(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("# all settings by flags\n")
+    args = load_train_script().parse([str(config), "--preset", "tiny", "--output_dir", str(tmp_path / "run")])[2]
+    assert args.output_dir == str(tmp_path / "run")
+
+
 def test_micro_batches_per_update_given_replace_the_presets_tokens_per_update(tmp_path):
     """Before, `--preset base --gradient_accumulation_steps 4` was refused as giving both (the preset gave one), and no
-    flag could unset the preset's tokens_per_update. An accumulation of 1, Hugging Face's default that configs copied
-    from elsewhere spell out, keeps the preset's 25,000 tokens per update (it once made base's updates 6x smaller)."""
+    flag could unset the preset's tokens_per_update. A flag replaces it whatever its number (1: one micro-batch,
+    as a refused requeue may advise); in a config file, 1, Hugging Face's default that configs copied from elsewhere
+    spell out, keeps the preset's 25,000 tokens per update (it once made base's updates 6x smaller)."""
     script = load_train_script()
     flags = ["--preset", "base", "--output_dir", str(tmp_path), "--report_to", "none"]
     assert script.parse(flags)[2].tokens_per_update == 25000
-    assert script.parse([*flags, "--gradient_accumulation_steps", "1"])[2].tokens_per_update == 25000
+    args = script.parse([*flags, "--gradient_accumulation_steps", "1"])[2]
+    assert (args.tokens_per_update, args.gradient_accumulation_steps) == (None, 1)
     args = script.parse([*flags, "--gradient_accumulation_steps", "4"])[2]
     assert (args.tokens_per_update, args.gradient_accumulation_steps) == (None, 4)
     config = tmp_path / "run.yaml"
@@ -456,26 +474,50 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
         assert actual_losses[update] == pytest.approx(expected_losses[update], rel=1e-5, abs=1e-6), update
 
 
-@pytest.mark.parametrize("outcome", ["finished", "preempted"])
-def test_the_script_leaves_its_process_group_before_the_interpreter_exits(outcome, tmp_path, monkeypatch):
+class Trainer:
+    """What a run leaves: a trainer in a reference cycle (as the real one is), which holds the process group."""
+
+    def __init__(self):
+        self.itself = self
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code"), [("finished", None), ("preempted", 75), ("failed", "error: disk on fire")]
+)
+def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(outcome, exit_code, tmp_path, monkeypatch):
     """A gloo group left to interpreter shutdown can abort a finished worker with SIGABRT (pytorch#190489): a
-    2-node run exited 1 after saving everything. The script destroys the group after the run, finished or
-    preempted (which every rank reaches together); here, a group of one, as each rank has its own."""
+    2-node run exited 1 after saving everything. The script destroys the group after the run, however it ended,
+    once nothing of the run holds it: not the exception it ended with (whose traceback holds the trainer), not a
+    reference cycle left to the garbage collector. Here, a group of one, as each rank has its own."""
     script = load_train_script()
+    trainers = []
 
     def run(*arguments):
+        trainer = Trainer()
+        trainers.append(weakref.ref(trainer))
         if outcome == "preempted":
             raise TrainingPreempted("SIGTERM", 3, str(tmp_path / "checkpoint-3"))
+        if outcome == "failed":
+            raise OSError("disk on fire")
         return str(tmp_path)
+
+    left = []
+    leave = script.leave_process_group
+
+    def leave_and_record():
+        leave()
+        left.append(trainers[0]() is None and not torch.distributed.is_initialized())
 
     monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
     monkeypatch.setattr(script, "train", run)
     monkeypatch.setattr(script, "exit_now_on_signal", lambda code: None)  # would os._exit pytest on a signal
+    monkeypatch.setattr(script, "leave_process_group", leave_and_record)
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        with pytest.raises(SystemExit) if outcome == "preempted" else contextlib.nullcontext():
+        with pytest.raises(SystemExit) if exit_code else contextlib.nullcontext() as stopped:
             script.main()
-        assert not torch.distributed.is_initialized()
+        assert stopped is None or stopped.value.code == exit_code
+        assert left == [True], "the group destroyed once, after the trainer was gone"
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
