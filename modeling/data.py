@@ -241,7 +241,7 @@ def discover_parallel_files(
         present = by_lang.keys() & pair
         if len(present) == 1:
             [lang], [other] = present, pair - present
-            raise ValueError(f"{by_lang[lang]} has no parallel file: expected {split}.{other}[.gz]")
+            raise ValueError(f"{by_lang[lang]} has no parallel file: expected {split}.{other}[.gz|.xz|.bz2]")
         if len(present) == 2:
             found.setdefault(split, []).append(ParallelFiles("text", (by_lang[source_lang], by_lang[target_lang])))
         if len(found[split]) > 1:

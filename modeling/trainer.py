@@ -160,8 +160,16 @@ def _shown(value: Any) -> str:
 
 def _batches_per_update(batching: dict[str, int]) -> int:
     """Batches in one update over all processes: the same number split otherwise over the processes makes the same
-    updates, in the same order (rank r takes batches r, r + R, ... of one shuffled list; see `batching`)."""
+    updates, in the same order (rank r takes batches r, r + R, ... of one shuffled list; see `batching`), but for
+    the repeats that fill an epoch's last update, whose number depends on the processes."""
     return batching["processes"] * batching["micro_batches_per_update"]
+
+
+def _recorded_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None:
+    """The batching `checkpoint`'s marker records, or None where it records none (or not all of it)."""
+    batching = marker_record(checkpoint).get("batching")
+    keys = {"processes", "micro_batches_per_update", "max_tokens_per_device"}
+    return batching if isinstance(batching, dict) and keys <= batching.keys() else None
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
@@ -377,14 +385,14 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `max_tokens_per_device`. `train` calls it when resuming; call it first to record the batching that the run
         will use."""
         record = marker_record(checkpoint)
-        saved, batching = record.get("batching"), self._batching()
+        saved, batching = _recorded_batching(checkpoint), self._batching()
         if (
             self.args.tokens_per_update is None
             or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
             or not saved
             or saved == batching
             or _batches_per_update(saved) % batching["processes"] != 0
-            or saved.get("max_tokens_per_device", math.inf) > self.max_tokens_limit
+            or saved["max_tokens_per_device"] > self.max_tokens_limit
         ):
             return
         adopted = {**saved, "processes": batching["processes"]}
@@ -432,7 +440,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         ]
         if used:
             raise _overridden(checkpoint, used)
-        saved_batching = marker_record(checkpoint).get("batching")
+        saved_batching = _recorded_batching(checkpoint)
         batching = self._batching()
         if not saved_batching or saved_batching == batching:
             return
@@ -440,7 +448,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             saved_batching
         ) == _batches_per_update(batching):
             logger.info(
-                "Resuming %s as %s, trained as %s: the same batches per update, in the same order",
+                "Resuming %s as %s, trained as %s: the same batches per update, in the same order, but for the "
+                "repeats that fill an epoch's last update",
                 checkpoint,
                 _describe_batching(batching),
                 _describe_batching(saved_batching),

@@ -296,9 +296,9 @@ def prepare_output_dir(
         checkpoint = latest_complete_checkpoint(output_dir)
         if checkpoint is None:
             logger.info("No complete checkpoint in %s: starting a fresh run", output_dir)
-    else:
+        _check_same_checkpoint_everywhere(checkpoint, training_args)
+    else:  # one path for every process, which each checks
         checkpoint = require_complete_checkpoint(resume)
-    _check_same_checkpoint_everywhere(checkpoint, training_args)
     if training_args.should_save:
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
     _wait_for_everyone(training_args)
@@ -308,9 +308,9 @@ def prepare_output_dir(
 
 
 def _check_same_checkpoint_everywhere(checkpoint: Path | None, training_args: TranslationTrainingArguments) -> None:
-    """Every process resumes from the same checkpoint, or none does. Where they found different ones, output_dir
-    is not one file system that every node shares (each node's own disk: rank 0's checkpoints on one, the others'
-    RNG states on another), and ranks resuming from different updates would hang or fail apart."""
+    """Every process resumes from the same checkpoint it found in output_dir, or none does. Where they found different
+    ones, output_dir is not one file system that every node shares (each node's own disk: rank 0's checkpoints on
+    one, the others' RNG states on another), and ranks resuming from different updates would hang or fail apart."""
     if training_args.world_size <= 1:
         return
     step = checkpoint_step(checkpoint) if checkpoint is not None else -1

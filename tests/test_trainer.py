@@ -512,6 +512,18 @@ def test_a_requeue_on_another_number_of_processes_resumes_the_same_updates_or_is
         refused.train(resume_from_checkpoint=str(checkpoint))
 
 
+def test_a_marker_with_part_of_a_batching_record_resumes_as_one_without(tmp_path, caplog):
+    checkpoint = tmp_path / "checkpoint-3"
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    marker = checkpoint / "checkpoint_complete.json"
+    record = json.loads(marker.read_text())
+    del record["batching"]["processes"]  # an edited marker: once a KeyError traceback
+    marker.write_text(json.dumps(record))
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3).train(resume_from_checkpoint=str(checkpoint))
+    assert "other batches" not in caplog.text and "same batches per update" not in caplog.text
+
+
 def test_a_requeue_on_another_number_of_processes_splits_the_checkpoints_batches_over_them(tmp_path, caplog):
     """With tokens_per_update, the checkpoint's batches per update, split over the processes there are now; before,
     derived anew, with the warning that part of the epoch is skipped or seen twice."""

@@ -31,7 +31,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from modeling import TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
-from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError
+from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError, write_completeness_marker
 from modeling.files import UnwritableError
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
@@ -345,6 +345,10 @@ def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, mon
     the collective that another sees checkpoint-12 where it sees none."""
     monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
     monkeypatch.setattr(training, "lowest_and_highest_over_ranks", lambda step, device: (min(step, 12), 12))
+    kept = tmp_path / "kept"  # a path given is the same for every process, which each checks: no name asked of it
+    kept.mkdir()
+    write_completeness_marker(kept, step=3)
+    assert prepare_output_dir(tiny_run_args(tmp_path / "run", resume_from_checkpoint=str(kept))) == str(kept)
     args = tiny_run_args(tmp_path / "run", resume_from_checkpoint="last")
     with pytest.raises(
         ValueError,
