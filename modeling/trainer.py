@@ -420,10 +420,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         """Refuse to resume with a learning rate or warmup that the checkpoint's scheduler state would override
         without a word (the Trainer restores it whole: the new values would be logged and recorded, the old ones
         used; the optimizer's own settings are compared in `_load_optimizer_and_scheduler`). Batches other than the
-        checkpoint's: the same batches per update split over another number of processes resume exactly; on another
-        number of processes with micro-batches fixed by the arguments, other updates are refused (saying what keeps
-        them); otherwise a warning, since the Trainer then skips a count of the new batches, not the data already
-        seen. `total` is the run's number of updates."""
+        checkpoint's: the same batches per update split over another number of processes resume as the same updates
+        (but for the repeats closing an epoch); on another number of processes with micro-batches fixed by the
+        arguments, other updates are refused (saying what keeps them); otherwise a warning, since the Trainer then
+        skips a count of the new batches, not the data already seen. `total` is the run's number of updates."""
         given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
         if scheduler.is_file():
