@@ -165,9 +165,9 @@ def _batches_per_update(batching: dict[str, int]) -> int:
     return batching["processes"] * batching["micro_batches_per_update"]
 
 
-def _recorded_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None:
-    """The batching `checkpoint`'s marker records, or None where it records none (or not all of it)."""
-    batching = marker_record(checkpoint).get("batching")
+def _recorded_batching(record: dict[str, Any]) -> dict[str, int] | None:
+    """The batching a checkpoint's marker `record` holds, or None where it holds none (or not all of it)."""
+    batching = record.get("batching")
     keys = {"processes", "micro_batches_per_update", "max_tokens_per_device"}
     return batching if isinstance(batching, dict) and keys <= batching.keys() else None
 
@@ -385,7 +385,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `max_tokens_per_device`. `train` calls it when resuming; call it first to record the batching that the run
         will use."""
         record = marker_record(checkpoint)
-        saved, batching = _recorded_batching(checkpoint), self._batching()
+        saved, batching = _recorded_batching(record), self._batching()
         if (
             self.args.tokens_per_update is None
             or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
@@ -440,13 +440,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         ]
         if used:
             raise _overridden(checkpoint, used)
-        saved_batching = _recorded_batching(checkpoint)
+        saved_batching = _recorded_batching(marker_record(checkpoint))
         batching = self._batching()
         if not saved_batching or saved_batching == batching:
             return
-        if saved_batching["max_tokens_per_device"] == batching["max_tokens_per_device"] and _batches_per_update(
-            saved_batching
-        ) == _batches_per_update(batching):
+        same_updates = saved_batching["max_tokens_per_device"] == batching["max_tokens_per_device"]
+        same_updates = same_updates and _batches_per_update(saved_batching) == _batches_per_update(batching)
+        if same_updates:
             logger.info(
                 "Resuming %s as %s, trained as %s: the same batches per update, in the same order, but for the "
                 "repeats that fill an epoch's last update",

@@ -316,13 +316,10 @@ def _check_same_checkpoint_everywhere(checkpoint: Path | None, training_args: Tr
     step = checkpoint_step(checkpoint) if checkpoint is not None else -1
     oldest, newest = lowest_and_highest_over_ranks(step, training_args.device)
     if newest != oldest:
-
-        def seen(step: int) -> str:
-            return f"checkpoint-{step}" if step >= 0 else "no checkpoint"
-
+        one, another = (f"checkpoint-{seen}" if seen >= 0 else "no checkpoint" for seen in (oldest, newest))
         raise ValueError(
-            f"{training_args.output_dir}: the processes do not see the same checkpoints (one resumes from "
-            f"{seen(oldest)}, another from {seen(newest)}): output_dir must be on a file system every node shares"
+            f"{training_args.output_dir}: the processes do not see the same checkpoints (one resumes from {one}, "
+            f"another from {another}): output_dir must be on a file system every node shares"
         )
 
 
@@ -533,10 +530,11 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
     """A local --tokenizer path (else a Hub repo id) that holds no tokenizer: named now, not as the data is read."""
     if tokenizer is None:
         return
-    if Path(tokenizer).is_file():
+    path = Path(tokenizer)
+    if path.is_file():
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
     files = ("tokenizer.json", "tokenizer_config.json")
-    if Path(tokenizer).is_dir() and not any((Path(tokenizer) / name).is_file() for name in files):
+    if path.is_dir() and not any((path / name).is_file() for name in files):
         raise ValueError(
             f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
         )
