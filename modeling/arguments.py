@@ -164,6 +164,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             )
 
 
+# The ModelArguments that resize the preset's architecture (what fine-tuning cannot change).
+ARCHITECTURE_FLAGS = ("d_model", "num_layers", "num_heads", "ffn_dim")
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: a preset, optionally resized, or existing weights to fine-tune."""

@@ -81,6 +81,9 @@ from .scoring import corpus_scores
 
 logger = logging.getLogger(__name__)
 
+# What `bleu_metrics` scores, reported by an evaluation with a BLEU sample as eval_sample_<name>.
+BLEU_METRICS = ("bleu", "paper_bleu", "chrf", "sentences")
+
 
 class SaveFailedOnAnotherProcessError(OSError):
     """A save (a checkpoint, the final model) that failed on another process, which raises its own cause: this one
@@ -179,6 +182,26 @@ def _describe_batching(batching: dict[str, int]) -> str:
     )
 
 
+def check_sharding(args: TranslationTrainingArguments, num_processes: int) -> None:
+    """Token-budget batches go whole to the processes, the same number to each: accelerate must not split them."""
+    config = args.accelerator_config
+    if num_processes > 1 and (config.split_batches or config.dispatch_batches or not config.even_batches):
+        raise ValueError(
+            "Token-budget batches are sharded whole, the same number to every process: keep accelerate's "
+            "split_batches=False, dispatch_batches=False and even_batches=True."
+        )
+
+
+def evaluation_metrics(bleu: bool) -> frozenset[str]:
+    """The metrics `TokenBudgetSeq2SeqTrainer.evaluate` reports, with (`bleu`) or without a BLEU sample: what
+    `metric_for_best_model` may name."""
+    timing = ("runtime", "samples_per_second", "steps_per_second")
+    names = {f"eval_{name}" for name in ("loss", *timing)}
+    if bleu:
+        names |= {f"eval_sample_{name}" for name in ("loss", *timing, *BLEU_METRICS)}
+    return frozenset(names)
+
+
 def _token_counts(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """[real source, padded source, real target, padded target] tokens of one batch."""
     attention_mask, labels = inputs["attention_mask"], inputs["labels"]
@@ -258,16 +281,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     def _data_seed(self) -> int:
         return self.args.data_seed if self.args.data_seed is not None else self.args.seed
 
-    def _check_sharding(self) -> None:
-        config = self.args.accelerator_config
-        if self.accelerator.num_processes > 1 and (
-            config.split_batches or config.dispatch_batches or not config.even_batches
-        ):
-            raise ValueError(
-                "Token-budget batches are sharded whole, the same number to every process: keep accelerate's "
-                "split_batches=False, dispatch_batches=False and even_batches=True."
-            )
-
     def _token_dataset(self, dataset: Any, description: str) -> datasets.Dataset:
         if not isinstance(dataset, datasets.Dataset):
             raise TypeError(f"The {description} dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
@@ -299,7 +312,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         """Shuffled token-budget batches, sharded over processes by accelerate (see the module docstring)."""
         if self.train_dataset is None:
             raise ValueError("Training requires a train_dataset.")
-        self._check_sharding()
+        check_sharding(self.args, self.accelerator.num_processes)
         dataset = self._token_dataset(self.train_dataset, "training")
         sampler = self._train_sampler(dataset)
         self._sampler_epoch.sampler = sampler
@@ -327,7 +340,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        self._check_sharding()
+        check_sharding(self.args, self.accelerator.num_processes)
         dataset = self._token_dataset(dataset, "evaluation")
         sampler = TokenBudgetBatchSampler(*sequence_lengths(dataset), self.max_tokens_limit, shuffle=False)
         batches = split_batches_to_multiple(list(sampler), self.accelerator.num_processes)

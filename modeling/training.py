@@ -44,7 +44,7 @@ from transformers import (
 )
 from transformers.utils import cached_file
 
-from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
+from .arguments import ARCHITECTURE_FLAGS, DataArguments, ModelArguments, TranslationTrainingArguments
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
 from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
@@ -83,7 +83,7 @@ from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
 from .tokenization import VOCAB_MULTIPLE, check_vocab_size, iter_corpus_text, round_up, train_shared_bpe
 from .tokenization_fairseq import FairseqTokenizer
-from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics
+from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, evaluation_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -519,11 +519,46 @@ def _check_run_arguments(
             "(and --overwrite_output_dir remove some); give the run a directory of its own"
         )
     _check_data_sizes(data_args)
+    check_sharding(training_args, training_args.world_size)
+    preset = get_preset(model_args.preset)
+    _check_evaluation(data_args, training_args, preset)
     if model_args.model_name_or_path is None:  # the preset's config, checked before the BPE is trained for it
         if data_args.vocab_size is not None:
             check_vocab_size(data_args.vocab_size)
-        preset = get_preset(model_args.preset)
         preset.model_config(_vocab_size(data_args, preset), **model_args.config_overrides())
+    else:
+        resized = [f"--{name}" for name in ARCHITECTURE_FLAGS if getattr(model_args, name) is not None]
+        if resized:
+            raise ValueError(
+                f"{', '.join(resized)}: the architecture of {model_args.model_name_or_path} cannot change when "
+                "fine-tuning it (--dropout can)"
+            )
+
+
+def _check_evaluation(
+    data_args: DataArguments, training_args: TranslationTrainingArguments, preset: TrainingPreset
+) -> None:
+    """Evaluation settings that would fail at the first evaluation, hours into the run."""
+    if training_args.eval_strategy == "no":
+        return
+    sample = _bleu_sample_size(data_args, preset)
+    if sample > 0 and not training_args.predict_with_generate:
+        raise ValueError(
+            f"BLEU on {sample} validation sentences (--bleu_sample_size) needs --predict_with_generate; or give "
+            "--bleu_sample_size 0 to evaluate the loss alone"
+        )
+    metric = training_args.metric_for_best_model
+    reported = evaluation_metrics(bleu=sample > 0)
+    if metric is not None and (metric if metric.startswith("eval_") else f"eval_{metric}") not in reported:
+        raise ValueError(
+            f"--metric_for_best_model {metric}: this run's evaluations report {', '.join(sorted(reported))}"
+            + ("" if sample > 0 else " (BLEU needs a --bleu_sample_size above 0)")
+        )
+
+
+def _bleu_sample_size(data_args: DataArguments, preset: TrainingPreset) -> int:
+    """--bleu_sample_size, else the preset's."""
+    return data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
 
 
 def _check_tokenizer_path(tokenizer: str | None) -> None:
@@ -600,9 +635,6 @@ def _model(
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
         return TransformerForConditionalGeneration(preset.model_config(vocab_size, **overrides))
-    architecture = sorted(set(overrides) - {"dropout"})
-    if architecture:
-        raise ValueError(f"{architecture} cannot change when fine-tuning {model_args.model_name_or_path}.")
     if source_type == MARIAN_MODEL_TYPE:
         from transformers import MarianMTModel
 
@@ -864,9 +896,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                     max_length=data_args.max_length,
                     num_proc=data_args.preprocessing_num_workers,
                 )
-            bleu_size = (
-                data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
-            )
+            bleu_size = _bleu_sample_size(data_args, preset)
             trainer = TokenBudgetSeq2SeqTrainer(
                 model=model,
                 args=_without_hub_push(training_args),

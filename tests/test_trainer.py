@@ -39,7 +39,12 @@ from modeling.checkpoints import (
 )
 from modeling.files import DiskFullError
 from modeling.schedule import noam_learning_rate
-from modeling.trainer import SaveFailedOnAnotherProcessError, TokenBudgetSeq2SeqTrainer, bleu_metrics
+from modeling.trainer import (
+    SaveFailedOnAnotherProcessError,
+    TokenBudgetSeq2SeqTrainer,
+    bleu_metrics,
+    evaluation_metrics,
+)
 
 
 def one_sgd_update(output_dir: Path, max_tokens: int, **overrides) -> dict[str, torch.Tensor]:
@@ -632,6 +637,20 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not any("eval_loss" in entry for entry in trainer.state.log_history), "no half-evaluation logged"
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_name(tmp_path):
+    """`training` refuses a metric_for_best_model outside `evaluation_metrics` before any work."""
+    tokenizer = word_tokenizer()
+    dataset = copy_dataset([4, 5, 6, 7] * 2, len(tokenizer), seed=5)
+    evaluation = {"eval_strategy": "steps", "eval_steps": 1, "predict_with_generate": True}
+    args = training_args(tmp_path, max_steps=1, warmup_steps=1, max_tokens_per_device=24, **evaluation)
+    scoring = {"bleu_dataset": dataset, "compute_metrics": bleu_metrics(tokenizer, "de")}
+    for bleu, extra in ((False, {}), (True, scoring)):
+        trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), eval_dataset=dataset, **extra)
+        trainer.train()
+        reported = {name for entry in trainer.state.log_history for name in entry if name.startswith("eval_")}
+        assert reported == evaluation_metrics(bleu=bleu)
 
 
 def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_path):

@@ -590,6 +590,46 @@ def test_counts_that_leave_nothing_to_train_are_refused_before_any_work(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_resized_fine_tuning_is_refused_before_overwrite_output_dir_deletes_the_earlier_run(tmp_path):
+    tokenizer = word_tokenizer()
+    pretrained = tmp_path / "pretrained"
+    tiny_model(len(tokenizer)).save_pretrained(pretrained)
+    tokenizer.save_pretrained(pretrained)
+    run = tmp_path / "run"
+    earlier = run / "checkpoint-7"
+    earlier.mkdir(parents=True)
+    model_args = ModelArguments(model_name_or_path=str(pretrained), num_layers=3, d_model=64)
+    with pytest.raises(ValueError, match=r"^--d_model, --num_layers: the architecture of .*pretrained cannot change"):
+        train(model_args, DataArguments(data_dir=str(tmp_path)), tiny_run_args(run, overwrite_output_dir=True))
+    assert earlier.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({"predict_with_generate": False}, r"^BLEU on 200 validation sentences .*--bleu_sample_size 0 to evaluate"),
+        ({"metric_for_best_model": "sampel_bleu"}, r"^--metric_for_best_model sampel_bleu: .*eval_sample_bleu"),
+        ({"bleu_sample_size": 0, "metric_for_best_model": "sample_bleu"}, r"eval_loss, .*BLEU needs a --bleu_s"),
+        ({"accelerator_config": {"even_batches": False}, "world_size": 2}, r"sharded whole"),
+    ],
+)
+def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_before_any_work(
+    tmp_path, monkeypatch, settings, refusal
+):
+    """Each failed only at the first evaluation or the first batch, after the BPE was trained and the run recorded
+    (so that the corrected command found an earlier run in the directory)."""
+    bleu_sample = {"bleu_sample_size": settings.pop("bleu_sample_size")} if "bleu_sample_size" in settings else {}
+    if settings.pop("world_size", 1) > 1:
+        monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64, **bleu_sample)
+    evaluation = {"eval_strategy": "steps", "eval_steps": 2, "predict_with_generate": True}
+    run_args = tiny_run_args(tmp_path / "run", **{**evaluation, **settings})
+    with pytest.raises(ValueError, match=refusal):
+        train(ModelArguments(preset="tiny", **TINY), data, run_args)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("factor", [1.5, -0.5])
 def test_a_label_smoothing_factor_outside_0_to_1_is_refused_when_the_arguments_are_made(tmp_path, factor):
     """1.5 trained on CPU (the fused loss took any ε) and failed on a GPU at the first step (the plain loss)."""
