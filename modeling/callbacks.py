@@ -225,6 +225,8 @@ class PreemptionCallback(TrainerCallback):
     # --- callback events ---
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if self.preempted is not None:  # the last train() stopped on its signal: a new one starts without it
+            self.requested, self._requested_at = None, 0.0
         self.preempted = None
         if not self._previous:
             self._installed_by_callback = self.install()

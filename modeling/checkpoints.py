@@ -80,6 +80,12 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(match[1])
 
 
+def saved_update(checkpoint: str | os.PathLike) -> int:
+    """The update a complete checkpoint holds, by its `trainer_state.json`: also for one renamed or copied under
+    another name than `checkpoint-<step>`."""
+    return int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"])
+
+
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Every `checkpoint-<step>` directory in `directory`, complete or not, by step (checkpoint-900 before -1000)."""
     directory = Path(directory)

@@ -359,6 +359,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         averaged or pushed) trains nothing: its weights and state are loaded (the best checkpoint's weights with
         `load_best_model_at_end`, as at the end of training) and the metrics returned are empty. The Trainer's own
         loop would make one more update before it checks the count, at every rerun."""
+        self._reset_throughput()  # what a train() stopped between two logs counted is not this one's
+        self.last_checkpoint = None
         with self.preemption.handling():
             checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
             if checkpoint is not None:
@@ -735,7 +737,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         inputs: dict[str, torch.Tensor | Any],
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
-        if self._interval_start is None:  # the interval starts at its first batch: evaluation and saving don't count
+        if self._interval_start is None:  # from its first batch: an evaluation or a save just before it is not counted
             self._interval_start = time.perf_counter()
             self._interval_first_update = self.state.global_step
         self._token_totals += _token_counts(inputs).to(self._token_totals.device)

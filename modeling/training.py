@@ -64,6 +64,7 @@ from .checkpoints import (
     list_checkpoints,
     read_run_identity,
     require_complete_checkpoint,
+    saved_update,
     staging_directories,
     vocabulary_fingerprint,
 )
@@ -915,7 +916,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
             agreed = preemption.agreed(training_args.device)
             if agreed is not None:  # a signal while the data was being prepared: stop before the first update
-                step = checkpoint_step(checkpoint) if checkpoint else 0
+                step = saved_update(checkpoint) if checkpoint else 0
                 raise _stop_preempted(training_args, agreed.name, step, checkpoint)
             result = trainer.train(resume_from_checkpoint=checkpoint)
             if trainer.preempted is not None:

@@ -596,6 +596,31 @@ def test_sigterm_mid_update_finishes_it_saves_a_complete_checkpoint_and_resuming
         assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
+def test_the_same_trainer_trains_again_after_a_preempted_train_without_its_signal(tmp_path):
+    """A notebook user's Ctrl-C, then train(resume_from_checkpoint=True) on the same trainer: the spent signal
+    stopped the second run after its first update (and made the next Ctrl-C a second one, stopping at once)."""
+    trainer = resumable_run(tmp_path, SignalOnMicroBatch, save_strategy="steps", save_steps=100)
+    trainer.train()
+    assert trainer.preempted == {"signal": "SIGTERM", "step": 3}
+    trainer.signal_at = None
+    trainer.train(resume_from_checkpoint=True)
+    assert trainer.preempted is None and trainer.state.global_step == 6
+    assert trainer.last_checkpoint == tmp_path / "checkpoint-6", "this train()'s checkpoint"
+
+
+def test_a_second_train_logs_its_own_throughput(tmp_path):
+    """The batches after the last log of one train() were counted into the next one's first log (with the time in
+    between): here twice the tokens per update."""
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=3, logging_steps=2, warmup_steps=1, max_tokens_per_device=36)
+    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, tiny_model(len(tokenizer)))
+    logs = []
+    for _ in range(2):
+        trainer.train()  # update 3 is counted, never logged
+        logs += [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2 and logs[0]["target_tokens_per_update"] == logs[1]["target_tokens_per_update"]
+
+
 class SignalWhileEvaluating(TokenBudgetSeq2SeqTrainer):
     """Sends itself SIGTERM in its first evaluation batch during training; counts the evaluation batches."""
 

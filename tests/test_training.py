@@ -276,6 +276,28 @@ def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trai
     assert (unsaved / "model.safetensors").is_file() and not (unsaved / "preempted.json").exists()
 
 
+def test_a_signal_while_the_data_is_prepared_stops_with_the_update_of_a_checkpoint_of_any_name(
+    tmp_path, datasets_cache, monkeypatch
+):
+    """A checkpoint given by a path not named checkpoint-N (accepted) made this stop a ValueError: exit 1, no
+    preempted.json, and README's requeue loop gave up."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4))
+    kept = shutil.copytree(run / "checkpoint-2", tmp_path / "kept")
+    load_text = training._load_text
+
+    def signalled_while_loading(*arguments, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return load_text(*arguments, **kwargs)
+
+    monkeypatch.setattr(training, "_load_text", signalled_while_loading)
+    with pytest.raises(TrainingPreempted, match=r"at update 2, with the checkpoint .*kept"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, resume_from_checkpoint=str(kept)))
+    assert json.loads((run / "preempted.json").read_text())["step"] == 2
+
+
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
