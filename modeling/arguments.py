@@ -158,10 +158,18 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 f"save_total_limit {limit} {kept} than average_last_checkpoints {averaged} averages: raise "
                 "save_total_limit (or leave it out: the preset keeps as many as are averaged) or average fewer."
             )
-        if self.overwrite_output_dir and self.resume_from_checkpoint not in (None, "", "false", "False"):
+        if self.overwrite_output_dir and checkpoint_to_resume(self.resume_from_checkpoint) is not None:
             raise ValueError(
                 "Give --overwrite_output_dir (start over) or --resume_from_checkpoint (continue), not both."
             )
+
+
+def checkpoint_to_resume(value: str | None) -> str | None:
+    """--resume_from_checkpoint as asked: "last" (also "true"), a path, or None for a fresh run (not given, empty,
+    "false" or "none", in any case)."""
+    if value is None or value.strip().lower() in ("", "false", "none"):
+        return None
+    return "last" if value.strip().lower() in ("last", "true") else value
 
 
 # The ModelArguments that resize the preset's architecture (what fine-tuning cannot change).

@@ -44,7 +44,13 @@ from transformers import (
 )
 from transformers.utils import cached_file
 
-from .arguments import ARCHITECTURE_FLAGS, DataArguments, ModelArguments, TranslationTrainingArguments
+from .arguments import (
+    ARCHITECTURE_FLAGS,
+    DataArguments,
+    ModelArguments,
+    TranslationTrainingArguments,
+    checkpoint_to_resume,
+)
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
 from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
@@ -278,8 +284,7 @@ def prepare_output_dir(
         check_writable(output_dir / RUN_IDENTITY_FILE)
     if training_args.average_last_checkpoints > 1:
         check_replaceable(output_dir / "averaged", AVERAGING_RECORD_NAME, REPLACEABLE)
-    value = training_args.resume_from_checkpoint
-    resume = None if value is None or value.lower() in ("", "false", "none") else value
+    resume = checkpoint_to_resume(training_args.resume_from_checkpoint)
     if resume is None:
         earlier = _earlier_run_contents(output_dir)
         if earlier and not training_args.overwrite_output_dir:
@@ -293,7 +298,7 @@ def prepare_output_dir(
         if earlier and training_args.should_save:
             _remove_earlier_run(output_dir)
         checkpoint = None
-    elif resume.lower() in ("last", "true"):
+    elif resume == "last":
         checkpoint = latest_complete_checkpoint(output_dir)
         if checkpoint is None:
             logger.info("No complete checkpoint in %s: starting a fresh run", output_dir)

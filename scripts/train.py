@@ -12,15 +12,16 @@ first argument override them, and flags after it override the file.
 
 Exit codes: 0 when training finished; 75 (EX_TEMPFAIL, "try again later") when a signal (SIGTERM, SIGINT,
 SIGUSR1) stopped it with a complete checkpoint, so that the same command resumes it (OUTPUT_DIR/preempted.json says
-the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1 with an `error:` line otherwise.
+the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1 otherwise, with an `error:` line
+(a traceback for what no check foresaw).
 """
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
 import sys
+import traceback
 import typing
 
 from transformers import HfArgumentParser
@@ -34,7 +35,6 @@ from modeling.training import TrainingPreempted, train
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
 
-NOT_GIVEN = object()  # a default no flag can produce: tells whether a flag was given
 # The arguments that move the preset's defaults of checkpoint rotation: see TrainingPreset.training_defaults
 TIED_TO_THE_PRESET = (
     "save_total_limit",
@@ -44,7 +44,7 @@ TIED_TO_THE_PRESET = (
 )
 # The preset's tokens_per_update derives the micro-batches per update: a user who gives their number instead means
 # it, by a flag whatever the number, in a config file unless it is 1 (Hugging Face's default, which configs copied
-# from elsewhere spell out).
+# from elsewhere spell out). Flags replace the file's choice, as they replace its other values.
 ACCUMULATION = ("gradient_accumulation_steps", "tokens_per_update")
 
 
@@ -56,33 +56,39 @@ class ProbeParser(HfArgumentParser):
         raise argparse.ArgumentError(None, message)
 
 
+def flags_given(argv: list[str]) -> dict[str, typing.Any]:
+    """The values of the flags in `argv`, by field name: those given only (none where the flags do not parse)."""
+    probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
+    for action in probe._actions:  # not set_defaults: argparse would convert the string by the flag's type
+        action.default = argparse.SUPPRESS
+    try:
+        return vars(probe.parse_known_args(argv)[0])
+    except argparse.ArgumentError:  # the parse proper reports it
+        return {}
+
+
 def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
     """Preset defaults, then the config file's values (when the first argument is one), then the flags."""
-    parser = HfArgumentParser(ARGUMENT_GROUPS)
     values = {}
     if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
         config_file, argv = argv[0], argv[1:]
         values = read_config_file(config_file)
         if not values and not argv:  # else the run fails on the first setting it needs, naming neither
             raise ValueError(f"{config_file}: no settings in it, and no flags after it")
-    preset_parser = argparse.ArgumentParser(add_help=False)
-    preset_parser.add_argument("--preset", default=values.get("preset", ModelArguments.preset))
-    preset = get_preset(preset_parser.parse_known_args(argv)[0].preset)
+    flags = flags_given(argv)
+    given = {**values, **flags}
+    preset = get_preset(given.get("preset", ModelArguments.preset))
     # Which of the preset's tied defaults the user sets, in the file or by a flag: the others follow them.
-    given = {name: values[name] for name in TIED_TO_THE_PRESET if name in values}
-    chosen = {name: values[name] for name in ACCUMULATION if name in values}
-    if chosen.get("gradient_accumulation_steps") == 1:
-        del chosen["gradient_accumulation_steps"]
-    probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
-    not_given = dict.fromkeys((*TIED_TO_THE_PRESET, *ACCUMULATION), NOT_GIVEN)
-    probe.set_defaults(**{**preset.training_defaults(), **values, **not_given})
-    with contextlib.suppress(argparse.ArgumentError):  # the parse proper reports it
-        flags = vars(probe.parse_known_args(argv)[0])
-        given |= {name: flags[name] for name in TIED_TO_THE_PRESET if flags[name] is not NOT_GIVEN}
-        chosen |= {name: flags[name] for name in ACCUMULATION if flags[name] is not NOT_GIVEN}
-    defaults = preset.training_defaults(**given)
+    defaults = preset.training_defaults(**{name: given[name] for name in TIED_TO_THE_PRESET if name in given})
+    in_file = {name: values[name] for name in ACCUMULATION if name in values}
+    if in_file.get("gradient_accumulation_steps") == 1:
+        del in_file["gradient_accumulation_steps"]
+    chosen = {name: flags[name] for name in ACCUMULATION if name in flags} or in_file
     if chosen.keys() == {"gradient_accumulation_steps"}:
-        defaults["tokens_per_update"] = None
+        defaults["tokens_per_update"] = values["tokens_per_update"] = None
+    elif chosen.keys() == {"tokens_per_update"}:
+        values.pop("gradient_accumulation_steps", None)
+    parser = HfArgumentParser(ARGUMENT_GROUPS)
     parser.set_defaults(**{**defaults, **values})
     return parser.parse_args_into_dataclasses(argv)
 
@@ -103,7 +109,7 @@ def main() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
     log = logging.getLogger("train")
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
-    preempted = failure = None
+    preempted = failure = crash = None
     try:
         output_dir = train(model_args, data_args, training_args)
     except TrainingPreempted as stop:
@@ -111,7 +117,14 @@ def main() -> None:
         preempted = str(stop)
     except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
         failure = f"error: {error}"
+    except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
+        crash = traceback.format_exc()
+    except KeyboardInterrupt:  # a second Ctrl-C: out at once, as asked
+        crash = "Interrupted\n"
     leave_process_group()  # local: a rank that failed alone does not wait for the others
+    if crash is not None:
+        sys.stderr.write(crash)
+        sys.exit(1)
     if failure is not None:
         sys.exit(failure)
     if preempted is not None:

@@ -200,6 +200,8 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
 
     with pytest.raises(ValueError, match="not both"):
         tiny_run_args(run, overwrite_output_dir=True, resume_from_checkpoint="last")
+    for fresh in ("none", "FALSE", ""):  # what prepare_output_dir reads as a fresh run (refused as both, before)
+        assert tiny_run_args(run, overwrite_output_dir=True, resume_from_checkpoint=fresh).overwrite_output_dir
     with caplog.at_level(logging.WARNING, logger="modeling.training"):
         smaller = ModelArguments(preset="tiny", **{**TINY, "d_model": 16})
         train(smaller, data, tiny_run_args(run, overwrite_output_dir=True))

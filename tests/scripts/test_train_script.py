@@ -260,6 +260,19 @@ def test_micro_batches_per_update_given_replace_the_presets_tokens_per_update(tm
         script.parse([*flags, "--gradient_accumulation_steps", "4", "--tokens_per_update", "8000"])
 
 
+def test_flags_replace_the_config_files_choice_of_update_size(tmp_path):
+    """`run.yaml --gradient_accumulation_steps 2` over a file's tokens_per_update was refused as giving both."""
+    script = load_train_script()
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: base\noutput_dir: {tmp_path}\ntokens_per_update: 2000\n")
+    args = script.parse([str(config), "--gradient_accumulation_steps", "2"])[2]
+    assert (args.tokens_per_update, args.gradient_accumulation_steps) == (None, 2)
+    config.write_text(f"preset: base\noutput_dir: {tmp_path}\ngradient_accumulation_steps: 3\n")
+    args = script.parse([str(config), "--tokens_per_update", "8000"])[2]
+    assert (args.tokens_per_update, args.gradient_accumulation_steps) == (8000, 1)
+    assert script.parse([str(config), "--max_steps", "9"])[2].gradient_accumulation_steps == 3, "the file's, kept"
+
+
 def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
     script = load_train_script()
     flags = ["--preset", "tiny", "--output_dir", str(tmp_path), "--report_to", "none"]
@@ -482,9 +495,12 @@ class Trainer:
 
 
 @pytest.mark.parametrize(
-    ("outcome", "exit_code"), [("finished", None), ("preempted", 75), ("failed", "error: disk on fire")]
+    ("outcome", "exit_code"),
+    [("finished", None), ("preempted", 75), ("failed", "error: disk on fire"), ("crashed", 1), ("interrupted", 1)],
 )
-def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(outcome, exit_code, tmp_path, monkeypatch):
+def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(
+    outcome, exit_code, tmp_path, monkeypatch, capsys
+):
     """A gloo group left to interpreter shutdown can abort a finished worker with SIGABRT (pytorch#190489): a
     2-node run exited 1 after saving everything. The script destroys the group after the run, however it ended,
     once nothing of the run holds it: not the exception it ended with (whose traceback holds the trainer), not a
@@ -499,6 +515,10 @@ def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(outcome,
             raise TrainingPreempted("SIGTERM", 3, str(tmp_path / "checkpoint-3"))
         if outcome == "failed":
             raise OSError("disk on fire")
+        if outcome == "crashed":  # what no check foresaw (a CUDA error, a bug): the group was left to shutdown
+            raise RuntimeError("CUDA out of memory")
+        if outcome == "interrupted":
+            raise KeyboardInterrupt
         return str(tmp_path)
 
     left = []
@@ -518,6 +538,8 @@ def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(outcome,
             script.main()
         assert stopped is None or stopped.value.code == exit_code
         assert left == [True], "the group destroyed once, after the trainer was gone"
+        if outcome == "crashed":
+            assert "Traceback" in capsys.readouterr().err.splitlines()[0]
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
