@@ -222,6 +222,8 @@ def _marker_problems(checkpoint: Path) -> list[str]:
         files = marker["files"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return [f"{COMPLETE_MARKER} cannot be read ({type(error).__name__}: {error})"]
+    if not isinstance(files, dict) or not all(isinstance(size, int) for size in files.values()):
+        return [f"{COMPLETE_MARKER} does not list files and sizes"]
     problems = []
     for name, size in sorted(files.items()):
         path = checkpoint / name

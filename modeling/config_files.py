@@ -16,6 +16,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
@@ -36,6 +37,8 @@ class ConfigLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # a list or a mapping as a key: PyYAML's own error, in one line
+                raise yaml.constructor.ConstructorError(None, None, "a key that cannot be a name", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
             seen.add(key)

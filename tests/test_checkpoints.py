@@ -66,6 +66,18 @@ def test_the_marker_decides_with_every_file_and_its_size(tmp_path):
     assert any(problem.startswith("config.json has") and f"{COMPLETE_MARKER} says" in problem for problem in problems)
 
 
+@pytest.mark.parametrize("files", [[], None, "model.safetensors", {"model.safetensors": "12"}])
+def test_a_marker_whose_file_list_is_not_one_makes_its_checkpoint_incomplete(tmp_path, files):
+    """An edited or damaged marker: an AttributeError traceback (`.items()` of a list) before, from listing,
+    resuming, rotation and averaging alike."""
+    checkpoint = tmp_path / "checkpoint-10"
+    save_trainer_checkpoint(checkpoint, seed=0)
+    marker = write_completeness_marker(checkpoint, step=10)
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "files": files}))
+    assert checkpoint_problems(checkpoint) == [f"{COMPLETE_MARKER} does not list files and sizes"]
+    assert latest_complete_checkpoint(tmp_path) is None
+
+
 def test_resume_and_listing_skip_incomplete_checkpoints_naming_them(tmp_path, caplog):
     for step in (10, 20, 30):
         save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)

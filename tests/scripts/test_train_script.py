@@ -204,6 +204,7 @@ def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monke
         ("run.yaml", "1: 2\nfoo: 3\n", "unknown arguments [1, 'foo']."),
         ("run.yaml", "max_steps: 5\nmax_steps: 7\n", "invalid YAML at line 2, column 1: 'max_steps' is given twice"),
         ("run.json", '{"max_steps": 5, "max_steps": 7}', "['max_steps'] given twice"),
+        ("run.yaml", "[a]: 1\n", "invalid YAML at line 1, column 1: a key that cannot be a name"),  # a TypeError
         ("run.yaml", "preset: caf\xe9\n".encode("latin-1"), "'utf-8' codec can't decode byte 0xe9 in position 11"),
         # Once read as no settings: the run then failed on the data it needed, naming neither the file nor the fault.
         ("run.yaml", "", "no settings in it, and no flags after it"),
