@@ -145,8 +145,9 @@ class PreemptionCallback(TrainerCallback):
     flag counts, one all_reduce per update), the trainer saves a complete checkpoint and stops, and
     `self.preempted` holds the signal and the update. Nothing is lost beyond the update in flight: it finishes.
 
-    A second SIGINT or SIGTERM (more than a second after the first, so a launcher forwarding the same signal does
-    not count) restores the previous handler and re-raises it: an impatient user still gets out at once.
+    A second SIGINT or SIGTERM (another one, or the same more than a second after the first: a launcher forwarding
+    the signal it got does not count) restores the previous handler and re-raises it: an impatient user still gets
+    out at once.
 
     A signal that the process was started ignoring (SIGINT for a job started with `&` by a script) stays ignored.
     `handling()` installs the handlers and restores the previous ones when it ends; the callback installs them at

@@ -113,7 +113,7 @@ def _same(value: Any, saved: Any) -> bool:
     return value == saved
 
 
-def _overridden(checkpoint: Path, used: list[str]) -> ValueError:
+def _override_refusal(checkpoint: Path, used: list[str]) -> ValueError:
     return ValueError(
         f"Cannot resume from {checkpoint} with {', '.join(used)}: a resumed run keeps the optimizer and schedule of "
         "its checkpoint. Resume with the checkpoint's values, or train on from its weights with the new ones as a new "
@@ -121,7 +121,7 @@ def _overridden(checkpoint: Path, used: list[str]) -> ValueError:
     )
 
 
-def _other_processes(checkpoint: Path, saved: dict[str, int], batching: dict[str, int]) -> ValueError:
+def _other_processes_refusal(checkpoint: Path, saved: dict[str, int], batching: dict[str, int]) -> ValueError:
     """A requeue on another number of processes, with micro-batches per update fixed by the arguments: updates of
     another size, and the Trainer would skip another part of the epoch than the one trained on. Says what keeps
     them."""
@@ -412,6 +412,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             return
         adopted = {**saved, "processes": batching["processes"]}
         adopted["micro_batches_per_update"] = _batches_per_update(saved) // batching["processes"]
+        if adopted == batching:  # adopted already (by a call before `train`)
+            return
         logger.info(
             "Resuming %s with its own batches (%s) rather than those derived now (%s)",
             checkpoint,
@@ -454,7 +456,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if not _same(value, saved_value)
         ]
         if used:
-            raise _overridden(checkpoint, used)
+            raise _override_refusal(checkpoint, used)
         saved_batching = _recorded_batching(marker_record(checkpoint))
         batching = self._batching()
         if not saved_batching or saved_batching == batching:
@@ -470,7 +472,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 _describe_batching(saved_batching),
             )
         elif self.args.tokens_per_update is None and saved_batching["processes"] != batching["processes"]:
-            raise _other_processes(checkpoint, saved_batching, batching)
+            raise _other_processes_refusal(checkpoint, saved_batching, batching)
         else:
             logger.warning(
                 "Resuming %s with other batches (%s) than it was trained with (%s): the Trainer skips the updates "
@@ -502,7 +504,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             built_keys = built.keys() - _SCHEDULED_OR_IMPLEMENTATION
             if saved_keys - built_keys and built_keys - saved_keys:  # settings of another optimizer on both sides
                 optim = getattr(self.args.optim, "value", self.args.optim)
-                raise _overridden(Path(checkpoint), [f"--optim {optim} (not the checkpoint's optimizer)"])
+                raise _override_refusal(Path(checkpoint), [f"--optim {optim} (not the checkpoint's optimizer)"])
             # Settings only one side has: a newer torch's (a saved state loads into them with their defaults).
             used = [
                 f"{_OPTIMIZER_FLAGS.get(key, f'optimizer {key}')} {_shown(built[key])} "
@@ -511,7 +513,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 if not _same(built[key], saved[key])
             ]
             if used:
-                raise _overridden(Path(checkpoint), used)
+                raise _override_refusal(Path(checkpoint), used)
         super()._load_optimizer_and_scheduler(checkpoint)
 
     def _batching_asked(self) -> dict[str, int | None]:
@@ -602,7 +604,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if rewrite_state:
             write_text(staged / TRAINER_STATE_NAME, self._state_json())
         identity = final.parent / RUN_IDENTITY_FILE
-        if identity.is_file() and not (staged / RUN_IDENTITY_FILE).exists():
+        if identity.is_file():
             shutil.copy2(identity, staged / RUN_IDENTITY_FILE)
         publish_tree(staged)
         strategy = getattr(self.args.save_strategy, "value", self.args.save_strategy)  # for averaging's judgement
@@ -664,11 +666,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             combined_metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
             write_json(path, {**combined_metrics, **metrics}, indent=4, sort_keys=True)
 
-    def save_final_model(self, output_dir: str | os.PathLike | None = None) -> Path:
+    def save_final_model(self) -> Path:
         """`save_model` into a staging directory, then each file moved into `output_dir` with an atomic rename,
         config.json last: output_dir also holds the checkpoints and the run's records, so it is not swapped whole.
         """
-        output_dir = Path(output_dir if output_dir is not None else self.args.output_dir)
+        output_dir = Path(self.args.output_dir)
         staging = output_dir / ".final-model.partial"
         if self.args.should_save:
             remove_tree(staging)
@@ -838,7 +840,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 raise _EvaluationAbandoned(agreed)
         # `Seq2SeqTrainer.prediction_step` fills unset fields of the model's generation config with library defaults,
         # among them max_length=20, which would then cap every later translation (and the saved generation config)
-        # at 20 tokens instead of the paper's source length + 50: give it a copy and keep the original. This model
+        # at 20 tokens instead of the paper's source length + 50: the config it fills is put back after. This model
         # also undoes that fill itself (`undo_library_default_fill`, for a plain Seq2SeqTrainer); other models given
         # to this trainer (a MarianMTModel) do not.
         generation_config = copy.deepcopy(self.model.generation_config)

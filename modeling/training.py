@@ -128,11 +128,11 @@ class TrainingPreempted(Exception):
     `scripts/train.py` exits with code 75 (EX_TEMPFAIL: "try again later") on it; `OUTPUT_DIR/preempted.json`
     holds the same information for a requeue script when a launcher hides the workers' exit codes."""
 
-    def __init__(self, signal_name: str | None, step: int, checkpoint: str | None):
+    def __init__(self, signal_name: str, step: int, checkpoint: str | None):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         where = f"the checkpoint {checkpoint}" if checkpoint else "no checkpoint (no update was made)"
         super().__init__(
-            f"Training was preempted ({signal_name or 'a signal to another process'}) at update {step}, with "
+            f"Training was preempted ({signal_name}) at update {step}, with "
             f"{where}; run the same command with --resume_from_checkpoint last to continue."
         )
 
@@ -384,7 +384,7 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
     return text, cleaning
 
 
-def _check_vocab_size(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:
+def _check_earlier_bpe(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:
     """The BPE of an earlier run in output_dir must be the one this run asks for.
 
     The BPE that run trained (its run identity records this `vocab_size` and this vocabulary) may be larger than
@@ -479,7 +479,7 @@ def _tokenizer(
             logger.info("Using the tokenizer of the earlier run in %s", output_dir)
             tokenizer = AutoTokenizer.from_pretrained(output_dir)
             if read_run_identity(output_dir) is not None:
-                _check_vocab_size(tokenizer, path, vocab_size)
+                _check_earlier_bpe(tokenizer, path, vocab_size)
             # Without an identity, the main process finds a BPE that was there before this run started (a plain
             # run refuses one, --overwrite_output_dir removes it); the others, the one the main process just
             # trained or checked.
@@ -789,7 +789,7 @@ def _without_hub_push(training_args: TranslationTrainingArguments) -> Translatio
 
 
 def _stop_preempted(
-    training_args: TranslationTrainingArguments, signal_name: str | None, step: int, checkpoint: str | None
+    training_args: TranslationTrainingArguments, signal_name: str, step: int, checkpoint: str | None
 ) -> TrainingPreempted:
     """Record the preemption in output_dir/preempted.json (main process), wait for every process, and return
     the exception they all raise."""
@@ -863,7 +863,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
     this run's records, instead of the Trainer's own pushes. The token (`hub_token`, else HF_TOKEN, else
-    `hf auth login`) and the repo name are checked before anything else: a push that cannot happen fails first.
+    `hf auth login`) and the repo name are checked before any work: a push that cannot happen fails first.
 
     The main process holds `output_dir/.training.lock` from the first check of `output_dir` to the end of the push
     (`training_lock`): a second run into the same directory meanwhile is refused, naming this one.

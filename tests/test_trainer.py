@@ -544,15 +544,17 @@ def test_a_requeue_on_another_number_of_processes_splits_the_checkpoints_batches
         tiny_model(len(tokenizer)),
     )
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.adopt_checkpoint_batching(tmp_path / "checkpoint-1")  # as `training.train` does, to record it
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert (resumed.args.gradient_accumulation_steps, resumed.args.max_tokens_per_device) == (2, 62)
-    assert "with its own batches (1 process(es) × 2 micro-batch(es) per update of at most 62 tokens)" in caplog.text
+    said = "with its own batches (1 process(es) × 2 micro-batch(es) per update of at most 62 tokens)"
+    assert caplog.text.count(said) == 1, "said once"
     assert "other batches" not in caplog.text
 
 
 def test_a_refused_requeue_says_what_keeps_the_updates_where_no_accumulation_can():
     message = str(
-        trainer_module._other_processes(
+        trainer_module._other_processes_refusal(
             Path("run/checkpoint-9"),
             {"processes": 2, "micro_batches_per_update": 3, "max_tokens_per_device": 4096},
             {"processes": 4, "micro_batches_per_update": 1, "max_tokens_per_device": 4096},

@@ -172,6 +172,7 @@ def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batc
 
 def tiny_run_args(output_dir: Path, **overrides) -> TranslationTrainingArguments:
     settings = {"max_steps": 2, "warmup_steps": 1, "max_tokens_per_device": 128, "save_strategy": "steps"}
+    settings["predict_with_generate"] = True  # as the presets: an evaluation scores BLEU on a sample
     return training_args(output_dir, **{"save_steps": 2, **settings, **overrides})
 
 
@@ -494,7 +495,11 @@ def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tm
     (data_dir / "val.de").write_text("")
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
     with pytest.raises(ValueError, match=r"split 'val' is empty: .*val\.en \+ .*val\.de hold"):
-        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "a", eval_strategy="steps"))
+        train(
+            ModelArguments(preset="tiny", **TINY),
+            data,
+            tiny_run_args(tmp_path / "a", eval_strategy="steps"),
+        )
     (data_dir / "train.de").write_text("".join("ein zwei drei vier fünf sechs\n" for _ in range(10)))
     (data_dir / "train.en").write_text("".join("one\n" for _ in range(10)))  # every pair fails the ratio rule
     with pytest.raises(ValueError, match=r"cleaning removed every one of the 10 pairs of split 'train'.*10 with a"):
@@ -647,8 +652,7 @@ def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_befo
         monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64, **bleu_sample)
-    evaluation = {"eval_strategy": "steps", "eval_steps": 2, "predict_with_generate": True}
-    run_args = tiny_run_args(tmp_path / "run", **{**evaluation, **settings})
+    run_args = tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2, **settings)
     with pytest.raises(ValueError, match=refusal):
         train(ModelArguments(preset="tiny", **TINY), data, run_args)
     assert not (tmp_path / "run").exists()
