@@ -39,7 +39,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_transformer import TransformerConfig
 from .generation_transformer import TransformerGenerationMixin, set_paper_decoding
-from .onednn_transformer import is_plain_linear, linear, linears, matmul_transposed
+from .onednn_transformer import functorch_active, is_plain_linear, linear, linears, matmul_transposed
 
 if TYPE_CHECKING:  # hints only: generate()'s beam-search cache (`cache_transformer.py`), read like the library's
     from .generation_transformer import StaticBeamCache
@@ -753,7 +753,6 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
 
-    @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
@@ -770,8 +769,9 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
         num_items_in_batch: int | torch.Tensor | None = None,
         smoothing_epsilon: float = 0.0,
         skip_logits: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqLMOutput | tuple[torch.Tensor, ...]:
         r"""
         labels: target ids, -100 where no loss is taken. Without `decoder_input_ids`, the decoder is fed the labels
             shifted right behind `decoder_start_token_id`.
@@ -786,11 +786,14 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
         skip_logits: compute the loss from the decoder output without materialising the (B, T, V) logits
             (`LinearCrossEntropy`: the output projection and the loss fused, on labelled positions only), and
             return `logits=None`. By default (`None`) this is done on CPU when training with labels and gradients
-            on, where the Trainer reads only the loss, except under torch.compile and when `lm_head` is not a plain
-            bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then. Off the CPU
+            on, where the Trainer reads only the loss, except under torch.compile or torch.func and when `lm_head` is
+            not a plain bias-free `nn.Linear` without hooks; pass `False` to get the logits with the loss then (and
+            for second derivatives: the fused loss has a first one only). Off the CPU
             (measured on a CUDA GPU) the default is the plain loss, the faster there; `True` takes the fused one, for
-            its memory.
+            its memory. With `return_dict=False` the default keeps the logits: the tuple is (loss, logits, ...), as
+            MarianMT's (a tuple drops what is None, and the encoder's states would take the logits' place).
         """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         if skip_logits is None:
             # Not under torch.compile, which fuses the plain loss itself and cannot trace the fused one's
             # data-dependent number of labelled positions in a full graph. Not on GPUs: on an H200 the plain
@@ -798,9 +801,11 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
             # about Marian's (benchmarks/investigations/gpu_training_step.py, docs/results.md).
             skip_logits = (
                 labels is not None
+                and return_dict
                 and self.training
                 and torch.is_grad_enabled()
                 and not is_torchdynamo_compiling()
+                and not functorch_active()  # torch.func cannot run an autograd function without setup_context
                 and self._lm_head_is_plain_linear()
                 and self.lm_head.weight.device.type == "cpu"
             )
@@ -852,7 +857,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
             denominator = num_items_in_batch if num_items_in_batch is not None else labelled.sum()
             loss = loss / (denominator.to(loss.device) if torch.is_tensor(denominator) else denominator)
 
-        return Seq2SeqLMOutput(
+        output = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
             cache=outputs.cache,
@@ -863,6 +868,7 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
+        return output if return_dict else output.to_tuple()
 
     def project_to_vocabulary(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The pre-softmax projection by the shared embedding matrix (Sec. 3.4): (..., D) -> (..., V) logits."""

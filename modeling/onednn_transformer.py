@@ -49,15 +49,23 @@ _ONEDNN_LINEAR = _ONEDNN_KERNEL and prefers_onednn(_x86_vendor())
 
 
 def _onednn_on() -> bool:
-    """What `takes_onednn` asks of the context (CPU, autocast, torch's switch, compilation), whatever the tensors.
-    Asked for every linear layer: torch's own checks, not transformers' wrappers, which import at every call."""
+    """What `takes_onednn` asks of the context (CPU, autocast, torch's switch, compilation, torch.func), whatever the
+    tensors. Asked for every linear layer: torch's own checks, not transformers' wrappers, which import at every
+    call."""
     return (
         _ONEDNN_LINEAR
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
+        and not functorch_active()
     )
+
+
+def functorch_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jacrev, ...) is under way: autograd functions without
+    `setup_context`, such as `OneDNNLinear`, cannot run inside one."""
+    return torch._C._are_functorch_transforms_active()
 
 
 def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -116,16 +124,18 @@ class OneDNNLinear(torch.autograd.Function):
         return _onednn_linear(hidden_states, weight, bias)  # (..., D_out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         hidden_states, weight = ctx.saved_tensors
+        # With create_graph=True (a second derivative) autograd records the backward: plain products then, which
+        # it can differentiate.
+        product = matmul_transposed if torch.is_grad_enabled() else _onednn_linear
         grad_rows = grad_output.reshape(-1, grad_output.shape[-1])  # (N, D_out)
         grad_hidden_states = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_hidden_states = _onednn_linear(grad_output, weight.T)  # grad @ W: (..., D_in)
+            grad_hidden_states = product(grad_output, weight.T)  # grad @ W: (..., D_in)
         if ctx.needs_input_grad[1]:
             rows = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, D_in)
-            grad_weight = _onednn_linear(grad_rows.T, rows.T)  # grad^T @ x: (D_out, D_in)
+            grad_weight = product(grad_rows.T, rows.T)  # grad^T @ x: (D_out, D_in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_rows.sum(dim=0)  # (D_out,)
         return grad_hidden_states, grad_weight, grad_bias

@@ -336,6 +336,16 @@ def test_training_forward_fuses_the_loss_by_default_on_cpu_only(device):
     assert model(**labelled_batch(device), skip_logits=True).logits is None
 
 
+def test_a_tuple_output_in_training_holds_the_logits_second_as_marian_s():
+    """The fused default dropped the logits, and a tuple drops what is None: outputs[1] was the encoder's states."""
+    model = tiny_model().train()
+    torch.manual_seed(0)
+    loss, logits = model(**labelled_batch("cpu"), return_dict=False)[:2]
+    torch.manual_seed(0)
+    expected = model(**labelled_batch("cpu"), skip_logits=False)
+    assert torch.equal(logits, expected.logits) and torch.allclose(loss, expected.loss)
+
+
 @pytest.mark.parametrize("skip_logits", [True, False])
 def test_both_losses_refuse_a_smoothing_epsilon_outside_0_to_1_alike(skip_logits):
     model = tiny_model().train()

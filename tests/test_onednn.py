@@ -83,6 +83,35 @@ def test_training_on_an_x86_cpu_runs_forward_and_backward_on_onednn_with_the_sam
 
 
 @needs_onednn_linear
+def test_torch_func_and_second_derivatives_run_through_the_model_as_with_mkl():
+    """`OneDNNLinear` (no setup_context, once differentiable) and the fused loss failed torch.func.grad, vmap and
+    create_graph=True, which run on MarianMT and with oneDNN switched off."""
+    model = tiny_model().train()
+    model.set_attn_implementation("eager")  # sdpa's CPU kernel has no second derivative
+    params = {name: parameter.detach() for name, parameter in model.named_parameters()}
+
+    def loss(parameters):
+        torch.manual_seed(0)
+        return torch.func.functional_call(model, parameters, kwargs=labelled_batch()).loss
+
+    def gradient_penalty():
+        torch.manual_seed(0)
+        logits = model(**labelled_batch(), skip_logits=False).logits
+        grads = torch.autograd.grad(logits.logsumexp(-1).mean(), list(model.parameters()), create_graph=True)
+        penalty = sum(grad.pow(2).sum() for grad in grads)
+        return penalty, torch.autograd.grad(penalty, model.model.shared.weight)[0]
+
+    functional, penalty = torch.func.grad(loss)(params), gradient_penalty()
+    with torch.backends.mkldnn.flags(enabled=False):
+        functional_mkl, penalty_mkl = torch.func.grad(loss)(params), gradient_penalty()
+    for name, gradient in functional.items():
+        assert torch.allclose(gradient, functional_mkl[name], atol=1e-6), name
+    assert torch.allclose(penalty[0], penalty_mkl[0], rtol=1e-5) and torch.allclose(
+        penalty[1], penalty_mkl[1], atol=1e-5
+    )
+
+
+@needs_onednn_linear
 def test_a_linear_layer_over_no_rows_has_gradients():
     layer = torch.nn.Linear(4, 8)
     no_rows = torch.randn(0, 4, requires_grad=True)
