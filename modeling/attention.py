@@ -66,8 +66,13 @@ def attention_maps(
     source_ids = tokenizer(source, return_tensors="pt")["input_ids"].to(model.device)
     labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(model.device)
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
-    with torch.inference_mode():
-        outputs = model(input_ids=source_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    training = model.training
+    model.eval()  # a model fresh from training: without this, dropout would make every call's maps differ
+    try:
+        with torch.inference_mode():
+            outputs = model(input_ids=source_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    finally:
+        model.train(training)
 
     def stack(per_layer: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return torch.stack([weights[0] for weights in per_layer]).float().cpu()

@@ -407,7 +407,7 @@ def int8_layer_names(model: nn.Module) -> list[str]:
 
 
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:
-    """An id outside the vocabulary would be a silent wrong lookup on CPU and a device assert on GPU."""
+    """An id outside the vocabulary would be an IndexError naming no input on CPU and a device assert on GPU."""
     if is_torchdynamo_compiling() or input_ids.numel() == 0:
         return
     low, high = int(input_ids.min()), int(input_ids.max())
@@ -425,6 +425,10 @@ def _check_encoder_states(encoder_hidden_states: torch.Tensor, batch_size: int, 
     later product, on oneDNN without naming a shape."""
     if is_torchdynamo_compiling():
         return
+    if encoder_hidden_states.dim() != 3:
+        raise ValueError(
+            f"The encoder output has shape {tuple(encoder_hidden_states.shape)}, expected (batch, length, d_model)."
+        )
     if encoder_hidden_states.shape[0] != batch_size:
         raise ValueError(
             f"The decoder input has batch size {batch_size}, the encoder output {encoder_hidden_states.shape[0]}: "
@@ -447,7 +451,6 @@ class TransformerStack(TransformerPreTrainedModel):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_positions = TransformerPositionalEncoding(config)
-        self.gradient_checkpointing = False
 
     def embed(self, inputs_embeds: torch.Tensor, start: int) -> torch.Tensor:
         """The first layer's input: the token embeddings `inputs_embeds` (B, T, D) scaled by sqrt(d_model)
@@ -623,6 +626,11 @@ class TransformerModel(TransformerPreTrainedModel):
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif torch.is_tensor(encoder_outputs):  # indexed as a tuple, it would give its first sentence's states
+            raise TypeError(
+                "encoder_outputs is a tensor: pass the encoder's output (a BaseModelOutput or a tuple), or wrap "
+                "the states: encoder_outputs=(encoder_hidden_states,)"
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(

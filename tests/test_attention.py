@@ -29,6 +29,17 @@ def test_attention_maps_have_one_distribution_per_query(tiny_checkpoint):
         attention_maps(AutoModelForSeq2SeqLM.from_pretrained(model_dir), tokenizer, "a", "b")
 
 
+def test_a_model_in_training_mode_gives_its_maps_without_dropout_and_stays_in_training_mode(tiny_checkpoint):
+    """A model straight from the Trainer: each call's maps differed, dropped out."""
+    model_dir, _, _ = tiny_checkpoint
+    model, tokenizer = load_model_and_tokenizer(str(model_dir), attn_implementation="eager")
+    expected = attention_maps(model, tokenizer, "the small dog.", "der kleine Hund.")
+    assert model.config.dropout > 0
+    model.train()
+    maps = attention_maps(model, tokenizer, "the small dog.", "der kleine Hund.")
+    assert model.training and torch.equal(maps.cross, expected.cross) and torch.equal(maps.encoder, expected.encoder)
+
+
 def test_the_figure_of_a_long_input_is_capped_with_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(attention, "MAX_FIGURE_PIXELS", 300_000, raising=False)  # 40 tokens exceed it
     tokens = [f"t{i}" for i in range(40)]

@@ -450,6 +450,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable()
+            layers = (*model.model.encoder.layers, *model.model.decoder.layers)
+            assert all(layer.gradient_checkpointing for layer in layers), "every layer recomputes its activations"
         model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels).loss.backward()
         gradients.append(model.model.shared.weight.grad.clone())
     assert torch.allclose(*gradients, atol=1e-6)
@@ -545,6 +547,7 @@ def test_an_untied_checkpoint_holding_the_unused_shared_matrix_loads_without_it(
         ({"decoder_input_ids": None, "labels": torch.tensor([[20, EOS]])}, "has batch size 1, the encoder output 2"),
         ({"input_ids": torch.tensor([[5, EOS]]), "attention_mask": None}, "has batch size 2, the encoder output 1"),
         ({"encoder_outputs": (torch.randn(2, 6, 48),)}, r"The encoder output has width 48, expected d_model \(32\)"),
+        ({"encoder_outputs": (torch.randn(6, 32),)}, r"has shape \(6, 32\), expected \(batch, length, d_model\)"),
     ],
 )
 def test_decoder_inputs_that_do_not_match_the_encoder_output_are_named(inputs, message):
@@ -552,6 +555,16 @@ def test_decoder_inputs_that_do_not_match_the_encoder_output_are_named(inputs, m
     source for two decoder rows, which served both without a word."""
     with pytest.raises(ValueError, match=message):
         tiny_model()(**{**batch(), **inputs})
+
+
+def test_encoder_states_passed_bare_as_encoder_outputs_are_refused_saying_how_to_pass_them():
+    """Indexed as a tuple, a (2, 6, 32) tensor gave its first sentence's states: 'batch size 2, the encoder output
+    6', or, where the length equalled the batch, no error and wrong logits."""
+    model = tiny_model()
+    states = model.get_encoder()(**batch()).last_hidden_state
+    with pytest.raises(TypeError, match=r"encoder_outputs is a tensor: .*encoder_outputs=\(encoder_hidden_states,\)"):
+        model(**batch(), encoder_outputs=states)
+    assert torch.equal(model(**batch(), encoder_outputs=(states,)).logits, model(**batch()).logits)
 
 
 @pytest.mark.parametrize("field", ["pad_token_id", "decoder_start_token_id"])
