@@ -139,6 +139,14 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 DUPLICATE_SIGNAL_SECONDS = 1.0
 
 
+class SignalledBeforeTraining(Exception):
+    """A preemption signal that came while the data was being prepared (`PreemptionCallback.stopping_at_once`)."""
+
+    def __init__(self, received: signal.Signals):
+        super().__init__(received.name)
+        self.signal = received
+
+
 class PreemptionCallback(TrainerCallback):
     """Stop cleanly when the job is asked to stop: the first SIGTERM, SIGINT or SIGUSR1 (what schedulers send
     before killing a job) only sets a flag; at the end of the update under way every process agrees (any rank's
@@ -152,7 +160,9 @@ class PreemptionCallback(TrainerCallback):
     A signal that the process was started ignoring (SIGINT for a job started with `&` by a script) stays ignored.
     `handling()` installs the handlers and restores the previous ones when it ends; the callback installs them at
     `on_train_begin` and restores them at `on_train_end` if no one did before. Handlers can only be installed from
-    the main thread; elsewhere the callback does nothing.
+    the main thread; elsewhere the callback does nothing. Within `stopping_at_once()`, before training, the first
+    signal raises `SignalledBeforeTraining` at once instead: there is no update to finish, and preparing WMT's data
+    takes longer than a scheduler waits before it kills.
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS):
@@ -162,6 +172,7 @@ class PreemptionCallback(TrainerCallback):
         self._requested_at = 0.0
         self._previous: dict[signal.Signals, object] = {}
         self._installed_by_callback = False
+        self._at_once = False
 
     # --- signal handlers ---
 
@@ -170,6 +181,9 @@ class PreemptionCallback(TrainerCallback):
         now = time.monotonic()
         if self.requested is None:
             self.requested, self._requested_at = received, now
+            if self._at_once:
+                logger.warning("Got %s before training: stopping now (no update to finish)", received.name)
+                raise SignalledBeforeTraining(received)
             logger.warning(
                 "Got %s: finishing the update under way, then saving a checkpoint and stopping (a second SIGINT or "
                 "SIGTERM stops at once, without a checkpoint)",
@@ -216,6 +230,18 @@ class PreemptionCallback(TrainerCallback):
         finally:
             if installed_here:
                 self.restore()
+
+    @contextmanager
+    def stopping_at_once(self) -> Iterator[None]:
+        """Within the block, the first signal raises `SignalledBeforeTraining` where the process is, at once (also
+        one that came before the block)."""
+        if self.requested is not None:
+            raise SignalledBeforeTraining(self.requested)
+        self._at_once = True
+        try:
+            yield
+        finally:
+            self._at_once = False
 
     def agreed(self, device: torch.device) -> signal.Signals | None:
         """The signal any process got (the highest-numbered one if several), or None: a collective, to call on

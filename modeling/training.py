@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import datasets
 import numpy as np
@@ -52,7 +52,7 @@ from .arguments import (
     checkpoint_to_resume,
 )
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
-from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
+from .callbacks import PreemptionCallback, SignalledBeforeTraining, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
     CONVERSION_FILE,
     DATA_STATS_FILE,
@@ -789,10 +789,15 @@ def _without_hub_push(training_args: TranslationTrainingArguments) -> Translatio
 
 
 def _stop_preempted(
-    training_args: TranslationTrainingArguments, signal_name: str, step: int, checkpoint: str | None
+    training_args: TranslationTrainingArguments,
+    signal_name: str,
+    step: int,
+    checkpoint: str | None,
+    *,
+    together: bool = True,
 ) -> TrainingPreempted:
-    """Record the preemption in output_dir/preempted.json (main process), wait for every process, and return
-    the exception they all raise."""
+    """Record the preemption in output_dir/preempted.json (main process), wait for every process (`together`:
+    they agreed to stop at the same point), and return the exception they all raise."""
     if training_args.should_save:
         record = {
             "signal": signal_name,
@@ -802,7 +807,8 @@ def _stop_preempted(
             "resume": "--resume_from_checkpoint last",
         }
         write_json(Path(training_args.output_dir) / PREEMPTED_FILE, record)
-    _wait_for_everyone(training_args)
+    if together:
+        _wait_for_everyone(training_args)
     preempted = TrainingPreempted(signal_name, step, checkpoint)
     logger.warning("%s", preempted)
     return preempted
@@ -845,6 +851,48 @@ def _finish_run(
     return averaged
 
 
+class _PreparedRun(NamedTuple):
+    text: datasets.DatasetDict
+    cleaning: dict[str, int]
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+    identity: dict[str, Any]
+    tokenized: datasets.DatasetDict
+
+
+def _prepare_run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: TranslationTrainingArguments,
+    preset: TrainingPreset,
+    source_type: str | None,
+    checkpoint: str | None,
+) -> _PreparedRun:
+    """The data (loaded, cleaned, tokenised), the tokenizer (trained for a new run) and the model, and the run's
+    identity, checked against the checkpoint's and recorded."""
+    output_dir = Path(training_args.output_dir)
+    set_seed(training_args.seed)  # the same initial weights on every process and every run
+    text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
+    vocab_size = _vocab_size(data_args, preset)
+    tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
+    model = _model(model_args, preset, len(tokenizer), source_type)
+    _match_vocabulary(model, tokenizer, model_args)
+    identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
+    _check_same_run(identity, output_dir, checkpoint)
+    if training_args.should_save:
+        write_json(output_dir / RUN_IDENTITY_FILE, identity)
+    with training_args.main_process_first(local=False, desc="tokenisation"):
+        tokenized = tokenize_parallel_dataset(
+            text,
+            tokenizer,
+            data_args.source_lang,
+            data_args.target_lang,
+            max_length=data_args.max_length,
+            num_proc=data_args.preprocessing_num_workers,
+        )
+    return _PreparedRun(text, cleaning, tokenizer, model, identity, tokenized)
+
+
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> str:
     """Train (or fine-tune) a Transformer and save it, with tokenizer and generation config, to `output_dir`.
 
@@ -855,8 +903,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`.
 
     From the start to the end of training, SIGTERM, SIGINT and SIGUSR1 stop the run after the update under way
-    with a complete checkpoint: then `TrainingPreempted` is raised (and `preempted.json` written), and nothing
-    else (final model, averaging, push) is done; the previous signal handlers are restored either way. A signal
+    with a complete checkpoint (while the data is being prepared, at once: a BPE or a tokenisation of WMT's corpus
+    outlasts a scheduler's grace period): then `TrainingPreempted` is raised (and `preempted.json` written), and
+    nothing else (final model, averaging, push) is done; the previous signal handlers are restored either way. A signal
     after the last update stops the run the same way once the final model and the average are written, before the
     push. Run again, a run whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
 
@@ -882,26 +931,14 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             checkpoint = prepare_output_dir(training_args, model_args)
             output_dir = Path(training_args.output_dir)
             preset = get_preset(model_args.preset)
-            set_seed(training_args.seed)  # the same initial weights on every process and every run
+            try:
+                with preemption.stopping_at_once():
+                    prepared = _prepare_run(model_args, data_args, training_args, preset, source_type, checkpoint)
+            except SignalledBeforeTraining as stopped:  # each process stops where it is: no collective
+                step = saved_update(checkpoint) if checkpoint else 0
+                raise _stop_preempted(training_args, stopped.signal.name, step, checkpoint, together=False) from None
+            text, cleaning, tokenizer, model, identity, tokenized = prepared
             evaluate = training_args.eval_strategy != "no"
-            text, cleaning = _load_text(data_args, evaluate=evaluate)
-            vocab_size = _vocab_size(data_args, preset)
-            tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-            model = _model(model_args, preset, len(tokenizer), source_type)
-            _match_vocabulary(model, tokenizer, model_args)
-            identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
-            _check_same_run(identity, output_dir, checkpoint)
-            if training_args.should_save:
-                write_json(output_dir / RUN_IDENTITY_FILE, identity)
-            with training_args.main_process_first(local=False, desc="tokenisation"):
-                tokenized = tokenize_parallel_dataset(
-                    text,
-                    tokenizer,
-                    data_args.source_lang,
-                    data_args.target_lang,
-                    max_length=data_args.max_length,
-                    num_proc=data_args.preprocessing_num_workers,
-                )
             bleu_size = _bleu_sample_size(data_args, preset)
             trainer = TokenBudgetSeq2SeqTrainer(
                 model=model,
@@ -920,7 +957,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 hub_model_id = hub.repo_id if hub else None
                 _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
             agreed = preemption.agreed(training_args.device)
-            if agreed is not None:  # a signal while the data was being prepared: stop before the first update
+            if agreed is not None:  # a signal while the trainer was being made: stop before the first update
                 step = saved_update(checkpoint) if checkpoint else 0
                 raise _stop_preempted(training_args, agreed.name, step, checkpoint)
             result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -289,16 +289,19 @@ def test_a_signal_while_the_data_is_prepared_stops_with_the_update_of_a_checkpoi
     run = tmp_path / "run"
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4))
     kept = shutil.copytree(run / "checkpoint-2", tmp_path / "kept")
-    load_text = training._load_text
+    load_text, tokenised = training._load_text, []
 
     def signalled_while_loading(*arguments, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return load_text(*arguments, **kwargs)
 
     monkeypatch.setattr(training, "_load_text", signalled_while_loading)
+    monkeypatch.setattr(training, "tokenize_parallel_dataset", lambda *arguments, **kwargs: tokenised.append(1))
     with pytest.raises(TrainingPreempted, match=r"at update 2, with the checkpoint .*kept"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, resume_from_checkpoint=str(kept)))
     assert json.loads((run / "preempted.json").read_text())["step"] == 2
+    # At once: the data was still prepared to the end (WMT's tokenisation: longer than a scheduler's grace period).
+    assert not tokenised
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
