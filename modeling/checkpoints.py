@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import write_json
+from .files import file_sha256, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -319,14 +319,6 @@ def saved_vocabulary_fingerprint(directory: str | os.PathLike) -> str | None:
             digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
             found = True
     return digest.hexdigest() if found else None
-
-
-def file_sha256(path: str | os.PathLike, chunk_size: int = 2**22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def describe_files(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:

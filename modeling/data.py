@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
-from .files import iter_lines
+from .files import file_sha256, iter_lines
 from .hub_client import use_hub_timeouts
 from .tokenization import visible_words
 
@@ -276,16 +276,14 @@ def _explicit_files(
 def _local_split(
     spec: ParallelFiles, split: str, source_lang: str, target_lang: str, cache_dir: str | None
 ) -> datasets.Dataset:
-    # File size and mtime are part of the cache key: editing a file must not reuse a stale Arrow cache.
-    # Tuples, not lists: `from_generator` would read a list in gen_kwargs as shards to split.
-    stamps = tuple((os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in spec.paths)
     try:
         return datasets.Dataset.from_generator(
             _generate_rows,
             features=_translation_features(source_lang, target_lang),
-            gen_kwargs={"spec": spec, "languages": (source_lang, target_lang), "stamps": stamps},
+            gen_kwargs={"spec": spec, "languages": (source_lang, target_lang)},
             cache_dir=cache_dir,
             split=datasets.NamedSplit(split),
+            fingerprint=_content_fingerprint(spec, (source_lang, target_lang)),
         )
     except datasets.exceptions.DatasetGenerationError as err:
         if isinstance(err.__cause__, ValueError):  # our own, clear message: don't bury it under datasets'
@@ -302,8 +300,17 @@ def _local_split(
         )
 
 
-def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], stamps: tuple) -> Iterator[dict]:
-    """Rows of one split in the WMT schema; `stamps` is unused here, it only keys the cache."""
+def _content_fingerprint(spec: ParallelFiles, languages: tuple[str, str]) -> str:
+    """The cache key of a split read from files: their contents (sha256), not their paths or times, so that a corpus
+    copied elsewhere (a job staging its data on a node's scratch disk) is read once, and a file edited in place is
+    read again however its size and time came out (the key was path, size and mtime)."""
+    contents = tuple((Path(path).name, file_sha256(path)) for path in spec.paths)
+    readers = (_generate_rows, _read_text_pair, _read_tsv, _read_jsonl, iter_lines)
+    return datasets.fingerprint.Hasher.hash((spec.kind, spec.columns, languages, contents, readers))
+
+
+def _generate_rows(spec: ParallelFiles, languages: tuple[str, str]) -> Iterator[dict]:
+    """Rows of one split in the WMT schema."""
     source_lang, target_lang = languages
     if spec.kind == "text":
         pairs = _read_text_pair(*spec.paths)

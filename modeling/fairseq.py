@@ -39,10 +39,9 @@ import torch
 from .checkpoints import (
     CONVERSION_FILE,  # the record a conversion writes beside the model; the card reads it
     MODEL_CARD_FILES,
-    file_sha256,
 )
 from .configuration_transformer import TransformerConfig
-from .files import check_replaceable, iter_lines, replacing_directory, write_json
+from .files import check_replaceable, file_sha256, iter_lines, replacing_directory, write_json
 from .generation_transformer import set_fairseq_decoding
 from .modeling_transformer import TransformerForConditionalGeneration
 from .tokenization_fairseq import FairseqTokenizer, converted_spelling

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bz2
 import errno
 import gzip
+import hashlib
 import json
 import logging
 import lzma
@@ -520,3 +521,12 @@ def reads_once(path: str | os.PathLike) -> bool:
     except OSError:
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def file_sha256(path: str | os.PathLike, chunk_size: int = 2**22) -> str:
+    """The sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -28,13 +28,14 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import file_sha256, weights_problems
+from .checkpoints import weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
     check_distinct_outputs,
     check_writable,
     disk_full_error,
+    file_sha256,
     fsync_path,
     iter_lines,
     reads_once,

@@ -7,6 +7,8 @@ import gzip
 import json
 import logging
 import lzma
+import os
+import shutil
 from pathlib import Path
 
 import datasets
@@ -121,6 +123,23 @@ def test_edited_file_is_not_served_from_a_stale_cache(tmp_path):
     write_lines(tmp_path / "train.en", EN[:3])
     write_lines(tmp_path / "train.de", DE[:3])
     assert len(load(tmp_path)["train"]) == 3
+
+
+def test_the_cache_knows_a_corpus_by_its_content_not_its_place_or_time(tmp_path, datasets_cache):
+    """Keyed on path, size and mtime, a corpus staged elsewhere was read (and cached) again, and an edit that kept
+    the size and the time (cp -p, rsync -a, tar x) was served from the stale cache."""
+    corpus = write_corpus(tmp_path / "corpus", 20, word_for_word)
+    staged = shutil.copytree(corpus, tmp_path / "scratch" / "job-1")
+    cache_dir = str(tmp_path / "cache")
+    assert (
+        load(corpus, cache_dir=cache_dir)["train"].cache_files
+        == load(staged, cache_dir=cache_dir)["train"].cache_files
+    )
+    stamp = (corpus / "train.en").stat()
+    lines = (corpus / "train.en").read_text().splitlines()
+    (corpus / "train.en").write_text("\n".join([lines[0][::-1], *lines[1:]]) + "\n")  # the same size
+    os.utime(corpus / "train.en", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert load(corpus, cache_dir=cache_dir)["train"][0]["translation"]["en"] == lines[0][::-1]
 
 
 @pytest.mark.parametrize("longer", ["en", "de"])
