@@ -226,4 +226,6 @@ class DataArguments:
     bleu_sample_size: int | None = field(
         default=None, metadata={"help": "Validation sentences scored by BLEU at each evaluation (preset's; 0: none)."}
     )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenisation (default: the cores, for large splits)."}
+    )

@@ -20,11 +20,13 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.data import (
+    PAIRS_PER_TOKENISATION_WORKER,
     clean_parallel_dataset,
     discover_parallel_files,
     load_parallel_dataset,
     normalize_translation_dataset,
     resolve_split,
+    tokenisation_workers,
     tokenize_parallel_dataset,
 )
 from modeling.tokenization import train_shared_bpe
@@ -352,6 +354,17 @@ def test_the_tokenisation_is_cached_by_content_not_by_where_the_tokenizer_came_f
     cached = [tokenize_parallel_dataset(text, each, "en", "de")["train"].cache_files for each in (tokenizer, *loaded)]
     assert cached[0] and cached[0] == cached[1] == cached[2]
     assert tokenize_parallel_dataset(text, tokenizer, "en", "de", max_length=3)["train"].cache_files != cached[0]
+
+
+def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(tmp_path, datasets_cache, tokenizer):
+    cores = len(os.sched_getaffinity(0))
+    assert tokenisation_workers(2 * PAIRS_PER_TOKENISATION_WORKER - 1) is None
+    assert tokenisation_workers(10**9) == (cores if cores > 1 else None)
+    text = load_parallel_dataset(
+        source_lang="en", target_lang="de", data_dir=write_corpus(tmp_path, 40, word_for_word)
+    )
+    one, two = (tokenize_parallel_dataset(text, tokenizer, "en", "de", num_proc=n)["train"] for n in (1, 2))
+    assert one.to_dict() == two.to_dict()
 
 
 def test_tokenized_columns_work_with_seq2seq_collator(tokenizer):
