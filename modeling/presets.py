@@ -86,6 +86,9 @@ class TrainingPreset:
             "predict_with_generate": True,
             "report_to": ["tensorboard"],
             "ddp_find_unused_parameters": False,  # every parameter is used: spare DDP a graph traversal per update
+            # The other processes wait while the main one trains the BPE and tokenises: for English-French WMT (36M
+            # pairs) that outlasts NCCL's default 30 minutes, after which they would abort.
+            "ddp_timeout": 4 * 3600,
         }
         if self.max_tokens_per_device is not None:
             defaults["max_tokens_per_device"] = self.max_tokens_per_device

@@ -52,6 +52,7 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
     assert args.max_steps == 7, "an explicit flag wins over the preset"
     assert (args.warmup_steps, args.learning_rate, args.max_grad_norm) == (400, 0.3, 0.0), "preset defaults"
     assert (args.adam_beta2, args.adam_epsilon, args.label_smoothing_factor) == (0.98, 1e-9, 0.1)
+    assert args.ddp_timeout_delta.total_seconds() == 4 * 3600, "the others wait while the main process prepares data"
 
     config = tmp_path / "run.yaml"
     config.write_text(f"preset: base\ndata_dir: d\noutput_dir: {tmp_path}\nsave_steps: 7\nreport_to: none\n")
