@@ -365,15 +365,38 @@ def identity_differences(
 
 
 def describe_differences(first: Mapping[str, Any], second: Mapping[str, Any], fields: Sequence[str]) -> str:
-    """`field: A vs B` for each differing field, values shortened."""
+    """`field: A vs B` for each differing field, values shortened; for lists of named files (`data.files`), the
+    files that differ, by name."""
 
     def value(identity: Mapping[str, Any], dotted: str) -> Any:
         for part in dotted.split("."):
             identity = identity.get(part) if isinstance(identity, Mapping) else None
-        text = json.dumps(identity, ensure_ascii=False)
+        return identity
+
+    def shown(item: Any) -> str:
+        text = json.dumps(item, ensure_ascii=False)
         return text if len(text) <= 80 else text[:77] + "..."
 
-    return "; ".join(f"{field}: {value(first, field)} vs {value(second, field)}" for field in fields)
+    def described(field: str) -> str:
+        a, b = value(first, field), value(second, field)
+        files_a, files_b = _files_by_name(a), _files_by_name(b)
+        if files_a is None or files_b is None:
+            return f"{field}: {shown(a)} vs {shown(b)}"
+        changed = [
+            f"{name} {'changed' if name in files_a and name in files_b else 'only in one'}"
+            for name in sorted(files_a.keys() | files_b.keys())
+            if files_a.get(name) != files_b.get(name)
+        ]
+        return f"{field}: {', '.join(changed)}"
+
+    return "; ".join(map(described, fields))
+
+
+def _files_by_name(value: Any) -> dict[str, Any] | None:
+    """A list of file records (`describe_files`) by name; None for anything else."""
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) and "name" in item for item in value):
+        return None
+    return {item["name"]: item for item in value}
 
 
 def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> list[str]:

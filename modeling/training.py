@@ -331,12 +331,13 @@ def _check_same_checkpoint_everywhere(checkpoint: Path | None, training_args: Tr
 
 def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str | None) -> None:
     """Resuming (or restarting fresh with "last") must continue the same run: same architecture, tokenizer,
-    data, seed and preset as recorded in the checkpoint, or in output_dir for a checkpoint that predates them."""
+    data, seed and preset as recorded in the checkpoint, or in output_dir for a checkpoint that predates them.
+    An `identity` with some of the fields (the data, before it is read) is checked on those."""
     for source in ([Path(checkpoint)] if checkpoint else []) + [output_dir]:
         recorded = read_run_identity(source)
         if recorded is None:
             continue
-        differences = identity_differences(recorded, identity)
+        differences = identity_differences({key: recorded.get(key) for key in identity}, identity)
         if differences:
             raise RunMismatchError(
                 f"{source / RUN_IDENTITY_FILE} was written by a different run: "
@@ -871,6 +872,8 @@ def _prepare_run(
     """The data (loaded, cleaned, tokenised), the tokenizer (trained for a new run) and the model, and the run's
     identity, checked against the checkpoint's and recorded."""
     output_dir = Path(training_args.output_dir)
+    # Other data is refused before it is read: loading and cleaning English-French WMT takes about 13 minutes.
+    _check_same_run({"data": _data_description(data_args)}, output_dir, checkpoint)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
     vocab_size = _vocab_size(data_args, preset)

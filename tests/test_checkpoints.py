@@ -100,7 +100,9 @@ def test_identities_differ_by_named_fields():
     second = {"config": {"d_model": 64, "dropout": 0.1}, "seed": 1, "data": {"files": [{"name": "train.fr"}]}}
     fields = identity_differences(first, second)
     assert fields == ["config.d_model", "data.files"]
-    assert describe_differences(first, second, fields).startswith("config.d_model: 32 vs 64; data.files: ")
+    assert describe_differences(first, second, fields) == (
+        "config.d_model: 32 vs 64; data.files: train.en only in one, train.fr only in one"
+    )
 
 
 def unigram_tokenizer() -> PreTrainedTokenizerFast:
