@@ -351,9 +351,13 @@ def test_the_tokenisation_is_cached_by_content_not_by_where_the_tokenizer_came_f
     for directory in ("a", "b"):
         tokenizer.save_pretrained(tmp_path / directory)
     loaded = [AutoTokenizer.from_pretrained(tmp_path / directory) for directory in ("a", "b")]
-    cached = [tokenize_parallel_dataset(text, each, "en", "de")["train"].cache_files for each in (tokenizer, *loaded)]
+    tokenised = [tokenize_parallel_dataset(text, each, "en", "de")["train"] for each in (tokenizer, *loaded)]
+    cached = [each.cache_files for each in tokenised]
     assert cached[0] and cached[0] == cached[1] == cached[2]
     assert tokenize_parallel_dataset(text, tokenizer, "en", "de", max_length=3)["train"].cache_files != cached[0]
+    # Stored as small as they hold (labels took 64 bits: English-French WMT's tokenised copy was 19 GB).
+    widths = {name: feature.feature.dtype for name, feature in tokenised[0].features.items()}
+    assert widths == {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
 
 
 def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(tmp_path, datasets_cache, tokenizer):
