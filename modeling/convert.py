@@ -122,7 +122,8 @@ def from_marian(
 
 
 def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
-    """An equivalent `MarianMTModel`; exact for both positional layouts (the interleaved one is permuted)."""
+    """An equivalent `MarianMTModel`; exact for both positional layouts (the interleaved one is permuted). Given
+    `inputs_embeds`, MarianMT takes them already scaled by sqrt(d_model), this model before."""
     config: TransformerConfig = model.config
     if not config.tie_word_embeddings:
         raise ValueError("MarianMTModel shares its embeddings; this model was configured with untied ones.")

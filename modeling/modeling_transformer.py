@@ -781,6 +781,8 @@ class TransformerForConditionalGeneration(TransformerPreTrainedModel, Transforme
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput | tuple[torch.Tensor, ...]:
         r"""
+        inputs_embeds, decoder_inputs_embeds: token embeddings as `get_input_embeddings()` gives them; the model
+            scales them by sqrt(d_model) as it scales its own lookups (MarianMT takes them already scaled).
         labels: target ids, -100 where no loss is taken. Without `decoder_input_ids`, the decoder is fed the labels
             shifted right behind `decoder_start_token_id`.
         num_items_in_batch: the number of labelled tokens in the whole (accumulated, all-process) batch, passed by
