@@ -87,15 +87,8 @@ def load_parallel_dataset(
         use_hub_timeouts()
         if splits is None:
             raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
-        else:  # only the splits asked for: evaluating WMT14's test set must not download its 4.5M training pairs
-            available = datasets.get_dataset_split_names(dataset, language_pair)
-            names = [resolve_split(available, split) for split in splits]
-            raw = datasets.DatasetDict(
-                {
-                    name: datasets.load_dataset(dataset, language_pair, split=name, cache_dir=cache_dir)
-                    for name in names
-                }
-            )
+        else:
+            raw = _load_hub_splits(dataset, language_pair, splits, cache_dir)
         try:
             return normalize_translation_dataset(raw, source_lang, target_lang)
         except ValueError as error:
@@ -109,6 +102,34 @@ def load_parallel_dataset(
             files = {name: files[name] for name in (resolve_split(files, split) for split in splits)}
     return datasets.DatasetDict(
         {split: _local_split(spec, split, source_lang, target_lang, cache_dir) for split, spec in files.items()}
+    )
+
+
+def _load_hub_splits(
+    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None
+) -> datasets.DatasetDict:
+    """Only the splits asked for: evaluating on WMT14's test set must not download and convert its 4.5M training
+    pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
+    split by split, with the dataset's own format and features; a dataset with a loading script, as a whole."""
+    builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir)
+    files = builder.config.data_files
+    if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:
+        names = [resolve_split(datasets.get_dataset_split_names(dataset, language_pair), split) for split in splits]
+        return datasets.DatasetDict(
+            {name: datasets.load_dataset(dataset, language_pair, split=name, cache_dir=cache_dir) for name in names}
+        )
+    names = [resolve_split(files, split) for split in splits]
+    return datasets.DatasetDict(
+        {
+            name: datasets.load_dataset(
+                builder.name,
+                data_files={name: files[name]},
+                split=name,
+                features=builder.info.features,
+                cache_dir=cache_dir,
+            )
+            for name in names
+        }
     )
 
 

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 
 import datasets
+import pyarrow
+import pyarrow.parquet
 import pytest
 import torch
 from helpers import MULTI30K, word_for_word, write_corpus
@@ -277,6 +279,26 @@ def test_dataset_option_goes_through_load_dataset(tmp_path):
         source_lang="de", target_lang="en", dataset=str(tmp_path), splits=["validation"], cache_dir=str(tmp_path / "c")
     )
     assert list(ds) == ["validation"] and pairs(ds["validation"], "de", "en") == [(DE[0], EN[0])]
+
+
+def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
+    """wmt/wmt14's layout (parquet files by split, the configs in README.md): `load_dataset(split="test")` downloaded
+    and converted every split first (datasets#6529), 4.5M training pairs to score newstest2014's 3,003."""
+    repo = tmp_path / "wmt14"
+    (repo / "de-en").mkdir(parents=True)
+    for split, count in (("train", 50), ("validation", 3), ("test", 4)):
+        rows = [{"de": f"{split} {i} de", "en": f"{split} {i} en"} for i in range(count)]
+        pyarrow.parquet.write_table(
+            pyarrow.table({"translation": rows}), repo / "de-en" / f"{split}-00000-of-00001.parquet"
+        )
+    configs = "\n".join(f"  - split: {split}\n    path: de-en/{split}-*" for split in ("train", "validation", "test"))
+    (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: de-en\n  data_files:\n{configs}\n---\n")
+    cache = tmp_path / "cache"
+    ds = load_parallel_dataset(
+        source_lang="en", target_lang="de", dataset=str(repo), language_pair="de-en", splits=["test"], cache_dir=cache
+    )
+    assert list(ds) == ["test"] and pairs(ds["test"])[0] == ("test 0 en", "test 0 de")
+    assert sorted(path.name for path in cache.rglob("*.arrow")) == ["parquet-test.arrow"]
 
 
 def test_a_null_sentence_in_a_hub_dataset_is_refused_naming_the_split_and_row(tmp_path):
