@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -139,6 +140,23 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 DUPLICATE_SIGNAL_SECONDS = 1.0
 
 
+# The callback within `stopping_at_once`, if any: see `_restore_in_forked_child`.
+_STOPPING_AT_ONCE: PreemptionCallback | None = None
+
+
+def _restore_in_forked_child() -> None:
+    """A worker forked while the data is prepared (datasets' pool) does not stop the run: it takes the handlers
+    back that were there before, so that SIGTERM ends it. With ours, the pool's `terminate()` after the parent
+    stopped could not end it, and the parent waited for it forever."""
+    global _STOPPING_AT_ONCE
+    if _STOPPING_AT_ONCE is not None:
+        _STOPPING_AT_ONCE.restore()
+        _STOPPING_AT_ONCE = None
+
+
+os.register_at_fork(after_in_child=_restore_in_forked_child)
+
+
 class SignalledBeforeTraining(Exception):
     """A preemption signal that came while the data was being prepared (`PreemptionCallback.stopping_at_once`)."""
 
@@ -234,14 +252,16 @@ class PreemptionCallback(TrainerCallback):
     @contextmanager
     def stopping_at_once(self) -> Iterator[None]:
         """Within the block, the first signal raises `SignalledBeforeTraining` where the process is, at once (also
-        one that came before the block)."""
+        one that came before the block). Processes forked within it (datasets' tokenising workers) take the
+        previous handlers back (`_restore_in_forked_child`)."""
+        global _STOPPING_AT_ONCE
         if self.requested is not None:
             raise SignalledBeforeTraining(self.requested)
-        self._at_once = True
+        self._at_once, _STOPPING_AT_ONCE = True, self
         try:
             yield
         finally:
-            self._at_once = False
+            self._at_once, _STOPPING_AT_ONCE = False, None
 
     def agreed(self, device: torch.device) -> signal.Signals | None:
         """The signal any process got (the highest-numbered one if several), or None: a collective, to call on

@@ -52,7 +52,7 @@ from .arguments import (
     checkpoint_to_resume,
 )
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
-from .callbacks import PreemptionCallback, SignalledBeforeTraining, any_rank, lowest_and_highest_over_ranks
+from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
     CONVERSION_FILE,
     DATA_STATS_FILE,
@@ -937,9 +937,14 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             try:
                 with preemption.stopping_at_once():
                     prepared = _prepare_run(model_args, data_args, training_args, preset, source_type, checkpoint)
-            except SignalledBeforeTraining as stopped:  # each process stops where it is: no collective
+            except Exception:
+                # SignalledBeforeTraining, or what a library made of it (datasets' worker pool: a TimeoutError)
+                if preemption.requested is None:
+                    raise
                 step = saved_update(checkpoint) if checkpoint else 0
-                raise _stop_preempted(training_args, stopped.signal.name, step, checkpoint, together=False) from None
+                raise _stop_preempted(
+                    training_args, preemption.requested.name, step, checkpoint, together=False
+                ) from None  # each process stops where it is: no collective
             text, cleaning, tokenizer, model, identity, tokenized = prepared
             evaluate = training_args.eval_strategy != "no"
             bleu_size = _bleu_sample_size(data_args, preset)

@@ -2,6 +2,9 @@
 resuming, stopping on a signal."""
 
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from types import SimpleNamespace
 
@@ -123,3 +126,41 @@ def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
         signal.raise_signal(signal.SIGUSR1)
         assert callback.requested == signal.SIGUSR1 and callback.agreed(torch.device("cpu"))
     assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_it_forked(tmp_path):
+    """datasets' tokenising workers, forked with the parent's handlers, could not be ended by the pool's SIGTERM
+    once the parent stopped: it waited for them forever. In a process of its own, so that a hang fails the test."""
+    script = tmp_path / "prepare.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, threading, time
+            import datasets
+            from modeling.callbacks import PreemptionCallback, SignalledBeforeTraining
+
+            def slow(batch):
+                time.sleep(0.5)
+                return batch
+
+            callback = PreemptionCallback(signals=(signal.SIGTERM,))
+            rows = datasets.Dataset.from_dict({"x": list(range(40))})
+            with callback.handling():
+                threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                try:
+                    with callback.stopping_at_once():
+                        rows.map(slow, batched=True, batch_size=1, num_proc=2, keep_in_memory=True)
+                except Exception:  # SignalledBeforeTraining, or what datasets' pool made of it
+                    pass
+                print("requested:", callback.requested.name)
+                try:
+                    with callback.stopping_at_once():
+                        pass
+                except SignalledBeforeTraining:
+                    print("the next block stops at once too")
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["requested: SIGTERM", "the next block stops at once too"]
