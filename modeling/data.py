@@ -10,6 +10,8 @@ usual names "validation" and "test" onto them.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
@@ -23,6 +25,8 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow.compute as pc
+import tokenizers
+import transformers
 from transformers import PreTrainedTokenizerBase
 
 from .files import file_sha256, iter_lines
@@ -110,7 +114,8 @@ def _load_hub_splits(
 ) -> datasets.DatasetDict:
     """Only the splits asked for: evaluating on WMT14's test set must not download and convert its 4.5M training
     pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
-    split by split, with the dataset's own format and features; a dataset with a loading script, as a whole."""
+    split by split, with the configuration's own options (a TSV's separator, ...); a dataset with a loading script,
+    as a whole."""
     builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir)
     files = builder.config.data_files
     if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:
@@ -122,11 +127,7 @@ def _load_hub_splits(
     return datasets.DatasetDict(
         {
             name: datasets.load_dataset(
-                builder.name,
-                data_files={name: files[name]},
-                split=name,
-                features=builder.info.features,
-                cache_dir=cache_dir,
+                dataset, language_pair, data_files={name: files[name]}, split=name, cache_dir=cache_dir
             )
             for name in names
         }
@@ -326,8 +327,7 @@ def _content_fingerprint(spec: ParallelFiles, languages: tuple[str, str]) -> str
     copied elsewhere (a job staging its data on a node's scratch disk) is read once, and a file edited in place is
     read again however its size and time came out (the key was path, size and mtime)."""
     contents = tuple((Path(path).name, file_sha256(path)) for path in spec.paths)
-    readers = (_generate_rows, _read_text_pair, _read_tsv, _read_jsonl, iter_lines)
-    return datasets.fingerprint.Hasher.hash((spec.kind, spec.columns, languages, contents, readers))
+    return datasets.fingerprint.Hasher.hash((spec.kind, spec.columns, languages, contents, _code_version()))
 
 
 def _generate_rows(spec: ParallelFiles, languages: tuple[str, str]) -> Iterator[dict]:
@@ -577,6 +577,15 @@ def tokenisation_workers(pairs: int) -> int | None:
     return workers if workers > 1 else None
 
 
+@functools.cache
+def _code_version() -> str:
+    """What the cache keys hold of the code that reads and encodes: this module's and files.py's source (datasets
+    hashes a function by its name alone), and the libraries that tokenise."""
+    modules = (__file__, inspect.getsourcefile(iter_lines))
+    sources = [Path(module).read_text(encoding="utf-8") for module in modules]
+    return datasets.fingerprint.Hasher.hash((sources, transformers.__version__, tokenizers.__version__))
+
+
 def _tokenization_fingerprint(
     part: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, languages: tuple[str, str], max_length: int | None
 ) -> str | None:
@@ -596,9 +605,8 @@ def _tokenization_fingerprint(
         getattr(tokenizer, "split_special_tokens", False),
         languages,
         max_length,
-        _encode,
-        _truncate,
         TOKENISED_FEATURES,
+        _code_version(),
     )
     return datasets.fingerprint.Hasher.hash(content)
 

@@ -691,14 +691,17 @@ def run_identity(
     data_args: DataArguments,
     training_args: TranslationTrainingArguments,
     vocab_size: int | None,
+    *,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What makes checkpoints part of one run (see `modeling.checkpoints`)."""
+    """What makes checkpoints part of one run (see `modeling.checkpoints`); `data`: `_data_description` of
+    `data_args`, when already computed."""
     trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
     identity = {
         "config": config_identity(model.config.to_dict()),
         "tokenizer": vocabulary_fingerprint(tokenizer.get_vocab()),
         "vocab_size": vocab_size if trained_bpe else None,
-        "data": _data_description(data_args),
+        "data": data if data is not None else _data_description(data_args),
         "seed": training_args.seed,
         "data_seed": training_args.data_seed,
         "preset": model_args.preset,
@@ -797,9 +800,10 @@ def _stop_preempted(
     *,
     together: bool = True,
 ) -> TrainingPreempted:
-    """Record the preemption in output_dir/preempted.json (main process), wait for every process (`together`:
-    they agreed to stop at the same point), and return the exception they all raise."""
-    if training_args.should_save:
+    """Record the preemption in output_dir/preempted.json (the main process; every process that stops alone, as
+    the main one may not be stopping), wait for every process (`together`: they agreed to stop at the same point),
+    and return the exception they all raise."""
+    if training_args.should_save or not together:
         record = {
             "signal": signal_name,
             "step": step,
@@ -873,14 +877,17 @@ def _prepare_run(
     identity, checked against the checkpoint's and recorded."""
     output_dir = Path(training_args.output_dir)
     # Other data is refused before it is read: loading and cleaning English-French WMT takes about 13 minutes.
-    _check_same_run({"data": _data_description(data_args)}, output_dir, checkpoint)
+    data = _data_description(data_args)
+    _check_same_run({"data": data}, output_dir, checkpoint)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
     model = _model(model_args, preset, len(tokenizer), source_type)
     _match_vocabulary(model, tokenizer, model_args)
-    identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size)
+    # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
+    # BPE that the requeue trains again to check it (English-French: 20-33 minutes).
+    identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size, data=data)
     _check_same_run(identity, output_dir, checkpoint)
     if training_args.should_save:
         write_json(output_dir / RUN_IDENTITY_FILE, identity)

@@ -100,6 +100,13 @@ def exit_now_on_signal(code: int) -> None:
         signal.signal(sig, lambda *_: os._exit(code))
 
 
+def die_of(received: signal.Signals) -> None:
+    """End the process by `received` itself, as an uncaught KeyboardInterrupt does: a shell script around the run
+    then stops too, where an exit code would let it go on to its next command."""
+    signal.signal(received, signal.SIG_DFL)
+    os.kill(os.getpid(), received)
+
+
 def main() -> None:
     try:
         model_args, data_args, training_args = parse(sys.argv[1:])
@@ -110,6 +117,7 @@ def main() -> None:
     log = logging.getLogger("train")
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
     preempted = failure = crash = None
+    interrupted = False
     try:
         output_dir = train(model_args, data_args, training_args)
     except TrainingPreempted as stop:
@@ -120,8 +128,11 @@ def main() -> None:
     except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
         crash = traceback.format_exc()
     except KeyboardInterrupt:  # a second Ctrl-C: out at once, as asked
-        crash = "Interrupted\n"
+        interrupted = True
     leave_process_group()  # local: a rank that failed alone does not wait for the others
+    if interrupted:
+        die_of(signal.SIGINT)
+        sys.exit(128 + signal.SIGINT)  # where the signal could not end it: the shell's code for it
     if crash is not None:
         sys.stderr.write(crash)
         sys.exit(1)

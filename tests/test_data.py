@@ -10,6 +10,7 @@ import lzma
 import os
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import datasets
 import pyarrow
@@ -20,6 +21,7 @@ from helpers import MULTI30K, word_for_word, write_corpus
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
+from modeling import data as data_module
 from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.data import (
     PAIRS_PER_TOKENISATION_WORKER,
@@ -298,7 +300,26 @@ def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
         source_lang="en", target_lang="de", dataset=str(repo), language_pair="de-en", splits=["test"], cache_dir=cache
     )
     assert list(ds) == ["test"] and pairs(ds["test"])[0] == ("test 0 en", "test 0 de")
-    assert sorted(path.name for path in cache.rglob("*.arrow")) == ["parquet-test.arrow"]
+    assert sorted(path.name for path in cache.rglob("*.arrow")) == ["wmt14-test.arrow"]
+
+
+def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):
+    """A TSV's separator, declared in the dataset's README, was dropped: one column 'en\\tde', refused."""
+    (tmp_path / "train.tsv").write_text("en\tde\nthe cat, the dog\tdie katze, der hund\n")
+    (tmp_path / "test.tsv").write_text("en\tde\nhello\thallo\n")
+    files = "\n".join(f"  - split: {split}\n    path: {split}.tsv" for split in ("train", "test"))
+    (tmp_path / "README.md").write_text(
+        f'---\nconfigs:\n- config_name: de-en\n  sep: "\\t"\n  data_files:\n{files}\n---\n'
+    )
+    ds = load_parallel_dataset(
+        source_lang="en",
+        target_lang="de",
+        dataset=str(tmp_path),
+        language_pair="de-en",
+        splits=["train"],
+        cache_dir=tmp_path / "cache",
+    )
+    assert pairs(ds["train"]) == [("the cat, the dog", "die katze, der hund")]
 
 
 def test_a_null_sentence_in_a_hub_dataset_is_refused_naming_the_split_and_row(tmp_path):
@@ -377,6 +398,12 @@ def test_the_tokenisation_is_cached_by_content_not_by_where_the_tokenizer_came_f
     cached = [each.cache_files for each in tokenised]
     assert cached[0] and cached[0] == cached[1] == cached[2]
     assert tokenize_parallel_dataset(text, tokenizer, "en", "de", max_length=3)["train"].cache_files != cached[0]
+    # Other code (a fix to the encoding, another transformers): datasets hashes a function by its name alone.
+    with mock.patch.object(data_module, "_code_version", lambda: "other code"):
+        assert tokenize_parallel_dataset(text, tokenizer, "en", "de")["train"].cache_files != cached[0]
+        assert load_parallel_dataset(source_lang="en", target_lang="de", data_dir=tmp_path)["train"].cache_files != (
+            text["train"].cache_files
+        )
     # Stored as small as they hold (labels took 64 bits: English-French WMT's tokenised copy was 19 GB).
     widths = {name: feature.feature.dtype for name, feature in tokenised[0].features.items()}
     assert widths == {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}

@@ -324,6 +324,26 @@ def test_a_requeue_onto_a_changed_corpus_is_refused_before_reading_it_naming_the
     assert not read
 
 
+def test_a_process_that_stops_alone_while_the_data_is_prepared_records_the_preemption(tmp_path, monkeypatch):
+    """Under torchrun, a rank still preparing its data stops at once while the main one, done, waits at the next
+    collective and then fails: without the record from the rank that stopped, README's requeue loop gave up."""
+    monkeypatch.setattr(TranslationTrainingArguments, "should_save", property(lambda self: False))
+    preempted = training._stop_preempted(tiny_run_args(tmp_path), "SIGTERM", 0, None, together=False)
+    assert isinstance(preempted, TrainingPreempted)
+    assert json.loads((tmp_path / "preempted.json").read_text())["signal"] == "SIGTERM"
+
+
+def test_a_launch_reads_the_corpus_sha256_once(tmp_path, datasets_cache, monkeypatch):
+    """A second pass between saving the BPE and recording the run (English-French: about 15 s) left a window where
+    a signal stopped the run with a BPE the requeue would train again to check (20-33 minutes)."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    described, describe = [], training._data_description
+    monkeypatch.setattr(training, "_data_description", lambda *args: described.append(1) or describe(*args))
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run"))
+    assert len(described) == 1
+
+
 def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anything(tmp_path, datasets_cache):
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
