@@ -857,6 +857,8 @@ def _finish_run(
 
 
 class _PreparedRun(NamedTuple):
+    """What `_prepare_run` makes for the trainer."""
+
     text: datasets.DatasetDict
     cleaning: dict[str, int]
     tokenizer: PreTrainedTokenizerBase
