@@ -125,9 +125,9 @@ def _other_processes_refusal(checkpoint: Path, saved: dict[str, int], batching: 
     """A requeue on another number of processes, with micro-batches per update fixed by the arguments: updates of
     another size, and the Trainer would skip another part of the epoch than the one trained on. Says what keeps
     them."""
-    total, processes = _batches_per_update(saved), batching["processes"]
-    if total % processes == 0:
-        keep = [f"--gradient_accumulation_steps {total // processes}"]
+    total, split = _batches_per_update(saved), _split_over(saved, batching["processes"])
+    if split is not None:
+        keep = [f"--gradient_accumulation_steps {split['micro_batches_per_update']}"]
         if batching["max_tokens_per_device"] != saved["max_tokens_per_device"]:
             keep.append(f"--max_tokens_per_device {saved['max_tokens_per_device']}")
         fix = f"resume with {' '.join(keep)} to keep them"
@@ -166,6 +166,19 @@ def _batches_per_update(batching: dict[str, int]) -> int:
     updates, in the same order (rank r takes batches r, r + R, ... of one shuffled list; see `batching`), but for
     the repeats that fill an epoch's last update, whose number depends on the processes."""
     return batching["processes"] * batching["micro_batches_per_update"]
+
+
+def _split_over(saved: dict[str, int], processes: int) -> dict[str, int] | None:
+    """`saved`'s batches per update split over `processes` processes (the same updates: `_batches_per_update`), or
+    None where they do not divide evenly."""
+    total = _batches_per_update(saved)
+    if total % processes != 0:
+        return None
+    return {
+        "processes": processes,
+        "micro_batches_per_update": total // processes,
+        "max_tokens_per_device": saved["max_tokens_per_device"],
+    }
 
 
 def _recorded_batching(record: dict[str, Any]) -> dict[str, int] | None:
@@ -405,14 +418,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self.args.tokens_per_update is None
             or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
             or not saved
-            or saved == batching
-            or _batches_per_update(saved) % batching["processes"] != 0
             or saved["max_tokens_per_device"] > self.max_tokens_limit
         ):
             return
-        adopted = {**saved, "processes": batching["processes"]}
-        adopted["micro_batches_per_update"] = _batches_per_update(saved) // batching["processes"]
-        if adopted == batching:  # adopted already (by a call before `train`)
+        adopted = _split_over(saved, batching["processes"])
+        if adopted is None or adopted == batching:  # they do not divide; or the same batches (adopted already)
             return
         logger.info(
             "Resuming %s with its own batches (%s) rather than those derived now (%s)",
@@ -461,9 +471,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         batching = self._batching()
         if not saved_batching or saved_batching == batching:
             return
-        same_updates = saved_batching["max_tokens_per_device"] == batching["max_tokens_per_device"]
-        same_updates = same_updates and _batches_per_update(saved_batching) == _batches_per_update(batching)
-        if same_updates:
+        if _split_over(saved_batching, batching["processes"]) == batching:  # the same updates
             logger.info(
                 "Resuming %s as %s, trained as %s: the same batches per update, in the same order, but for the "
                 "repeats that fill an epoch's last update",
