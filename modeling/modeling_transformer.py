@@ -79,7 +79,8 @@ def sinusoidal_positional_encoding(
 
 class TransformerPositionalEncoding(nn.Module):
     """Fixed sinusoids, not learned and not saved: the table is a non-persistent buffer, refilled by
-    `_init_weights` after `from_pretrained` builds the model on the meta device.
+    `_init_weights` after `from_pretrained` builds the model on the meta device, and by `load_state_dict` after
+    PyTorch's own way does (`to_empty()`, which leaves it uninitialised memory).
 
     Row p of the table, and `forward(p, 1)`, encode the p-th token (0 for the first) as position
     p + `positional_encoding_offset`: everything that reads positions from this module (the stacks, the decoding
@@ -96,6 +97,12 @@ class TransformerPositionalEncoding(nn.Module):
     def compute_table(self, num_positions: int, start: int = 0) -> torch.Tensor:
         positions = torch.arange(start + self.offset, start + self.offset + num_positions)
         return sinusoidal_positional_encoding(positions, self.d_model, self.layout, self.frequencies)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        if not self.table.is_meta:  # a state dict holds no table to load: it is computed again
+            with torch.no_grad():
+                self.table.copy_(self.compute_table(self.table.shape[0]))
 
     def forward(self, start: int, length: int) -> torch.Tensor:
         """Encodings of the tokens start, ..., start + length - 1 (positions offset as configured): (T, D)."""

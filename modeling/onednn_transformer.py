@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 
 def _x86_vendor() -> str | None:
@@ -74,13 +75,15 @@ def takes_onednn(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
     PyTorch's CPU `nn.Linear` and `@` call MKL, which picks its kernels by processor vendor and runs well below
     oneDNN on AMD CPUs; oneDNN (shipped with PyTorch, which already uses it for convolutions and bfloat16 products)
     picks them by instruction set. So oneDNN is taken on x86 CPUs not made by Intel (`prefers_onednn`). The two
-    agree to float32 rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses, other devices
-    and dtypes keep MKL, and so does everything after `torch.backends.mkldnn.enabled = False`. So do shapes that
-    cannot be multiplied: torch's error names them, oneDNN's ("could not create a primitive descriptor") does not.
+    agree to float32 rounding, not bit for bit. Autocast, torch.compile and export, tensor subclasses (torchao's
+    quantised weights among them), other devices and dtypes keep MKL, and so does everything after
+    `torch.backends.mkldnn.enabled = False`. So do shapes that cannot be multiplied: torch's error names them,
+    oneDNN's ("could not create a primitive descriptor") does not.
     """
     return (
         type(hidden_states) is torch.Tensor
-        and hidden_states.device.type == "cpu"
+        and type(weight) in _PLAIN_TENSOR_TYPES
+        and hidden_states.device.type == weight.device.type == "cpu"
         and hidden_states.dtype == weight.dtype == torch.float32
         and hidden_states.numel() > 0  # oneDNN has no product over an empty dimension (a backward's over 0 rows)
         and hidden_states.shape[-1] == weight.shape[-1]
@@ -100,10 +103,40 @@ def _records_gradient(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
 
 
+# What a parameter or buffer is when nothing wraps it: a tensor subclass (torchao's quantised weights, DTensor)
+# reports float32 but is no array oneDNN can read.
+_PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
+
+
 def is_plain_linear(module: nn.Module) -> bool:
-    """An `nn.Linear` itself (not a subclass, an adapter or a quantised layer) without hooks: code that uses its
-    weight directly computes what calling it would."""
-    return type(module) is nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
+    """An `nn.Linear` that calling would run as `nn.Linear.forward` on plain tensors, so that code using its weight
+    directly computes what calling it would: not a subclass (an adapter, a quantised or parametrized layer), no
+    hooks (pruning's, global ones), no `forward` replaced on the instance (accelerate's offloading brings the weights
+    in that way, from the meta device), no tensor subclass as weight or bias (torchao's quantisation)."""
+    if type(module) is not nn.Linear or "forward" in module.__dict__ or _has_hooks(module):
+        return False
+    weight, bias = _weight_and_bias(module)
+    return type(weight) in _PLAIN_TENSOR_TYPES and (bias is None or type(bias) in _PLAIN_TENSOR_TYPES)
+
+
+def _weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`module.weight` and `module.bias` of a linear layer, read from its parameters: `nn.Module`'s attribute lookup
+    takes about 0.6 us a name here (it fails once before `__getattr__`), at every layer of every decoding step."""
+    return module._parameters.get("weight"), module._parameters.get("bias")
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Whether calling `module` would run hooks, its own or those for every module: `nn.Module.__call__`'s test."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+    )
 
 
 def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -160,28 +193,26 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """`module(hidden_states)`, computed by oneDNN for a float32 `nn.Linear` where `takes_onednn` says so, with
     gradients when autograd needs them, with its prepacked weight inside `onednn_prepacked`. A module with hooks or
     replaced (int8, adapters) is called as it is."""
-    if not (is_plain_linear(module) and takes_onednn(hidden_states, module.weight)):
+    weight, bias = _weight_and_bias(module)
+    if not (is_plain_linear(module) and takes_onednn(hidden_states, weight)):
         return module(hidden_states)
-    if _records_gradient(hidden_states, module.weight):
-        return OneDNNLinear.apply(hidden_states, module.weight, module.bias)
+    if _records_gradient(hidden_states, weight):
+        return OneDNNLinear.apply(hidden_states, weight, bias)
     prepacked = _PREPACKED_WEIGHTS.get()
-    weight = prepacked.get(module, module.weight) if prepacked else module.weight
-    return _onednn_linear(hidden_states, weight, module.bias)
+    return _onednn_linear(hidden_states, prepacked.get(module, weight) if prepacked else weight, bias)
 
 
 def linears(modules: tuple[nn.Module, ...], hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """`linear(module, hidden_states)` for each of `modules`; in one product where `onednn_prepacked` fused them
     (the same values bit for bit, one call where there were several: the queries, keys and values of a decoding
     step's self-attention). The outputs are then views into that product's."""
-    if (
-        all(map(is_plain_linear, modules))  # hooks and replaced layers are called as they are, as in `linear`
-        and takes_onednn(hidden_states, modules[0].weight)
-        and not _records_gradient(hidden_states, *(module.weight for module in modules))
-    ):
-        prepacked = _PREPACKED_WEIGHTS.get()
-        fused = prepacked.get(modules) if prepacked else None
-        if fused is not None:
-            return _onednn_linear(hidden_states, fused.weight, fused.bias).split(fused.widths, dim=-1)
+    if all(map(is_plain_linear, modules)):  # hooks and replaced layers are called as they are, as in `linear`
+        weights = [_weight_and_bias(module)[0] for module in modules]
+        if takes_onednn(hidden_states, weights[0]) and not _records_gradient(hidden_states, *weights):
+            prepacked = _PREPACKED_WEIGHTS.get()
+            fused = prepacked.get(modules) if prepacked else None
+            if fused is not None:
+                return _onednn_linear(hidden_states, fused.weight, fused.bias).split(fused.widths, dim=-1)
     return tuple(linear(module, hidden_states) for module in modules)
 
 

@@ -107,6 +107,20 @@ def test_positional_table_is_not_saved_and_is_rebuilt_by_from_pretrained(tmp_pat
     assert torch.equal(loaded.model.decoder.embed_positions.table, expected)
 
 
+@torch.no_grad()
+def test_a_model_built_on_the_meta_device_and_loaded_by_load_state_dict_has_the_positional_table():
+    """PyTorch's way (FSDP2, torchtitan): `to_empty()` gives the unsaved table uninitialised memory, and
+    `load_state_dict` holds none to load."""
+    model = tiny_model()
+    with torch.device("meta"):
+        empty = TransformerForConditionalGeneration(model.config)
+    empty = empty.to_empty(device="cpu").eval()
+    empty.model.encoder.embed_positions.table.fill_(float("nan"))  # what uninitialised memory may hold
+    empty.load_state_dict(model.state_dict())
+    assert torch.equal(empty.model.encoder.embed_positions.table, model.model.encoder.embed_positions.table)
+    assert torch.equal(empty(**batch()).logits, model(**batch()).logits)
+
+
 def test_post_layer_norm_and_no_final_layer_norm():
     """Each stack ends on its last layer's LayerNorm(x + Sublayer(x)): the output has zero mean and unit variance
     per position, and is exactly that LayerNorm's output (no extra normalisation after the stack)."""

@@ -143,6 +143,80 @@ def test_onednn_is_not_taken_under_autocast_hooks_replaced_layers_or_other_dtype
         assert onednn_linear_calls(lambda: model(**batch())) == 0
 
 
+class MarkedTensor(torch.Tensor):
+    """A tensor subclass, as torchao's quantised weights are: it reports float32, but only its own code reads it."""
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_layers_whose_call_does_more_than_linear_forward_are_called_not_multiplied_by_their_weight(monkeypatch):
+    """Each of these ran oneDNN on `module.weight` instead of calling the layer, silently wrong (or failing at
+    generate()'s prepacking): a `forward` replaced on the instance, a weight of a tensor subclass, a global hook."""
+    model, sources = tiny_model(), batch()
+    with torch.backends.mkldnn.flags(enabled=False):
+        reference = model(**sources).logits
+    fc1 = model.model.decoder.layers[0].ffn.fc1
+    fc1.forward = lambda hidden_states: torch.nn.functional.linear(hidden_states, fc1.weight * 0.5, fc1.bias)
+    with torch.backends.mkldnn.flags(enabled=False):
+        halved = model(**sources).logits
+    assert not torch.allclose(halved, reference, atol=1e-3)
+    assert torch.allclose(model(**sources).logits, halved, atol=1e-5)
+    del fc1.forward
+
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach().as_subclass(MarkedTensor))
+    weight_types = []
+    kernel = onednn_transformer._onednn_linear
+    monkeypatch.setattr(
+        onednn_transformer,
+        "_onednn_linear",
+        lambda x, weight, bias=None: weight_types.append(type(weight)) or kernel(x, weight, bias),
+    )
+    assert torch.allclose(model(**sources).logits, reference, atol=1e-5)
+    assert weight_types and MarkedTensor not in weight_types
+    assert (
+        model.generate(**{name: sources[name] for name in ("input_ids", "attention_mask")}, num_beams=2).shape[0] == 2
+    )
+    assert MarkedTensor not in weight_types
+
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: seen.append(module) if isinstance(module, torch.nn.Linear) else None
+    )
+    try:
+        assert onednn_linear_calls(lambda: tiny_model()(**sources)) == 0
+    finally:
+        hook.remove()
+    assert len(seen) == TINY_FORWARD_LINEAR_LAYERS
+
+
+@needs_onednn_linear
+def test_a_backward_hook_on_a_linear_layer_runs_in_training():
+    model = tiny_model().train()
+    seen = []
+    model.model.decoder.layers[0].ffn.fc2.register_full_backward_hook(
+        lambda module, grad_input, grad_output: seen.append(grad_output[0].shape)
+    )
+    model(**labelled_batch()).loss.backward()
+    assert seen == [(2, 4, 32)]
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_a_model_offloaded_by_accelerate_computes_what_it_did_on_the_cpu(tmp_path):
+    """accelerate keeps offloaded weights on the meta device and brings them in by replacing each layer's
+    `forward`: oneDNN on those meta weights gave NaN logits and one-token translations."""
+    from accelerate import cpu_offload, disk_offload
+
+    model, sources = tiny_model(), batch()
+    inputs = {name: sources[name] for name in ("input_ids", "attention_mask")}
+    logits, translations = model(**sources).logits, model.generate(**inputs, num_beams=4, max_new_tokens=6)
+    for offload in (cpu_offload, lambda model, execution_device: disk_offload(model, tmp_path, execution_device)):
+        offloaded = offload(tiny_model(), execution_device=torch.device("cpu"))
+        assert offloaded.lm_head.weight.is_meta
+        assert torch.allclose(offloaded(**sources).logits, logits, atol=1e-5)
+        assert torch.equal(offloaded.generate(**inputs, num_beams=4, max_new_tokens=6), translations)
+
+
 def weight_layouts_of_onednn_calls(monkeypatch) -> list[torch.layout]:
     """The layout of the weight of every oneDNN product from now on: strided (plain) or torch._mkldnn (prepacked)."""
     layouts = []
