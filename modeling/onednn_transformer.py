@@ -49,6 +49,11 @@ _ONEDNN_KERNEL = platform.machine().lower() in ("x86_64", "amd64") and hasattr(t
 _ONEDNN_LINEAR = _ONEDNN_KERNEL and prefers_onednn(_x86_vendor())
 
 
+# torch.export in torch < 2.7, which has no `is_exporting`, traces with dynamo, which `is_compiling` tells: so the
+# remote code runs on every torch transformers runs on (2.6 and later).
+_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+
+
 def _onednn_on() -> bool:
     """What `takes_onednn` asks of the context (CPU, autocast, torch's switch, compilation, torch.func), whatever the
     tensors. Asked for every linear layer: torch's own checks, not transformers' wrappers, which import at every
@@ -56,7 +61,7 @@ def _onednn_on() -> bool:
     return (
         _ONEDNN_LINEAR
         and not torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
+        and not _is_exporting()
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.enabled
         and not functorch_active()

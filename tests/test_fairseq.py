@@ -219,9 +219,13 @@ def test_multi30k_bleu_is_the_one_fairseq_reports(converted_fairseq, name):
     with gzip.open(FAIRSEQ_FIXTURES / name / "bleu_hyps.de.gz", "rt", encoding="utf-8") as handle:
         assert translations == handle.read().splitlines()
     assert metrics["num_sentences"] == 1000 and metrics["num_beams"] == 4
-    assert (
-        abs(metrics["sacrebleu"] - recorded["score"]) < 0.1 and metrics["sacrebleu_signature"] == recorded["signature"]
-    )
+    assert abs(metrics["sacrebleu"] - recorded["score"]) < 0.1
+    # The same settings; the version is sacreBLEU's where the fixture was made.
+    assert without_version(metrics["sacrebleu_signature"]) == without_version(recorded["signature"])
+
+
+def without_version(signature: str) -> str:
+    return "|".join(part for part in signature.split("|") if not part.startswith("version:"))
 
 
 # --- what is refused --------------------------------------------------------------------------------------------

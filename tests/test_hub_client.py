@@ -3,13 +3,12 @@ tests/test_translation.py)."""
 
 import time
 
-import httpx2
 import pytest
 from helpers import stalled_endpoint
 from huggingface_hub import get_session, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
-from modeling.hub_client import use_hub_timeouts
+from modeling.hub_client import httpx2, use_hub_timeouts  # httpx under huggingface_hub 1.x
 
 USER_HEADER = {"x-proxy-ticket": "from the user's own factory"}
 
