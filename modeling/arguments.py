@@ -185,6 +185,9 @@ class ModelArguments:
         default=None,
         metadata={"help": "Fine-tune this model (local directory or Hub repo, with its tokenizer) instead."},
     )
+    model_revision: str | None = field(
+        default=None, metadata={"help": "The branch, tag or commit of model_name_or_path's Hub repo (default: main)."}
+    )
     tokenizer_name_or_path: str | None = field(
         default=None,
         metadata={"aliases": ["--tokenizer"], "help": "Use this tokenizer instead of training a shared BPE."},

@@ -1,5 +1,5 @@
-"""What the command-line scripts share: argparse's type for counts, and the decoding options of
-`scripts/translate.py` and `scripts/evaluate.py`, so that both take the same flags with the same checks."""
+"""What the command-line scripts share: argparse's type for counts, the model to load, and the decoding options of
+`scripts/translate.py` and `scripts/evaluate.py`, so that they take the same flags with the same checks."""
 
 import argparse
 
@@ -14,6 +14,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model and --revision: which checkpoint a script loads (`modeling.translation.load_model_and_tokenizer`)."""
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    parser.add_argument("--revision", help="of a Hub repo id: the branch, tag or commit to load (default: main)")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser, chunk_lines_help: str) -> None:

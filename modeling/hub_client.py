@@ -9,14 +9,16 @@ commit is atomic on the Hub and uploaded objects are content-addressed), and a f
 naming the URL and the cause.
 """
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
-from huggingface_hub import set_client_factory
+from huggingface_hub import constants, is_offline_mode, set_client_factory, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 
@@ -135,20 +137,80 @@ def _one_line(error: BaseException, attempts: int) -> str:
     return f"{where}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What loading one of this project's models reads from its repo, each entry alternatives of which one will do.
+MODEL_REPO_FILES = [("config.json",), ("model.safetensors", "model.safetensors.index.json"), TOKENIZER_FILES]
+
+# Said with every failure to reach the Hub: a compute node without internet reads the cache only when told to.
+OFFLINE_HINT = "without internet, set HF_HUB_OFFLINE=1 to load from the cache"
+
+
 @contextmanager
 def naming_hub_failures(what: str) -> Iterator[None]:
     """Inside the block, an `OSError` that a timeout or a failed connection lies behind (transformers and
-    huggingface_hub wrap it in errors whose text no longer says which) becomes `HubError`: `what`, then the URL and
-    the cause, in one line. (datasets already says "Couldn't reach 'NAME' on the Hub (...)", and drops the cause.)"""
+    huggingface_hub wrap it in errors whose text no longer says which), or such a failure itself (transformers lets
+    some through unwrapped), becomes `HubError`: `what`, then the URL and the cause, in one line. (datasets already
+    says "Couldn't reach 'NAME' on the Hub (...)", and drops the cause.)"""
     try:
         yield
-    except OSError as error:
+    except (OSError, httpx2.TransportError) as error:
         cause: BaseException | None = error
         while cause is not None and not isinstance(cause, httpx2.TransportError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        raise HubError(f"{what}: {_one_line(cause, 1)}") from error
+        raise HubError(f"{what}: {_one_line(cause, 1)} ({OFFLINE_HINT})") from error
+
+
+def missing_from_cache(repo_id: str, revision: str | None, wanted: list[tuple[str, ...]]) -> list[str]:
+    """Which of the files `wanted` the Hub cache lacks for `repo_id` at `revision` (None: main), each entry named
+    alternatives of which one will do. A sharded `model.safetensors.index.json` counts only with all its shards."""
+
+    def cached(filename: str) -> str | None:
+        path = try_to_load_from_cache(repo_id, filename, revision=revision)
+        return path if isinstance(path, str) else None  # else None or the "known not to exist" marker
+
+    def present(filename: str) -> bool:
+        path = cached(filename)
+        if path is None or not filename.endswith(".index.json"):
+            return path is not None
+        try:
+            shards = set(json.loads(Path(path).read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all(cached(shard) for shard in shards)
+
+    return [" or ".join(names) for names in wanted if not any(present(name) for name in names)]
+
+
+def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[str, ...]]) -> FileNotFoundError | None:
+    """In offline mode (HF_HUB_OFFLINE=1), the error to raise before loading `repo_id` when the Hub cache lacks any of
+    the files `wanted` (see `missing_from_cache`): one line naming the cache, what it lacks and how to download it,
+    instead of transformers' "couldn't connect", which blames the network or the repo. None online or when all are
+    there."""
+    if not is_offline_mode():
+        return None
+    missing = missing_from_cache(repo_id, revision, wanted)
+    if not missing:
+        return None
+    cache = constants.HF_HUB_CACHE
+    download = f"download it where the Hub can be reached, into the same HF_HOME (hf download {repo_id}" + (
+        f" --revision {revision})" if revision else ")"
+    )
+    snapshots = Path(cache, f"models--{repo_id.replace('/', '--')}", "snapshots")
+    if revision is None and len(missing) == len(wanted) and snapshots.is_dir() and any(snapshots.iterdir()):
+        # `hf download --revision` leaves no main to find
+        revisions = ", ".join(sorted(entry.name for entry in snapshots.iterdir()))
+        return FileNotFoundError(
+            f"The Hub cache {cache} holds {repo_id!r} at the revisions {revisions} only, not its main, and offline "
+            f"mode (HF_HUB_OFFLINE) keeps it from the Hub: name one as the revision (--revision), or {download}"
+        )
+    at = f" at revision {revision!r}" if revision else ""
+    if len(missing) < len(wanted):
+        what = f"The Hub cache {cache} holds {repo_id!r}{at} without {', '.join(missing)}"
+    else:
+        what = f"{repo_id!r}{at} is not in the Hub cache {cache}"
+    return FileNotFoundError(f"{what}, and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: {download}")
 
 
 def hub_call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -84,7 +84,7 @@ from .data import (
     tokenize_parallel_dataset,
 )
 from .files import check_replaceable, check_writable, write_files_into, write_json
-from .hub_client import use_hub_timeouts
+from .hub_client import MODEL_REPO_FILES, offline_cache_error, use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
@@ -470,7 +470,7 @@ def _tokenizer(
     """
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name is not None:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args))
         _take_the_run_languages(tokenizer, name, data_args)
         return tokenizer
     output_dir = Path(training_args.output_dir)
@@ -493,15 +493,36 @@ def _tokenizer(
         return tokenizer
 
 
+def _revision_of(name: str, model_args: ModelArguments) -> dict[str, str]:
+    """`from_pretrained`'s revision argument for loading `name`: `model_revision`, when `name` is the model's repo."""
+    revision = model_args.model_revision
+    return {"revision": revision} if revision is not None and name == model_args.model_name_or_path else {}
+
+
 def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
-    """The model_type of `model_name_or_path`, refused in one line unless it is this project's or MarianMT's."""
-    name = model_args.model_name_or_path
+    """The model_type of `model_name_or_path`, refused in one line unless it is this project's or MarianMT's.
+    Offline (HF_HUB_OFFLINE=1), a Hub cache that lacks the files to load it is named first."""
+    name, revision = model_args.model_name_or_path, model_args.model_revision
     if name is None:
+        if revision is not None:
+            raise ValueError("--model_revision names a version of --model_name_or_path's Hub repo: give that too.")
         return None
+    local = os.path.isdir(name)
+    if local and revision is not None:
+        raise ValueError(f"{name} is a local directory: --model_revision names a version of a Hub repo only.")
+    not_cached = None if local else offline_cache_error(name, revision, MODEL_REPO_FILES[:1])
+    if not_cached:
+        raise not_cached
     try:
-        model_type = AutoConfig.from_pretrained(name).model_type
+        model_type = AutoConfig.from_pretrained(name, **_revision_of(name, model_args)).model_type
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot fine-tune {name}: its config does not load ({str(error).splitlines()[0]})") from None
+    if model_type == TransformerConfig.model_type and not local:
+        # the model's weights, and its tokenizer unless another one is given
+        wanted = MODEL_REPO_FILES[1:] if model_args.tokenizer_name_or_path is None else MODEL_REPO_FILES[1:2]
+        not_cached = offline_cache_error(name, revision, wanted)
+        if not_cached:
+            raise not_cached
     if model_type not in (TransformerConfig.model_type, MARIAN_MODEL_TYPE):
         raise ValueError(
             f"Cannot fine-tune {name}: it is a {model_type!r} model; only this project's "
@@ -604,7 +625,7 @@ def _match_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     name = model_args.model_name_or_path
     if name is None:
         return
-    own = _own_vocabulary(name) if model_args.tokenizer_name_or_path is not None else None
+    own = _own_vocabulary(name, model_args) if model_args.tokenizer_name_or_path is not None else None
     if own is not None:
         given = tokenizer.get_vocab()
         moved = [token for token, index in own.items() if given.get(token) != index]
@@ -625,10 +646,10 @@ def _match_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         logger.info("Grew the vocabulary of %s to %d rows for the added tokens", name, model.config.vocab_size)
 
 
-def _own_vocabulary(name: str) -> dict[str, int] | None:
+def _own_vocabulary(name: str, model_args: ModelArguments) -> dict[str, int] | None:
     """The vocabulary of the tokenizer saved with the model `name`, None if it has none."""
     try:
-        return AutoTokenizer.from_pretrained(name).get_vocab()
+        return AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args)).get_vocab()
     except (OSError, ValueError):
         return None
 
@@ -642,16 +663,17 @@ def _model(
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
         return TransformerForConditionalGeneration(preset.model_config(vocab_size, **overrides))
+    hub = _revision_of(model_args.model_name_or_path, model_args)
     if source_type == MARIAN_MODEL_TYPE:
         from transformers import MarianMTModel
 
         from .convert import from_marian
 
-        marian = MarianMTModel.from_pretrained(model_args.model_name_or_path, **overrides)
+        marian = MarianMTModel.from_pretrained(model_args.model_name_or_path, **hub, **overrides)
         model = from_marian(marian, positional_encoding_layout="concatenated")
         logger.info("Converted the MarianMT model %s exactly (concatenated sinusoids)", model_args.model_name_or_path)
     else:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **hub, **overrides)
     return model
 
 

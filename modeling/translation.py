@@ -26,6 +26,7 @@ from typing import IO, Any
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils.hub import cached_file
 
 from .batching import token_budget_batches
 from .checkpoints import weights_problems
@@ -41,7 +42,14 @@ from .files import (
     reads_once,
     write_json,
 )
-from .hub_client import naming_hub_failures, use_hub_timeouts
+from .hub_client import (
+    MODEL_REPO_FILES,
+    TOKENIZER_FILES,
+    httpx2,
+    naming_hub_failures,
+    offline_cache_error,
+    use_hub_timeouts,
+)
 from .tokenization import is_blank
 
 logger = logging.getLogger(__name__)
@@ -426,16 +434,15 @@ def _looks_like_local_path(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved beside the model. From a local directory, one missing or broken is named in one line:
-    transformers would fall back to other tokenizer classes and fail with their unrelated messages, or report a
-    JSON error without its file. A package the tokenizer's code needs (sacremoses, for a converted fairseq model)
-    is named in an ImportError."""
+def _load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer saved beside the model. One missing or broken is named in one line: transformers would fall
+    back to other tokenizer classes and fail with their unrelated messages, or report a JSON error without its
+    file. A package the tokenizer's code needs (sacremoses, for a converted fairseq model) is named in an
+    ImportError."""
     try:
-        return _load_tokenizer_files(name_or_path)
+        if os.path.isdir(name_or_path):
+            return _load_tokenizer_files(name_or_path)
+        return _load_hub_tokenizer(name_or_path, revision)
     except ModuleNotFoundError as error:
         if not error.name:
             raise
@@ -445,9 +452,31 @@ def _load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from error
 
 
+def _load_hub_tokenizer(repo_id: str, revision: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of a Hub repo; from the cache where the Hub does not answer, as transformers loads the model
+    (its tokenizer loading lets a timeout through)."""
+    if not any(cached_file(repo_id, name, revision=revision, **_MAY_BE_MISSING) for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{repo_id!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): push it beside the model "
+            "(scripts/push_to_hub.py does)."
+        )
+    try:
+        return AutoTokenizer.from_pretrained(repo_id, revision=revision)
+    except httpx2.TransportError as error:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, local_files_only=True)
+        except OSError:
+            raise error from None
+        logger.warning("The Hub did not answer (%s): the tokenizer of %r comes from the cache", error, repo_id)
+        return tokenizer
+
+
+# transformers' `cached_file` answers None for a file the repo lacks instead of raising (a failure to reach the Hub
+# still raises, unless the file is in the cache).
+_MAY_BE_MISSING = {"_raise_exceptions_for_missing_entries": False}
+
+
 def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
-    if not os.path.isdir(name_or_path):
-        return AutoTokenizer.from_pretrained(name_or_path)
     if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
         raise FileNotFoundError(
             f"{name_or_path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save it beside the model with "
@@ -466,19 +495,34 @@ def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
 
 
 def load_model_and_tokenizer(
-    name_or_path: str, *, attn_implementation: str | None = None, device: str | torch.device | None = None
+    name_or_path: str,
+    *,
+    revision: str | None = None,
+    attn_implementation: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a saved or Hub checkpoint of this model, refusing anything else with a message that says why.
 
     Importing this module imports `modeling`, whose registration makes the installed classes load the
-    checkpoint: no downloaded code is executed. `attn_implementation="eager"` is needed to return attention
-    weights.
+    checkpoint: no downloaded code is executed. `revision` (a Hub repo's branch, tag or commit) pins what a Hub id
+    loads; offline (HF_HUB_OFFLINE=1), a cache that lacks any of its files is named before loading.
+    `attn_implementation="eager"` is needed to return attention weights.
     """
     if os.path.isdir(name_or_path):
+        if revision is not None:
+            raise ValueError(f"{name_or_path!r} is a local directory: a revision names a version of a Hub repo only.")
         refuse_an_export(name_or_path)
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
+            shadowed = (
+                ""
+                if _looks_like_local_path(name_or_path)
+                else (
+                    " (a directory of this name where the command runs is read instead of the Hub repo of that id: "
+                    "run it elsewhere)"
+                )
+            )
             raise FileNotFoundError(
-                f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained."
+                f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained{shadowed}."
             )
     elif os.path.exists(name_or_path):
         raise NotADirectoryError(
@@ -488,9 +532,13 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
         use_hub_timeouts()
+        not_cached = offline_cache_error(name_or_path, revision, MODEL_REPO_FILES)
+        if not_cached:
+            raise not_cached
+    hub = {"revision": revision} if revision else {}
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
         try:
-            config = AutoConfig.from_pretrained(name_or_path)
+            config = AutoConfig.from_pretrained(name_or_path, **hub)
         except OSError as error:
             if os.path.isdir(name_or_path):  # config.json is there (checked above): it does not parse
                 raise OSError(f"Could not read {os.path.join(name_or_path, 'config.json')}: {error}") from error
@@ -512,7 +560,7 @@ def load_model_and_tokenizer(
                     "(an interrupted save or copy): save or copy the model again."
                 )
         model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs)
-        tokenizer = _load_tokenizer(name_or_path)
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs, **hub)
+        tokenizer = _load_tokenizer(name_or_path, revision)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer

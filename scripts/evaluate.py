@@ -15,8 +15,10 @@ import logging
 import sys
 from pathlib import Path
 
+from transformers.utils.hub import cached_file
+
 from modeling.checkpoints import weights_record
-from modeling.cli import add_decoding_arguments, positive_int
+from modeling.cli import add_decoding_arguments, add_model_arguments, positive_int
 from modeling.data import discover_parallel_files, load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_distinct_outputs, check_writable, write_json
@@ -33,7 +35,7 @@ SCORE_LINES = (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    add_model_arguments(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--dataset", help="Hub dataset, e.g. wmt/wmt14")
     source.add_argument("--data-dir", help="directory of local parallel files (see modeling.data)")
@@ -65,7 +67,13 @@ def main() -> None:
     try:
         # Before loading: the files whose weights are scored, not what may replace them while translating.
         model_weights = weights_record(args.model) if Path(args.model).is_dir() else None
-        model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
+        model, tokenizer = load_model_and_tokenizer(
+            args.model, revision=args.revision, device="cpu" if args.int8 else None
+        )
+        model_commit = None
+        if model_weights is None:  # a Hub id: the snapshot loaded, named by its commit in the cache
+            snapshot = Path(cached_file(args.model, "config.json", revision=args.revision)).parent
+            model_weights, model_commit = weights_record(snapshot), snapshot.name
         if args.int8:
             model = quantize_int8(model)
         check_workers(model, args.workers)
@@ -130,6 +138,7 @@ def main() -> None:
         raise
     metrics = {
         "model": args.model,
+        "model_commit": model_commit,  # of a Hub id: which version of the repo was scored
         "model_weights": model_weights,
         "dataset": args.dataset or Path(args.data_dir).resolve().name,
         "language_pair": args.language_pair,

@@ -12,13 +12,14 @@ paper's GNMT length penalty or its per-sentence limit (source + 50): the export'
 import argparse
 import sys
 
+from modeling.cli import add_model_arguments
 from modeling.export import CTRANSLATE2_QUANTIZATIONS, FORMATS, export
 from modeling.translation import load_model_and_tokenizer
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    add_model_arguments(parser)
     parser.add_argument("--to", required=True, choices=FORMATS, help="the runtime to export to")
     parser.add_argument("--output-dir", required=True, help="directory to write (a previous export is replaced)")
     parser.add_argument(
@@ -36,7 +37,7 @@ def main() -> None:
     args = parse_args()
     options = {"quantization": args.quantization} if args.quantization else {}
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model, device="cpu")
+        model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, device="cpu")
     except (ImportError, OSError, ValueError) as error:  # a fairseq tokenizer without sacremoses: named
         sys.exit(f"error: {error}")
     try:

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from modeling.attention import ATTENTION_KINDS, attention_maps, plot_attention_maps
+from modeling.cli import add_model_arguments
 from modeling.translation import load_model_and_tokenizer, translate
 
 
@@ -24,7 +25,7 @@ def head_or_mean(value: str) -> int | None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    add_model_arguments(parser)
     parser.add_argument("--source", required=True, help="source sentence")
     parser.add_argument("--target", help="target sentence (default: the model's translation)")
     parser.add_argument("--layer", type=layer_or_all, default=None, help="layer index, or 'all' (default)")
@@ -39,7 +40,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model, attn_implementation="eager")
+        model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
         target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
         maps = attention_maps(model, tokenizer, args.source, target)
         path = plot_attention_maps(maps, args.output, layer=args.layer, head=args.head, kinds=args.kinds)

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from modeling.cli import add_decoding_arguments
+from modeling.cli import add_decoding_arguments, add_model_arguments
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import (
@@ -30,7 +30,7 @@ from modeling.translation import (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="model directory or Hub repo id")
+    add_model_arguments(parser)
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
     parser.add_argument("--input-file", help="one sentence per line, plain, gzip, xz or bzip2 (-: stdin)")
     parser.add_argument("--output-file", help="where to write the translations (default, or -: stdout)")
@@ -54,7 +54,9 @@ def main() -> None:
         if args.output_file:
             check_writable(args.output_file)
             check_distinct_outputs({"--output-file": args.output_file}, {} if args.text else {"--input-file": source})
-        model, tokenizer = load_model_and_tokenizer(args.model, device="cpu" if args.int8 else None)
+        model, tokenizer = load_model_and_tokenizer(
+            args.model, revision=args.revision, device="cpu" if args.int8 else None
+        )
         if args.int8:
             model = quantize_int8(model)
     except (ImportError, OSError, ValueError) as error:

@@ -725,3 +725,22 @@ def test_an_averaged_directory_that_cannot_be_replaced_is_refused_before_trainin
         with pytest.raises(FileExistsError, match=rf"^{run / 'averaged'} exists and is not an average of checkpoints"):
             train(ModelArguments(preset="tiny", **TINY), data, args)
         assert (run / "averaged" / "notes.txt").is_file() and (run / "run_identity.json").is_file()
+
+
+def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs_a_hub_repo(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from modeling.training import check_fine_tuning_source
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError) as error:
+        check_fine_tuning_source(ModelArguments(model_name_or_path="owner/absent"))
+    assert str(error.value) == (
+        f"'owner/absent' is not in the Hub cache {tmp_path / 'hub'}, and offline mode (HF_HUB_OFFLINE) keeps it "
+        "from the Hub: download it where the Hub can be reached, into the same HF_HOME (hf download owner/absent)"
+    )
+    with pytest.raises(ValueError, match=r"^--model_revision names a version of --model_name_or_path's Hub repo"):
+        check_fine_tuning_source(ModelArguments(model_revision="v1"))
+    with pytest.raises(ValueError, match=r"is a local directory: --model_revision names a version of a Hub repo"):
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(tmp_path), model_revision="v1"))

@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,12 +17,14 @@ import huggingface_hub.utils._http as hf_http
 import pytest
 import torch
 from helpers import (
+    HUB_TOKEN,
     EchoModel,
     closed_port_endpoint,
     convert_fairseq_fixture,
     fed_pipe,
     save_tiny_checkpoint,
     stalled_endpoint,
+    subprocess_env,
     synthetic_pairs,
     tiny_tokenizer,
     tiny_translator,
@@ -31,7 +35,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from modeling import translation
 from modeling.export import export
 from modeling.files import DiskFullError
-from modeling.hub_client import HubError
+from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
 from modeling.translation import (
     TranslationInProgressError,
     generate_batches,
@@ -320,6 +324,40 @@ def test_a_model_named_on_a_stalled_hub_fails_in_one_line_within_the_timeout(qui
     assert "no answer within 0.3 s" in message and "\n" not in message
     # Its first request (model_info, sent with `timeout=None`) waited forever before; now each waits 0.3 s.
     assert elapsed < 10, elapsed
+
+
+# Loads argv[1] with huggingface_hub's pauses between retries skipped (23 s), logging to stderr.
+STALLED_LOADER = """
+import logging, sys
+import huggingface_hub.utils._http as hf_http
+from modeling.translation import load_model_and_tokenizer
+
+hf_http.time.sleep = lambda seconds: None
+logging.basicConfig(format="%(levelname)s: %(message)s")
+model, tokenizer = load_model_and_tokenizer(sys.argv[1])
+print(len(tokenizer))
+"""
+
+
+def test_a_model_in_the_cache_loads_when_the_hub_does_not_answer(hub, tiny_checkpoint, tmp_path):
+    """A compute node whose firewall swallows traffic, HF_HUB_OFFLINE forgotten: transformers loads the config and
+    the weights from the cache, but its tokenizer loading let the timeout through, a traceback. (A process of its
+    own: transformers keeps a client of the first endpoint it met.)"""
+    from huggingface_hub import HfApi, snapshot_download
+
+    endpoint, _ = hub
+    HfApi(endpoint=endpoint, token=HUB_TOKEN).create_repo("cached/tiny", exist_ok=True)
+    HfApi(endpoint=endpoint, token=HUB_TOKEN).upload_folder(folder_path=tiny_checkpoint[0], repo_id="cached/tiny")
+    snapshot_download("cached/tiny", cache_dir=tmp_path / "hub", endpoint=endpoint, token=HUB_TOKEN)
+    with stalled_endpoint() as stalled:
+        env = subprocess_env(HF_HOME=str(tmp_path), HF_ENDPOINT=stalled, **{HUB_TIMEOUT_ENV: "0.3"})
+        env.pop("HF_HUB_OFFLINE", None)
+        loaded = subprocess.run(
+            [sys.executable, "-c", STALLED_LOADER, "cached/tiny"], env=env, capture_output=True, text=True, timeout=300
+        )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split() == [str(len(tiny_checkpoint[2]))]
+    assert "The Hub did not answer (timed out): the tokenizer of 'cached/tiny' comes from the cache" in loaded.stderr
 
 
 def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatch):

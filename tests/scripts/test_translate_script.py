@@ -2,12 +2,13 @@
 
 import errno
 import gzip
+import json
 import os
 import subprocess
 import sys
 
 import pytest
-from helpers import SCRIPTS, fed_pipe, run_script, script_error, subprocess_env
+from helpers import HUB_TOKEN, SCRIPTS, closed_port_endpoint, fed_pipe, run_script, script_error, subprocess_env
 
 from modeling import translation
 from modeling.quantization import quantize_int8
@@ -174,3 +175,98 @@ def test_a_reader_that_stops_early_stops_the_translation_quietly(tiny_checkpoint
     stderr = process.communicate(timeout=120)[1].decode()
     assert process.returncode == 1
     assert "Traceback" not in stderr and "error" not in stderr.lower() and "Exception ignored" not in stderr
+
+
+# Loads each repo id of argv[1:] (`id` or `id@revision`) and prints what came of it, one JSON line each.
+OFFLINE_LOADER = """
+import json, sys
+from modeling.translation import load_model_and_tokenizer
+
+for name in sys.argv[1:]:
+    repo_id, _, revision = name.partition("@")
+    try:
+        model, tokenizer = load_model_and_tokenizer(repo_id, revision=revision or None)
+        print(json.dumps({name: "loaded"}))
+    except Exception as error:
+        print(json.dumps({name: f"{type(error).__name__}: {error}"}))
+"""
+
+
+def test_offline_a_cache_that_lacks_a_file_of_the_model_is_named_with_the_download_that_fills_it(
+    hub, tiny_checkpoint, tmp_path
+):
+    """A compute node without internet (HF_HUB_OFFLINE=1) loads what a login node downloaded. A download that left
+    out the tokenizer failed in FairseqTokenizer's "arg `langs` needs to be a list"; one without the weights blamed
+    the repo; one of a pinned revision (no main) could not be loaded at all, or named."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    endpoint, _ = hub
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    downloads = {  # repo id: what the login node downloaded of it
+        "offline/whole": {},
+        "offline/no-tokenizer": {"allow_patterns": ["config.json", "generation_config.json", "*.safetensors"]},
+        "offline/no-weights": {"allow_patterns": ["*.json"]},
+        "offline/pinned": {"revision": "pinned"},
+    }
+    commits = {}
+    for repo_id, options in downloads.items():
+        api.create_repo(repo_id, exist_ok=True)
+        commits[repo_id] = api.upload_folder(folder_path=tiny_checkpoint[0], repo_id=repo_id).oid
+        if options.get("revision"):
+            options["revision"] = commits[repo_id]
+        snapshot_download(repo_id, cache_dir=tmp_path / "hub", endpoint=endpoint, token=HUB_TOKEN, **options)
+    pinned = commits["offline/pinned"]
+    env = subprocess_env(HF_HOME=str(tmp_path), HF_HUB_OFFLINE="1", HF_ENDPOINT=closed_port_endpoint())
+    names = [*downloads, "offline/never-downloaded", f"offline/pinned@{pinned}"]
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE_LOADER, *names], env=env, capture_output=True, text=True, timeout=300
+    )
+    outcome = {name: text for line in result.stdout.splitlines() for name, text in json.loads(line).items()}
+    cache = tmp_path / "hub"
+    assert outcome["offline/whole"] == outcome[f"offline/pinned@{pinned}"] == "loaded"
+    download = "download it where the Hub can be reached, into the same HF_HOME (hf download {})"
+    assert outcome["offline/no-tokenizer"] == (
+        f"FileNotFoundError: The Hub cache {cache} holds 'offline/no-tokenizer' without tokenizer.json or "
+        "tokenizer_config.json, and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: "
+        + download.format("offline/no-tokenizer")
+    )
+    assert (
+        "holds 'offline/no-weights' without model.safetensors or model.safetensors.index.json"
+        in (outcome["offline/no-weights"])
+    )
+    assert outcome["offline/never-downloaded"] == (
+        f"FileNotFoundError: 'offline/never-downloaded' is not in the Hub cache {cache}, and offline mode "
+        "(HF_HUB_OFFLINE) keeps it from the Hub: " + download.format("offline/never-downloaded")
+    )
+    assert f"holds 'offline/pinned' at the revisions {pinned} only, not its main" in outcome["offline/pinned"]
+    assert "name one as the revision (--revision)" in outcome["offline/pinned"]
+
+    translated = subprocess.run(
+        [sys.executable, str(SCRIPTS / "translate.py"), "--model", "offline/pinned", "--revision", pinned, "a dog."],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == 1
+
+
+def test_a_revision_is_refused_for_a_local_directory(tiny_checkpoint, monkeypatch):
+    error = script_error(
+        "translate.py", "--model", tiny_checkpoint[0], "--revision", "v1", "a dog.", monkeypatch=monkeypatch
+    )
+    assert (
+        error
+        == f"error: {str(tiny_checkpoint[0])!r} is a local directory: a revision names a version of a Hub repo only."
+    )
+
+
+def test_a_directory_named_like_a_hub_id_says_it_hides_the_repo(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "owner" / "repo").mkdir(parents=True)
+    error = script_error("translate.py", "--model", "owner/repo", "a dog.", monkeypatch=monkeypatch)
+    assert error == (
+        "error: 'owner/repo' has no config.json: it is not a model saved with save_pretrained (a directory of this "
+        "name where the command runs is read instead of the Hub repo of that id: run it elsewhere)."
+    )
