@@ -10,6 +10,7 @@ usual names "validation" and "test" onto them.
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import json
@@ -17,6 +18,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -89,10 +91,11 @@ def load_parallel_dataset(
         raise ValueError("give either dataset= (a Hub dataset) or data_dir= / data_files= (local files)")
     if dataset is not None:
         use_hub_timeouts()
-        if splits is None:
-            raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
-        else:
-            raw = _load_hub_splits(dataset, language_pair, splits, cache_dir)
+        with _naming_an_unwritable_cache(cache_dir):
+            if splits is None:
+                raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
+            else:
+                raw = _load_hub_splits(dataset, language_pair, splits, cache_dir)
         try:
             return normalize_translation_dataset(raw, source_lang, target_lang)
         except ValueError as error:
@@ -104,9 +107,32 @@ def load_parallel_dataset(
         files = _explicit_files(data_files, data_dir, source_lang, target_lang)
         if splits is not None:
             files = {name: files[name] for name in (resolve_split(files, split) for split in splits)}
-    return datasets.DatasetDict(
-        {split: _local_split(spec, split, source_lang, target_lang, cache_dir) for split, spec in files.items()}
-    )
+    with _naming_an_unwritable_cache(cache_dir):
+        return datasets.DatasetDict(
+            {split: _local_split(spec, split, source_lang, target_lang, cache_dir) for split, spec in files.items()}
+        )
+
+
+@contextmanager
+def _naming_an_unwritable_cache(cache_dir: str | None) -> Iterator[None]:
+    """datasets writes every corpus it reads, a local one too, into its cache (and a lock beside a cached one): a
+    cache it cannot write (HF_HOME on a shared file system, read-only on compute nodes) is named with the way out,
+    instead of "[Errno 30] Read-only file system: '.../datasets'"."""
+    try:
+        yield
+    except OSError as error:
+        cache = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
+        written = Path(error.filename) if error.filename else None
+        if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or written is None:
+            raise
+        if not (written == cache or cache in written.parents or written in cache.parents):
+            raise
+        named = OSError(
+            f"cannot write the datasets cache {cache} ({error.strerror}): set HF_DATASETS_CACHE to a writable "
+            "directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
+        )
+        named.errno = error.errno
+        raise named from error
 
 
 def _load_hub_splits(

@@ -3,6 +3,7 @@
 All data is synthetic and written by the tests; the Multi30k test skips when ../shared is absent."""
 
 import bz2
+import errno
 import gzip
 import json
 import logging
@@ -174,6 +175,33 @@ def test_incomplete_split_only_matters_when_asked_for(tmp_path):
     write_lines(tmp_path / "test_2018_flickr.en", VAL_EN)  # no German side
     assert sorted(load(tmp_path, splits=["train"])) == ["train"]
     with pytest.raises(ValueError, match="test_2018_flickr.en has no parallel file"):
+        load(tmp_path)
+
+
+def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_path, monkeypatch):
+    """HF_HOME on a file system read-only to compute jobs: datasets writes even a local corpus, and a lock beside a
+    cached one, into its cache, and said only "[Errno 30] Read-only file system: '.../datasets'"."""
+    write_lines(tmp_path / "test.en", EN)
+    write_lines(tmp_path / "test.de", DE)
+    cache = tmp_path / ".cache"
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(cache / "generator"))
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", read_only)
+    with pytest.raises(OSError) as error:
+        load(tmp_path)
+    assert str(error.value) == (
+        f"cannot write the datasets cache {cache} (Read-only file system): set HF_DATASETS_CACHE to a writable "
+        "directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
+    )
+    assert error.value.errno == errno.EROFS
+
+    def elsewhere(*args, **kwargs):  # not the cache: the error as it was
+        raise OSError(errno.EACCES, "Permission denied", "/somewhere/else")
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", elsewhere)
+    with pytest.raises(PermissionError, match=r"Permission denied: '/somewhere/else'"):
         load(tmp_path)
 
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -699,11 +700,25 @@ def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_pat
 KILL_POINTS = ["model.safetensors", "optimizer.pt", "trainer_state.json", COMPLETE_MARKER, "rename"]
 
 
+def _wait_for_child(pid: int, timeout: float) -> int:
+    """The wait status of the child `pid`; killed and failed after `timeout` s (a forked child can hang in a
+    threading runtime that is not fork-safe: libgomp under torch 2.7's CPU flash attention)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked training process hung for {timeout} s")
+
+
 def kill_during_second_checkpoint(output_dir: Path, point: str) -> int:
     """Fork a child that trains 4 updates, saving at 2 and 4, and SIGKILLs itself at `point` of the save at 4."""
     pid = os.fork()
     if pid:
-        return os.waitpid(pid, 0)[1]
+        return _wait_for_child(pid, timeout=300)
     try:  # the child: nothing of pytest must run here; it leaves by SIGKILL or os._exit
         import transformers.modeling_utils as modeling_utils
         from transformers.trainer_callback import TrainerState
