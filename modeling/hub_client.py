@@ -203,7 +203,8 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
         revisions = ", ".join(sorted(entry.name for entry in snapshots.iterdir()))
         return FileNotFoundError(
             f"The Hub cache {cache} holds {repo_id!r} at the revisions {revisions} only, not its main, and offline "
-            f"mode (HF_HUB_OFFLINE) keeps it from the Hub: name one as the revision (--revision), or {download}"
+            "mode (HF_HUB_OFFLINE) keeps it from the Hub: name one as the revision (--revision; train.py: "
+            f"--model_revision), or {download}"
         )
     at = f" at revision {revision!r}" if revision else ""
     if len(missing) < len(wanted):

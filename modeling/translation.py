@@ -513,17 +513,13 @@ def load_model_and_tokenizer(
             raise ValueError(f"{name_or_path!r} is a local directory: a revision names a version of a Hub repo only.")
         refuse_an_export(name_or_path)
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
-            shadowed = (
-                ""
-                if _looks_like_local_path(name_or_path)
-                else (
+            message = f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained"
+            if not _looks_like_local_path(name_or_path):  # `owner/name` where the command runs
+                message += (
                     " (a directory of this name where the command runs is read instead of the Hub repo of that id: "
                     "run it elsewhere)"
                 )
-            )
-            raise FileNotFoundError(
-                f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained{shadowed}."
-            )
+            raise FileNotFoundError(message + ".")
     elif os.path.exists(name_or_path):
         raise NotADirectoryError(
             f"{name_or_path!r} is a file: pass the model directory that holds config.json and the weights."

@@ -239,7 +239,7 @@ def test_offline_a_cache_that_lacks_a_file_of_the_model_is_named_with_the_downlo
         "(HF_HUB_OFFLINE) keeps it from the Hub: " + download.format("offline/never-downloaded")
     )
     assert f"holds 'offline/pinned' at the revisions {pinned} only, not its main" in outcome["offline/pinned"]
-    assert "name one as the revision (--revision)" in outcome["offline/pinned"]
+    assert "name one as the revision (--revision; train.py: --model_revision)" in outcome["offline/pinned"]
 
     translated = subprocess.run(
         [sys.executable, str(SCRIPTS / "translate.py"), "--model", "offline/pinned", "--revision", pinned, "a dog."],
