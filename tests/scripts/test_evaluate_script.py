@@ -2,12 +2,15 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
-from helpers import run_script, script_error
+from helpers import HUB_TOKEN, SCRIPTS, run_script, script_error, subprocess_env
 from transformers import MarianConfig
 
 from modeling import evaluation
+from modeling.checkpoints import weights_record
 from modeling.model_card import result_caveats
 from modeling.scoring import corpus_scores
 
@@ -127,3 +130,34 @@ def test_outputs_that_would_overwrite_the_test_set_or_each_other_are_refused(
         "evaluate.py", *common, "--hypotheses-file", both, "--metrics-json", both, monkeypatch=monkeypatch
     )
     assert message == f"error: the hypotheses file and the metrics file are one file, {both}: give each its own"
+
+
+def test_a_hub_model_s_scores_record_the_commit_and_the_weights_scored(hub, tiny_checkpoint, eval_data_dir, tmp_path):
+    """Scores of `--model owner/name` recorded `model_weights: null` and no version: not tied to what was scored."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    endpoint, _ = hub
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo("scored/tiny", exist_ok=True)
+    commit = api.upload_folder(folder_path=tiny_checkpoint[0], repo_id="scored/tiny").oid
+    snapshot_download("scored/tiny", cache_dir=tmp_path / "hub", endpoint=endpoint, token=HUB_TOKEN)
+    common = ["--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de", "--output-dir", tmp_path]
+    evaluated = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "evaluate.py"),
+            "--model",
+            "scored/tiny",
+            "--num-beams",
+            "2",
+            *map(str, common),
+        ],
+        env=subprocess_env(HF_HOME=str(tmp_path), HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "datasets")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    metrics = json.loads((tmp_path / "eval_results_test.json").read_text())
+    assert metrics["model"] == "scored/tiny" and metrics["model_commit"] == commit
+    assert metrics["model_weights"] == weights_record(tiny_checkpoint[0])
