@@ -127,10 +127,12 @@ def _naming_an_unwritable_cache(cache_dir: str | None) -> Iterator[None]:
             raise
         if not (written == cache or cache in written.parents or written in cache.parents):
             raise
-        named = OSError(
-            f"cannot write the datasets cache {cache} ({error.strerror}): set HF_DATASETS_CACHE to a writable "
-            "directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
+        way_out = (
+            "give a writable cache directory"
+            if cache_dir
+            else "set HF_DATASETS_CACHE to a writable directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
         )
+        named = OSError(f"cannot write the datasets cache {cache} ({error.strerror}): {way_out}")
         named.errno = error.errno
         raise named from error
 

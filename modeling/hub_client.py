@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from huggingface_hub import constants, is_offline_mode, set_client_factory, try_to_load_from_cache
+from huggingface_hub import constants, file_exists, is_offline_mode, set_client_factory, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 
@@ -162,23 +162,38 @@ def naming_hub_failures(what: str) -> Iterator[None]:
         raise HubError(f"{what}: {_one_line(cause, 1)} ({OFFLINE_HINT})") from error
 
 
+def looks_like_local_path(name: str) -> bool:
+    """Hub repo ids are `name` or `namespace/name`; anything else can only be meant as a directory."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _cached(repo_id: str, filename: str, revision: str | None) -> str | None:
+    """The cached file's path, or None (not cached, or cached as known not to exist)."""
+    path = try_to_load_from_cache(repo_id, filename, revision=revision)
+    return path if isinstance(path, str) else None
+
+
+def has_any_file(repo_id: str, revision: str | None, names: tuple[str, ...]) -> bool:
+    """Whether the repo holds one of `names`: in the cache, else (online) on the Hub. A Hub that cannot be reached
+    raises (`naming_hub_failures` names it), never "no such file"."""
+    if any(_cached(repo_id, name, revision) for name in names):
+        return True
+    return not is_offline_mode() and any(file_exists(repo_id, name, revision=revision) for name in names)
+
+
 def missing_from_cache(repo_id: str, revision: str | None, wanted: list[tuple[str, ...]]) -> list[str]:
     """Which of the files `wanted` the Hub cache lacks for `repo_id` at `revision` (None: main), each entry named
     alternatives of which one will do. A sharded `model.safetensors.index.json` counts only with all its shards."""
 
-    def cached(filename: str) -> str | None:
-        path = try_to_load_from_cache(repo_id, filename, revision=revision)
-        return path if isinstance(path, str) else None  # else None or the "known not to exist" marker
-
     def present(filename: str) -> bool:
-        path = cached(filename)
+        path = _cached(repo_id, filename, revision)
         if path is None or not filename.endswith(".index.json"):
             return path is not None
         try:
             shards = set(json.loads(Path(path).read_text(encoding="utf-8"))["weight_map"].values())
         except (OSError, ValueError, KeyError, AttributeError):
             return False
-        return all(cached(shard) for shard in shards)
+        return all(_cached(repo_id, shard, revision) for shard in shards)
 
     return [" or ".join(names) for names in wanted if not any(present(name) for name in names)]
 
@@ -197,8 +212,12 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
     download = f"download it where the Hub can be reached, into the same HF_HOME (hf download {repo_id}" + (
         f" --revision {revision})" if revision else ")"
     )
-    snapshots = Path(cache, f"models--{repo_id.replace('/', '--')}", "snapshots")
-    if revision is None and len(missing) == len(wanted) and snapshots.is_dir() and any(snapshots.iterdir()):
+    repo = Path(cache, f"models--{repo_id.replace('/', '--')}")
+    snapshots = repo / "snapshots"
+    cached_at_revision = (repo / "refs" / (revision or "main")).is_file() or bool(
+        revision and (snapshots / revision).is_dir()
+    )
+    if not cached_at_revision and revision is None and snapshots.is_dir() and any(snapshots.iterdir()):
         # `hf download --revision` leaves no main to find
         revisions = ", ".join(sorted(entry.name for entry in snapshots.iterdir()))
         return FileNotFoundError(
@@ -207,7 +226,7 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
             f"--model_revision), or {download}"
         )
     at = f" at revision {revision!r}" if revision else ""
-    if len(missing) < len(wanted):
+    if cached_at_revision:
         what = f"The Hub cache {cache} holds {repo_id!r}{at} without {', '.join(missing)}"
     else:
         what = f"{repo_id!r}{at} is not in the Hub cache {cache}"

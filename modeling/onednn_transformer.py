@@ -120,6 +120,8 @@ def is_plain_linear(module: nn.Module) -> bool:
     in that way, from the meta device), no tensor subclass as weight or bias (torchao's quantisation)."""
     if type(module) is not nn.Linear or "forward" in module.__dict__ or _has_hooks(module):
         return False
+    if "bias" not in module._parameters:  # deleted, or set as a plain attribute that `_weight_and_bias` misses
+        return False
     weight, bias = _weight_and_bias(module)
     return type(weight) in _PLAIN_TENSOR_TYPES and (bias is None or type(bias) in _PLAIN_TENSOR_TYPES)
 

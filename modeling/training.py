@@ -84,7 +84,7 @@ from .data import (
     tokenize_parallel_dataset,
 )
 from .files import check_replaceable, check_writable, write_files_into, write_json
-from .hub_client import MODEL_REPO_FILES, offline_cache_error, use_hub_timeouts
+from .hub_client import MODEL_REPO_FILES, looks_like_local_path, offline_cache_error, use_hub_timeouts
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
@@ -510,14 +510,15 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     local = os.path.isdir(name)
     if local and revision is not None:
         raise ValueError(f"{name} is a local directory: --model_revision names a version of a Hub repo only.")
-    not_cached = None if local else offline_cache_error(name, revision, MODEL_REPO_FILES[:1])
+    hub_id = not (local or looks_like_local_path(name))  # a path that does not exist: named by AutoConfig below
+    not_cached = offline_cache_error(name, revision, MODEL_REPO_FILES[:1]) if hub_id else None
     if not_cached:
         raise not_cached
     try:
         model_type = AutoConfig.from_pretrained(name, **_revision_of(name, model_args)).model_type
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot fine-tune {name}: its config does not load ({str(error).splitlines()[0]})") from None
-    if model_type == TransformerConfig.model_type and not local:
+    if model_type == TransformerConfig.model_type and hub_id:
         # the model's weights, and its tokenizer unless another one is given
         wanted = MODEL_REPO_FILES[1:] if model_args.tokenizer_name_or_path is None else MODEL_REPO_FILES[1:2]
         not_cached = offline_cache_error(name, revision, wanted)

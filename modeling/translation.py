@@ -26,7 +26,6 @@ from typing import IO, Any
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils.hub import cached_file
 
 from .batching import token_budget_batches
 from .checkpoints import weights_problems
@@ -45,7 +44,9 @@ from .files import (
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
+    has_any_file,
     httpx2,
+    looks_like_local_path,
     naming_hub_failures,
     offline_cache_error,
     use_hub_timeouts,
@@ -429,11 +430,6 @@ def as_lines(translations: list[str]) -> str:
     return "".join(line.replace("\n", " ") + "\n" for line in translations)
 
 
-def _looks_like_local_path(name: str) -> bool:
-    """Hub repo ids are `name` or `namespace/name`; anything else can only be meant as a directory."""
-    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
-
-
 def _load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside the model. One missing or broken is named in one line: transformers would fall
     back to other tokenizer classes and fail with their unrelated messages, or report a JSON error without its
@@ -455,7 +451,7 @@ def _load_tokenizer(name_or_path: str, revision: str | None = None) -> PreTraine
 def _load_hub_tokenizer(repo_id: str, revision: str | None) -> PreTrainedTokenizerBase:
     """The tokenizer of a Hub repo; from the cache where the Hub does not answer, as transformers loads the model
     (its tokenizer loading lets a timeout through)."""
-    if not any(cached_file(repo_id, name, revision=revision, **_MAY_BE_MISSING) for name in TOKENIZER_FILES):
+    if not has_any_file(repo_id, revision, TOKENIZER_FILES):
         raise FileNotFoundError(
             f"{repo_id!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): push it beside the model "
             "(scripts/push_to_hub.py does)."
@@ -469,11 +465,6 @@ def _load_hub_tokenizer(repo_id: str, revision: str | None) -> PreTrainedTokeniz
             raise error from None
         logger.warning("The Hub did not answer (%s): the tokenizer of %r comes from the cache", error, repo_id)
         return tokenizer
-
-
-# transformers' `cached_file` answers None for a file the repo lacks instead of raising (a failure to reach the Hub
-# still raises, unless the file is in the cache).
-_MAY_BE_MISSING = {"_raise_exceptions_for_missing_entries": False}
 
 
 def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
@@ -514,7 +505,7 @@ def load_model_and_tokenizer(
         refuse_an_export(name_or_path)
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             message = f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained"
-            if not _looks_like_local_path(name_or_path):  # `owner/name` where the command runs
+            if not looks_like_local_path(name_or_path):  # `owner/name` where the command runs
                 message += (
                     " (a directory of this name where the command runs is read instead of the Hub repo of that id: "
                     "run it elsewhere)"
@@ -524,7 +515,7 @@ def load_model_and_tokenizer(
         raise NotADirectoryError(
             f"{name_or_path!r} is a file: pass the model directory that holds config.json and the weights."
         )
-    elif _looks_like_local_path(name_or_path):
+    elif looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
         use_hub_timeouts()

@@ -183,19 +183,25 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_p
     cached one, into its cache, and said only "[Errno 30] Read-only file system: '.../datasets'"."""
     write_lines(tmp_path / "test.en", EN)
     write_lines(tmp_path / "test.de", DE)
-    cache = tmp_path / ".cache"
+    default_cache, given_cache = tmp_path / "hf_home" / "datasets", tmp_path / ".cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(default_cache))
 
-    def read_only(*args, **kwargs):
-        raise OSError(errno.EROFS, "Read-only file system", str(cache / "generator"))
+    def read_only(*args, cache_dir=None, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(Path(cache_dir or default_cache) / "generator"))
 
     monkeypatch.setattr(datasets.Dataset, "from_generator", read_only)
     with pytest.raises(OSError) as error:
-        load(tmp_path)
+        load(tmp_path, cache_dir=None)
     assert str(error.value) == (
-        f"cannot write the datasets cache {cache} (Read-only file system): set HF_DATASETS_CACHE to a writable "
-        "directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
+        f"cannot write the datasets cache {default_cache} (Read-only file system): set HF_DATASETS_CACHE to a "
+        "writable directory (e.g. export HF_DATASETS_CACHE=$TMPDIR/datasets)"
     )
     assert error.value.errno == errno.EROFS
+    with pytest.raises(OSError) as error:  # a cache the caller chose (train_tokenizer.py --cache-dir)
+        load(tmp_path, cache_dir=str(given_cache))
+    assert str(error.value) == (
+        f"cannot write the datasets cache {given_cache} (Read-only file system): give a writable cache directory"
+    )
 
     def elsewhere(*args, **kwargs):  # not the cache: the error as it was
         raise OSError(errno.EACCES, "Permission denied", "/somewhere/else")

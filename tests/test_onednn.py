@@ -190,6 +190,19 @@ def test_layers_whose_call_does_more_than_linear_forward_are_called_not_multipli
 
 
 @needs_onednn_linear
+@torch.no_grad()
+def test_a_bias_set_as_a_plain_attribute_is_added():
+    """`del layer.bias; layer.bias = tensor` (hypernetworks, meta-learning) keeps it out of the layer's parameters,
+    where the fast path reads them: it computed without the bias."""
+    torch.manual_seed(0)
+    layer, hidden_states = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    bias = layer.bias.detach() + 10
+    del layer.bias
+    layer.bias = bias
+    assert torch.allclose(onednn_transformer.linear(layer, hidden_states), layer(hidden_states), atol=1e-5)
+
+
+@needs_onednn_linear
 def test_a_backward_hook_on_a_linear_layer_runs_in_training():
     model = tiny_model().train()
     seen = []

@@ -20,6 +20,7 @@ from helpers import (
     copy_dataset,
     losses,
     make_trainer,
+    tiny_config,
     tiny_model,
     training_args,
     word_for_word,
@@ -740,6 +741,20 @@ def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs
         f"'owner/absent' is not in the Hub cache {tmp_path / 'hub'}, and offline mode (HF_HUB_OFFLINE) keeps it "
         "from the Hub: download it where the Hub can be reached, into the same HF_HOME (hf download owner/absent)"
     )
+    # A download that left out the weights (its main is there): named as such, not as a cache of other revisions.
+    snapshot = tmp_path / "hub" / "models--owner--partial" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    tiny_config().save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    with pytest.raises(FileNotFoundError) as error:
+        check_fine_tuning_source(ModelArguments(model_name_or_path="owner/partial"))
+    assert str(error.value).startswith(
+        f"The Hub cache {tmp_path / 'hub'} holds 'owner/partial' without model.safetensors or "
+        "model.safetensors.index.json, tokenizer.json or tokenizer_config.json, and offline mode"
+    )
+    with pytest.raises(ValueError, match=r"^Cannot fine-tune \./no/such/checkpoint: its config does not load"):
+        check_fine_tuning_source(ModelArguments(model_name_or_path="./no/such/checkpoint"))  # a path, not an id
     with pytest.raises(ValueError, match=r"^--model_revision names a version of --model_name_or_path's Hub repo"):
         check_fine_tuning_source(ModelArguments(model_revision="v1"))
     with pytest.raises(ValueError, match=r"is a local directory: --model_revision names a version of a Hub repo"):

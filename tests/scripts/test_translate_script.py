@@ -241,6 +241,16 @@ def test_offline_a_cache_that_lacks_a_file_of_the_model_is_named_with_the_downlo
     assert f"holds 'offline/pinned' at the revisions {pinned} only, not its main" in outcome["offline/pinned"]
     assert "name one as the revision (--revision; train.py: --model_revision)" in outcome["offline/pinned"]
 
+    # Online but unreachable, the tokenizer not cached: the Hub named, not "has no tokenizer".
+    unreachable = closed_port_endpoint()
+    online = {name: value for name, value in env.items() if name != "HF_HUB_OFFLINE"} | {"HF_ENDPOINT": unreachable}
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE_LOADER, "offline/no-tokenizer"], env=online, capture_output=True, text=True
+    )
+    [(_, message)] = json.loads(result.stdout).items()
+    assert message.startswith(f"HubError: Could not load 'offline/no-tokenizer' from the Hub: HEAD {unreachable}/")
+    assert message.endswith("(without internet, set HF_HUB_OFFLINE=1 to load from the cache)")
+
     translated = subprocess.run(
         [sys.executable, str(SCRIPTS / "translate.py"), "--model", "offline/pinned", "--revision", pinned, "a dog."],
         env=env,
