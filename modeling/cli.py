@@ -1,7 +1,11 @@
-"""What the command-line scripts share: argparse's type for counts, the model to load, and the decoding options of
-`scripts/translate.py` and `scripts/evaluate.py`, so that they take the same flags with the same checks."""
+"""What the command-line scripts share: argparse's type for counts, the model to load, the decoding options of
+`scripts/translate.py` and `scripts/evaluate.py`, so that they take the same flags with the same checks, and how
+they log."""
 
 import argparse
+import logging
+
+from huggingface_hub.utils import logging as hub_logging
 
 
 def positive_int(text: str) -> int:
@@ -34,3 +38,12 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, chunk_lines_help: st
         help="CPU: batches decoded at once, sharing torch's threads (default 1)",
     )
     parser.add_argument("--chunk-lines", type=positive_int, default=10_000, help=chunk_lines_help)
+
+
+def log_to_stderr(format: str, level: int | None = None) -> None:
+    """`logging.basicConfig(format=format, level=level)`, with huggingface_hub's records printed once: it prints them
+    through a handler of its own and passed them on to the root logger's as well (each retry warning twice)."""
+    logging.basicConfig(format=format, level=level)
+    hub = hub_logging.get_logger()  # its root logger, handler in place (it is set up on first use)
+    if hub.handlers:
+        hub.propagate = False

@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers.utils.hub import cached_file
 
 from modeling.checkpoints import weights_record
-from modeling.cli import add_decoding_arguments, add_model_arguments, positive_int
+from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int
 from modeling.data import discover_parallel_files, load_parallel_dataset, require_rows, split_source
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_distinct_outputs, check_writable, write_json
@@ -62,7 +62,7 @@ def split_files(data_dir: Path | None, source_lang: str, target_lang: str, split
 
 def main() -> None:
     args = parse_args()
-    logging.basicConfig(format="%(levelname)s: %(message)s")
+    log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     try:
         # Before loading: the files whose weights are scored, not what may replace them while translating.

@@ -28,6 +28,7 @@ from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.callbacks import PREEMPTION_SIGNALS, leave_process_group
+from modeling.cli import log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
@@ -113,7 +114,7 @@ def main() -> None:
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     level = logging.INFO if training_args.should_log else logging.WARNING  # the main process tells the story
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
+    log_to_stderr("%(asctime)s %(levelname)s %(name)s: %(message)s", level)
     log = logging.getLogger("train")
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
     preempted = failure = crash = None

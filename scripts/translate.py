@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from modeling.cli import add_decoding_arguments, add_model_arguments
+from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import (
@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    logging.basicConfig(format="%(levelname)s: %(message)s")
+    log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     source = args.input_file or "-"
     try:  # the input and the destination first: a mistake in either is named before any model is loaded

@@ -1,9 +1,12 @@
 """Tests of modeling/cli.py: counts below one and non-integers are argparse errors naming the flag; translate.py and
-evaluate.py get the same decoding flags and defaults."""
+evaluate.py get the same decoding flags and defaults; the scripts' logging prints each record once."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
+from helpers import subprocess_env
 
 from modeling.cli import add_decoding_arguments, positive_int
 
@@ -25,3 +28,19 @@ def test_decoding_arguments_and_their_defaults(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-tokens", "0"])
     assert "argument --max-tokens: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_scripts_logging_prints_a_huggingface_hub_warning_once():
+    """huggingface_hub prints its records through a handler of its own and passed them on to the root logger's,
+    which `logging.basicConfig` gives one: each of a download's retry warnings came twice. (A process of its own:
+    pytest's handlers make `basicConfig` do nothing.)"""
+    code = (
+        "import logging; from modeling.cli import log_to_stderr; log_to_stderr('%(levelname)s: %(message)s'); "
+        "import huggingface_hub.utils._http; "
+        "logging.getLogger('huggingface_hub.utils._http').warning('retrying in 1s'); "
+        "logging.getLogger('modeling.x').warning('ours')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("retrying in 1s") == 1
+    assert "WARNING: ours" in result.stderr
