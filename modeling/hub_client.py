@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from huggingface_hub import constants, file_exists, is_offline_mode, set_client_factory, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import _http as hf_http
 
 try:  # huggingface_hub 2.x ships its HTTP client as httpx2; 1.x used httpx
@@ -212,7 +213,7 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
     download = f"download it where the Hub can be reached, into the same HF_HOME (hf download {repo_id}" + (
         f" --revision {revision})" if revision else ")"
     )
-    repo = Path(cache, f"models--{repo_id.replace('/', '--')}")
+    repo = Path(cache, repo_folder_name(repo_id=repo_id, repo_type="model"))
     snapshots = repo / "snapshots"
     cached_at_revision = (repo / "refs" / (revision or "main")).is_file() or bool(
         revision and (snapshots / revision).is_dir()

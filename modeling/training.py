@@ -84,7 +84,13 @@ from .data import (
     tokenize_parallel_dataset,
 )
 from .files import check_replaceable, check_writable, write_files_into, write_json
-from .hub_client import MODEL_REPO_FILES, looks_like_local_path, offline_cache_error, use_hub_timeouts
+from .hub_client import (
+    MODEL_REPO_FILES,
+    TOKENIZER_FILES,
+    looks_like_local_path,
+    offline_cache_error,
+    use_hub_timeouts,
+)
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
@@ -597,8 +603,7 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
     path = Path(tokenizer)
     if path.is_file():
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
-    files = ("tokenizer.json", "tokenizer_config.json")
-    if path.is_dir() and not any((path / name).is_file() for name in files):
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
             f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
         )

@@ -522,10 +522,9 @@ def load_model_and_tokenizer(
         not_cached = offline_cache_error(name_or_path, revision, MODEL_REPO_FILES)
         if not_cached:
             raise not_cached
-    hub = {"revision": revision} if revision else {}
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
         try:
-            config = AutoConfig.from_pretrained(name_or_path, **hub)
+            config = AutoConfig.from_pretrained(name_or_path, revision=revision)
         except OSError as error:
             if os.path.isdir(name_or_path):  # config.json is there (checked above): it does not parse
                 raise OSError(f"Could not read {os.path.join(name_or_path, 'config.json')}: {error}") from error
@@ -547,7 +546,7 @@ def load_model_and_tokenizer(
                     "(an interrupted save or copy): save or copy the model again."
                 )
         model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **model_kwargs, **hub)
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, revision=revision, **model_kwargs)
         tokenizer = _load_tokenizer(name_or_path, revision)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer

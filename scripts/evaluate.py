@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from transformers.utils.hub import cached_file
+from huggingface_hub import try_to_load_from_cache
 
 from modeling.checkpoints import weights_record
 from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int
@@ -71,8 +71,8 @@ def main() -> None:
             args.model, revision=args.revision, device="cpu" if args.int8 else None
         )
         model_commit = None
-        if model_weights is None:  # a Hub id: the snapshot loaded, named by its commit in the cache
-            snapshot = Path(cached_file(args.model, "config.json", revision=args.revision)).parent
+        if model_weights is None:  # a Hub id: the snapshot just loaded, named by its commit in the cache
+            snapshot = Path(try_to_load_from_cache(args.model, "config.json", revision=args.revision)).parent
             model_weights, model_commit = weights_record(snapshot), snapshot.name
         if args.int8:
             model = quantize_int8(model)
