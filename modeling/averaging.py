@@ -217,6 +217,17 @@ def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _check_finite(weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
+    """A checkpoint of a run that diverged (saved before training stopped on it, or by an fp16 run whose scaler gave
+    up) would make every averaged weight NaN."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not tensor.isfinite().all():
+            raise ValueError(
+                f"{checkpoint}: {name} holds NaN or infinite values (its run had diverged): average checkpoints saved "
+                "before it."
+            )
+
+
 def _check_compatible(reference: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
     if weights.keys() != reference.keys():
         difference = sorted(weights.keys() ^ reference.keys())
@@ -294,6 +305,7 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     sums: dict[str, torch.Tensor] = {}
     for checkpoint in checkpoints:
         weights = _load_weights(checkpoint)
+        _check_finite(weights, checkpoint)
         if not reference:
             reference = weights
             sums = {name: tensor.double() for name, tensor in weights.items() if tensor.is_floating_point()}

@@ -156,17 +156,26 @@ def _missing_siblings(model_dir: Path) -> list[str]:
 
 def verify_model_files(model_dir: str | Path) -> None:
     """Read what a push would upload: every safetensors file, tensor by tensor, and every JSON file; a truncated
-    or corrupt one is refused, named."""
+    or corrupt one is refused, named, and so are weights holding NaN or infinite values."""
     model_dir = Path(model_dir)
     for path in sorted(model_dir.glob("*.safetensors")):
         problem = safetensors_problem(path)
         if problem is None:
             try:
                 with safe_open(path, framework="pt") as weights:
-                    for name in weights.keys():
-                        weights.get_tensor(name)
+                    diverged = [
+                        name
+                        for name in weights.keys()
+                        if (tensor := weights.get_tensor(name)).is_floating_point() and not tensor.isfinite().all()
+                    ]
             except Exception as error:  # safetensors' errors are not OSErrors
                 problem = f"{path.name} cannot be read ({error})"
+            else:
+                if diverged:
+                    raise ValueError(
+                        f"{path}: {diverged[0]} holds NaN or infinite values (its run had diverged): refusing to push "
+                        "it."
+                    )
         if problem is not None:
             raise ValueError(f"{model_dir}: {problem}: refusing to push it. Save the model again.")
     for path in sorted(model_dir.glob("*.json")):

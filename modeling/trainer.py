@@ -90,6 +90,11 @@ class SaveFailedOnAnotherProcessError(OSError):
     stops too, an OSError as the cause most often is, so that the scripts say it in one line."""
 
 
+class TrainingDiverged(ArithmeticError):
+    """An update's gradients were not finite (NaN or inf): the run stopped before applying them, so its weights and
+    its checkpoints stay finite. One line, naming the update and the newest complete checkpoint."""
+
+
 class _EvaluationAbandoned(Exception):
     """Raised inside the evaluation loop on a preemption signal; `evaluate` turns it into a stop."""
 
@@ -763,6 +768,38 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if self._fused_label_smoothing and "labels" in inputs:
             inputs = {**inputs, "smoothing_epsilon": self.args.label_smoothing_factor}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
+        """The Trainer's gradient norm, which it computes at every update before the optimizer step: a non-finite
+        one stops the run there. Else NaN gradients make every weight NaN, the Trainer's `logging_nan_inf_filter`
+        logs a loss of 0.0 from then on, and NaN checkpoints rotate the good ones out. The norm is taken over
+        gradients already summed over processes, so every process stops at the same update. With fp16's loss scaler
+        such an update is skipped and the scale lowered instead, as the scaler is meant to."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and self.accelerator.scaler is None and not math.isfinite(float(grad_norm)):
+            raise self._divergence(float(grad_norm))
+        return grad_norm
+
+    def _divergence(self, grad_norm: float) -> TrainingDiverged:
+        update, run = self.state.global_step + 1, self.args.output_dir
+        stopped = f"Training diverged at update {update} of {run}: its gradient norm is {grad_norm}"
+        if self.state.global_step == getattr(self, "_initial_global_step", None):  # no learning rate has acted yet
+            return TrainingDiverged(
+                f"{stopped}, at the first update of this launch: the weights it started from give non-finite "
+                "gradients (the weights of a run that had diverged already?), or its batches do. Nothing was saved."
+            )
+        newest = latest_complete_checkpoint(self.args.output_dir)
+        if newest is None:
+            return TrainingDiverged(
+                f"{stopped}. The update was not applied; no checkpoint was saved before it. Start again with a lower "
+                "--learning_rate or more --warmup_steps."
+            )
+        return TrainingDiverged(
+            f"{stopped}. The update was not applied and nothing was saved after it; the newest complete checkpoint is "
+            f"{newest} (its weights may be diverging already: take one saved before the loss rose). Resuming with "
+            "the same settings retraces the same updates: start a new run from a checkpoint's weights "
+            "(--model_name_or_path CHECKPOINT) with a lower --learning_rate or more --warmup_steps."
+        )
 
     def _throughput_logs(self) -> dict[str, float]:
         source, source_padded, target, target_padded = self.accelerator.reduce(self._token_totals, "sum").tolist()

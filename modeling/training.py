@@ -11,6 +11,8 @@ What makes it safe for long runs that get preempted and requeued:
   complete checkpoint, or starts fresh (logged) where there is none;
 - a signal (SIGTERM, SIGINT, SIGUSR1) stops training after the update under way with a complete checkpoint, writes
   `OUTPUT_DIR/preempted.json` and raises `TrainingPreempted` (which `scripts/train.py` turns into exit code 75);
+- an update whose gradients are not finite stops the run before it is applied (`modeling.trainer.TrainingDiverged`),
+  so that no NaN checkpoint rotates a good one out and nothing is averaged or pushed;
 - `run_identity.json` (architecture, tokenizer, data, seed, preset) is written into the output directory and every
   checkpoint: a new run into a directory that holds another's checkpoints is refused (resume it, or start over
   with `--overwrite_output_dir`), and so is resuming checkpoints of a different run, naming what differs.

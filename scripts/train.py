@@ -31,6 +31,7 @@ from modeling.callbacks import PREEMPTION_SIGNALS, leave_process_group
 from modeling.cli import log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
+from modeling.trainer import TrainingDiverged
 from modeling.training import TrainingPreempted, train
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
@@ -124,7 +125,7 @@ def main() -> None:
     except TrainingPreempted as stop:
         exit_now_on_signal(EXIT_PREEMPTED)
         preempted = str(stop)
-    except (OSError, ValueError) as error:  # OSError includes a full disk and Hub errors; one line each
+    except (OSError, ValueError, TrainingDiverged) as error:  # OSError: a full disk, Hub errors; one line each
         failure = f"error: {error}"
     except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
         crash = traceback.format_exc()

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from helpers import save_trainer_checkpoint
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import modeling.averaging as averaging
@@ -55,6 +55,20 @@ def test_checkpoints_of_different_models_are_refused(tmp_path):
     save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=0, d_model=64)
     with pytest.raises(ValueError, match="checkpoint-2"):
         average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+
+
+def test_a_checkpoint_holding_nan_weights_is_refused_naming_it_and_nothing_is_written(tmp_path):
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    diverged = save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    diverged["model.decoder.layers.0.ffn.fc2.weight"][1, 2] = float("inf")
+    save_file(diverged, tmp_path / "checkpoint-2" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError) as refused:
+        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    assert str(refused.value) == (
+        f"{tmp_path / 'checkpoint-2'}: model.decoder.layers.0.ffn.fc2.weight holds NaN or infinite values (its run "
+        "had diverged): average checkpoints saved before it."
+    )
+    assert not (tmp_path / "averaged").exists()
 
 
 def test_incomplete_checkpoints_are_skipped_naming_them(tmp_path, caplog):

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import HUB_TOKEN, closed_port_endpoint, save_tiny_checkpoint, stalled_endpoint, synthetic_pairs
 from huggingface_hub import metadata_load
 
@@ -126,6 +127,20 @@ def test_a_truncated_weights_file_is_refused_before_any_upload(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"num_beams": 4,')
     with pytest.raises(ValueError, match=r"generation_config\.json does not parse"):
         check_model_dir(tmp_path)
+
+
+def test_weights_of_a_diverged_run_are_refused_before_any_upload(tmp_path):
+    model, _ = save_tiny_checkpoint(tmp_path)
+    check_model_dir(tmp_path)
+    with torch.no_grad():
+        model.model.encoder.layers[0].ffn.fc1.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        check_model_dir(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'model.safetensors'}: model.encoder.layers.0.ffn.fc1.weight holds NaN or infinite values "
+        "(its run had diverged): refusing to push it."
+    )
 
 
 def test_a_stalled_hub_fails_within_the_timeout_in_one_line(tiny_checkpoint, quick_hub):

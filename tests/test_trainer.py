@@ -807,6 +807,31 @@ def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp
     assert all(not checkpoint_problems(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
 
 
+def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_checkpoint_finite(tmp_path):
+    """Without the stop, the run went on to update 8 logging a loss of 0.0 (the Trainer's NaN filter) and rotated
+    checkpoints 2 and 4 out for NaN ones."""
+    trainer = resumable_run(tmp_path, max_steps=8, save_strategy="steps", save_steps=2, save_total_limit=2)
+    compute_loss = trainer.compute_loss
+
+    def nan_from_update_5(*args, **kwargs):
+        loss = compute_loss(*args, **kwargs)
+        return loss * float("nan") if trainer.state.global_step >= 4 else loss
+
+    trainer.compute_loss = nan_from_update_5
+    with pytest.raises(trainer_module.TrainingDiverged) as diverged:
+        trainer.train()
+    assert str(diverged.value).startswith(
+        f"Training diverged at update 5 of {tmp_path}: its gradient norm is nan. The update was not applied and "
+        f"nothing was saved after it; the newest complete checkpoint is {tmp_path / 'checkpoint-4'} "
+    )
+    assert "--model_name_or_path CHECKPOINT" in str(diverged.value) and "\n" not in str(diverged.value)
+    assert trainer.state.global_step == 4 and sorted(losses(trainer.state.log_history)) == [1, 2, 3, 4]
+    assert all(parameter.isfinite().all() for parameter in trainer.model.parameters()), "update 5 not applied"
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
+    for checkpoint in list_checkpoints(tmp_path):
+        assert all(tensor.isfinite().all() for tensor in load_file(checkpoint / "model.safetensors").values())
+
+
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
     output_dir = tmp_path / "run"
     torch_save = torch.save

@@ -393,6 +393,33 @@ def run_train_script(tmp_path: Path, env: dict[str, str], *extra: str) -> subpro
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
 
 
+def test_a_diverging_run_stops_in_one_line_naming_its_checkpoint_and_averages_nothing(tmp_path):
+    """A learning rate of 1e25: the weights overflow at update 1 and update 2's gradients are NaN. Before, the run
+    trained, averaged and saved NaN weights and exited 0."""
+    result = run_train_script(tmp_path, subprocess_env(), "--learning_rate", "1e25", "--max_steps", "4")
+    run = tmp_path / "run"
+    assert result.returncode == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(
+        f"error: Training diverged at update 2 of {run}: its gradient norm is nan. The update was not applied and "
+        f"nothing was saved after it; the newest complete checkpoint is {run / 'checkpoint-1'} "
+    )
+    assert [path.name for path in sorted(run.glob("checkpoint-*"))] == ["checkpoint-1"]
+    assert not (run / "averaged").exists() and not (run / "model.safetensors").exists()
+
+    # The way out it names, from a checkpoint whose weights had already overflowed: the first update says so.
+    flags = "--source-lang en --target-lang de --max_steps 2 --max_tokens_per_device 256 --eval_strategy no --use_cpu"
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *flags.split(), "--model_name_or_path"]
+    command += [str(run / "checkpoint-1"), "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "new")]
+    restarted = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert restarted.returncode == 1
+    assert restarted.stderr.strip().splitlines()[-1] == (
+        f"error: Training diverged at update 1 of {tmp_path / 'new'}: its gradient norm is nan, at the first update "
+        "of this launch: the weights it started from give non-finite gradients (the weights of a run that had "
+        "diverged already?), or its batches do. Nothing was saved."
+    )
+
+
 def test_train_script_pushes_the_averaged_model_with_our_card(hub, tmp_path):
     endpoint, root = hub
     env = {**hub_env(endpoint, tmp_path / "home", HUB_TOKEN), "MKL_NUM_THREADS": "1"}
