@@ -832,6 +832,47 @@ def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_chec
         assert all(tensor.isfinite().all() for tensor in load_file(checkpoint / "model.safetensors").values())
 
 
+DIVERGING_WORKER = """
+import os, sys
+sys.path.insert(0, {tests_dir!r})
+from helpers import copy_dataset, make_trainer, tiny_model, training_args, word_tokenizer
+from modeling.callbacks import leave_process_group
+from modeling.trainer import TokenBudgetSeq2SeqTrainer, TrainingDiverged
+
+class NanOnRankOne(TokenBudgetSeq2SeqTrainer):
+    def compute_loss(self, *args, **kwargs):
+        loss = super().compute_loss(*args, **kwargs)
+        return loss * float("nan") if self.args.process_index == 1 and self.state.global_step >= 2 else loss
+
+tokenizer = word_tokenizer()
+args = training_args({out!r}, max_steps=4, warmup_steps=2, max_tokens_per_device=24, ddp_backend="gloo",
+                     save_strategy="steps", save_steps=2)
+trainer = make_trainer(args, copy_dataset([4] * 16, len(tokenizer), seed=3), tokenizer, tiny_model(len(tokenizer)),
+                       NanOnRankOne)
+try:
+    trainer.train()
+except TrainingDiverged as diverged:
+    with open(os.path.join({out!r}, f"diverged_{{args.process_index}}.txt"), "w") as f:
+        f.write(str(diverged))
+del trainer
+leave_process_group()
+"""
+
+
+def test_nan_gradients_on_one_process_stop_every_process_at_the_same_update(tmp_path):
+    """The gradients are summed over processes before their norm is taken: a NaN loss on rank 1 alone stops both
+    ranks, none left waiting in a collective for the other."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(DIVERGING_WORKER.format(tests_dir=str(Path(__file__).parent), out=str(tmp_path)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker)]
+    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    messages = [(tmp_path / f"diverged_{rank}.txt").read_text() for rank in (0, 1)]
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(f"Training diverged at update 3 of {tmp_path}: its gradient norm is nan.")
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
+
+
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
     output_dir = tmp_path / "run"
     torch_save = torch.save
