@@ -538,6 +538,16 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
             f"({TransformerConfig.model_type!r}) and MarianMT ({MARIAN_MODEL_TYPE!r}, converted exactly) can be "
             "fine-tuned."
         )
+    if (
+        local
+        and model_args.tokenizer_name_or_path is None
+        and not any(os.path.isfile(os.path.join(name, file)) for file in TOKENIZER_FILES)
+    ):
+        # else transformers' message, after the data is read, names another tokenizer class's missing argument
+        raise ValueError(
+            f"Cannot fine-tune {name}: it holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); give the model's "
+            "tokenizer with --tokenizer_name_or_path"
+        )
     return model_type
 
 
@@ -607,7 +617,7 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
-            f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no tokenizer.json or tokenizer_config.json)"
+            f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no {' or '.join(TOKENIZER_FILES)})"
         )
 
 
@@ -736,6 +746,7 @@ def run_identity(
         "data_seed": training_args.data_seed,
         "preset": model_args.preset,
         "model_name_or_path": model_args.model_name_or_path,
+        "model_revision": model_args.model_revision,
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
@@ -767,11 +778,13 @@ def _write_run_records(
         shown["learning_rate_schedule"] = "learning_rate × d_model^-0.5 × min(step^-0.5, step × warmup^-1.5)"
     name = model_args.model_name_or_path
     run = {"preset": model_args.preset, "model_name_or_path": name, "world_size": args.world_size}
+    if model_args.model_revision is not None:
+        run["model_revision"] = model_args.model_revision
     if trainer.max_tokens_limit != args.max_tokens_per_device:  # batches made smaller for tokens_per_update
         run["max_tokens_per_device_given"] = trainer.max_tokens_limit
     if name is not None and not os.path.isdir(name):
         run["base_model"] = name  # a Hub repo: the card links it
-    conversion = _conversion_record(name)
+    conversion = _conversion_record(model_args)
     if conversion is not None:  # the card says what the fine-tuned model came from, and its fairseq tokenizer
         run["fairseq_conversion"] = conversion
     write_json(Path(args.output_dir) / TRAINING_ARGS_FILE, {**shown, **run})
@@ -785,13 +798,16 @@ def _write_run_records(
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
 
 
-def _conversion_record(name: str | None) -> dict | None:
-    """The `fairseq_conversion.json` of the model fine-tuned (a directory or a Hub repo), if it has one."""
+def _conversion_record(model_args: ModelArguments) -> dict | None:
+    """The `fairseq_conversion.json` of the model fine-tuned (a directory, or a Hub repo at `model_revision`), if it
+    has one."""
+    name = model_args.model_name_or_path
     if name is None:
         return None
     path = cached_file(
         name,
         CONVERSION_FILE,
+        **_revision_of(name, model_args),
         _raise_exceptions_for_missing_entries=False,
         _raise_exceptions_for_connection_errors=False,
     )

@@ -29,11 +29,11 @@ from helpers import (
 )
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from modeling import TransformerForConditionalGeneration, training
+from modeling import TransformerConfig, TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
 from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError, write_completeness_marker
-from modeling.files import UnwritableError
+from modeling.files import UnwritableError, write_json
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
@@ -103,6 +103,22 @@ def test_fine_tuning_starts_from_the_saved_model(tmp_path):
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
     assert model.config.d_model == 32, "the saved model's architecture, not the preset's"
     assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == tokenizer.get_vocab()
+
+
+def test_fine_tuning_a_model_directory_without_its_tokenizer_is_refused_before_the_data_is_read(tmp_path):
+    """Before, transformers' "arg `langs` needs to be a list of 2 langs" (another tokenizer class's), once the
+    training text had been read and cleaned (minutes on WMT)."""
+    weights_only = tmp_path / "weights_only"
+    tiny_model(len(word_tokenizer())).save_pretrained(weights_only)
+    with pytest.raises(ValueError) as refused:
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(weights_only)))
+    assert str(refused.value) == (
+        f"Cannot fine-tune {weights_only}: it holds no tokenizer (tokenizer.json or tokenizer_config.json); give the "
+        "model's tokenizer with --tokenizer_name_or_path"
+    )
+    word_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    given = ModelArguments(model_name_or_path=str(weights_only), tokenizer_name_or_path=str(tmp_path / "tokenizer"))
+    assert check_fine_tuning_source(given) == TransformerConfig.model_type
 
 
 def test_fine_tuning_with_an_extended_tokenizer_grows_the_vocabulary_and_a_foreign_one_is_refused(
@@ -759,3 +775,22 @@ def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs
         check_fine_tuning_source(ModelArguments(model_revision="v1"))
     with pytest.raises(ValueError, match=r"is a local directory: --model_revision names a version of a Hub repo"):
         check_fine_tuning_source(ModelArguments(model_name_or_path=str(tmp_path), model_revision="v1"))
+
+
+def test_the_conversion_record_of_a_hub_model_is_read_at_the_revision_fine_tuned(tmp_path, monkeypatch):
+    """Before, `main`'s record was read whatever --model_revision said, and the card named the wrong origin."""
+    import huggingface_hub
+
+    from modeling.training import _conversion_record
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--owner--converted"
+    for commit, checkpoint in (("a" * 40, "model_v1.pt"), ("b" * 40, "model_v2.pt")):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        write_json(repo / "snapshots" / commit / "fairseq_conversion.json", {"checkpoint": checkpoint})
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    pinned = ModelArguments(model_name_or_path="owner/converted", model_revision="a" * 40)
+    assert _conversion_record(pinned) == {"checkpoint": "model_v1.pt"}
+    assert _conversion_record(ModelArguments(model_name_or_path="owner/converted")) == {"checkpoint": "model_v2.pt"}
