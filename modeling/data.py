@@ -45,6 +45,14 @@ SPLIT_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+class SplitNotFoundError(KeyError):
+    """A split asked for that a dataset does not have (nor an alias of it); `name` is the one asked for."""
+
+    def __init__(self, name: str, available: list[str]):
+        super().__init__(f"no split {name!r} (or alias {list(SPLIT_ALIASES.get(name, ()))}) among {available}")
+        self.name = name
+
+
 def resolve_split(splits: Iterable[str], name: str) -> str:
     """Return the real name of split `name` among `splits` (a DatasetDict or any names).
 
@@ -57,7 +65,7 @@ def resolve_split(splits: Iterable[str], name: str) -> str:
     for candidate in SPLIT_ALIASES.get(name, ()):
         if candidate in available:
             return candidate
-    raise KeyError(f"no split {name!r} (or alias {list(SPLIT_ALIASES.get(name, ()))}) among {available}")
+    raise SplitNotFoundError(name, available)
 
 
 # --- loading -------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ from .checkpoints import (
 )
 from .configuration_transformer import TransformerConfig
 from .data import (
+    SplitNotFoundError,
     clean_parallel_dataset,
     discover_parallel_files,
     load_parallel_dataset,
@@ -374,8 +375,8 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
     keys = ("train", "validation") if evaluate else ("train",)
     try:  # one load: from the Hub, each load asks it for the split names
         raw = load_parallel_dataset(**where, splits=list(keys))
-    except KeyError as err:  # resolve_split's "no split 'train' ...", the training split being resolved first
-        if err.args[0].startswith("no split 'train'"):
+    except SplitNotFoundError as err:
+        if err.name == "train":
             raise ValueError(f"Training needs a training split ({err.args[0]}).") from None
         raise ValueError(f"Evaluation needs a validation split ({err.args[0]}); or pass --eval_strategy no.") from None
     splits = {  # the real names (val, newstest2013, ...) in the order asked for

@@ -19,7 +19,13 @@ from huggingface_hub import try_to_load_from_cache
 
 from modeling.checkpoints import weights_record
 from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int
-from modeling.data import discover_parallel_files, load_parallel_dataset, require_rows, split_source
+from modeling.data import (
+    SplitNotFoundError,
+    discover_parallel_files,
+    load_parallel_dataset,
+    require_rows,
+    split_source,
+)
 from modeling.evaluation import evaluate_split, metrics_filename
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
@@ -85,7 +91,7 @@ def main() -> None:
             data_dir=args.data_dir,
             splits=[args.split],
         )
-    except KeyError as error:  # an unknown split: the message lists the available ones
+    except SplitNotFoundError as error:  # the message lists the available ones
         sys.exit(f"error: {error.args[0]}")
     except (ImportError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")

@@ -794,3 +794,23 @@ def test_the_conversion_record_of_a_hub_model_is_read_at_the_revision_fine_tuned
     pinned = ModelArguments(model_name_or_path="owner/converted", model_revision="a" * 40)
     assert _conversion_record(pinned) == {"checkpoint": "model_v1.pt"}
     assert _conversion_record(ModelArguments(model_name_or_path="owner/converted")) == {"checkpoint": "model_v2.pt"}
+
+
+def test_a_missing_split_is_named_by_its_role_and_another_key_error_is_not_taken_for_one(tmp_path, monkeypatch):
+    data_dir = write_corpus(tmp_path / "data", 10, word_for_word)
+    (data_dir / "val.en").unlink()
+    (data_dir / "val.de").unlink()
+    data_args = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    with pytest.raises(ValueError, match=r"^Evaluation needs a validation split \(no split 'validation'"):
+        training._load_text(data_args, evaluate=True)
+    (data_dir / "train.en").rename(data_dir / "other.en")
+    (data_dir / "train.de").rename(data_dir / "other.de")
+    with pytest.raises(ValueError, match=r"^Training needs a training split \(no split 'train'"):
+        training._load_text(data_args, evaluate=True)
+
+    def broken_rows(**kwargs):  # a KeyError of the loading itself, not of a split's name: not reported as one
+        raise KeyError("translation")
+
+    monkeypatch.setattr(training, "load_parallel_dataset", broken_rows)
+    with pytest.raises(KeyError, match="^'translation'$"):
+        training._load_text(data_args, evaluate=True)
