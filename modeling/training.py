@@ -128,6 +128,9 @@ MODEL_FILES = (
     "cache_transformer.py",
     "onednn_transformer.py",
     "model.safetensors.index.json",
+    # a fine-tuned converted fairseq model's tokenizer: left behind, a run that replaced it pushed them too
+    "tokenization_fairseq.py",
+    *FairseqTokenizer.vocab_files_names.values(),
 )
 
 

@@ -521,6 +521,13 @@ def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(
     assert "Trained with fairseq; what this project records" not in card and "| max_steps | 2 |" in card
     assert "fairseq_conversion" not in card and "base_model" not in card, "a local path: no model tree link"
 
+    # Another run in its place: fairseq's tokenizer files go with the run they belonged to (they were pushed with
+    # the next model).
+    fairseq_files = ["merges.txt", "tokenization_fairseq.py", "vocab-src.json", "vocab-tgt.json"]
+    assert all((Path(output_dir) / name).is_file() for name in fairseq_files)
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "ft", overwrite_output_dir=True))
+    assert [name for name in fairseq_files if (Path(output_dir) / name).exists()] == []
+
 
 def test_fine_tuning_a_converted_fairseq_model_on_another_pair_tokenises_by_the_new_languages(
     tmp_path, datasets_cache
