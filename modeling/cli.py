@@ -42,8 +42,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, chunk_lines_help: st
 
 def log_to_stderr(format: str, level: int | None = None) -> None:
     """`logging.basicConfig(format=format, level=level)`, with huggingface_hub's records printed once: it prints them
-    through a handler of its own and passed them on to the root logger's as well (each retry warning twice)."""
+    through a handler of its own and passes them on to the root logger's as well (each retry warning twice)."""
     logging.basicConfig(format=format, level=level)
-    hub = hub_logging.get_logger()  # its root logger, handler in place (it is set up on first use)
+    hub = hub_logging.get_logger()  # its root logger, given its handler when huggingface_hub was imported
     if hub.handlers:
         hub.propagate = False

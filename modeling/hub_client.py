@@ -1,12 +1,17 @@
-"""Every Hub request this project makes, with a timeout, retries and one-line errors.
+"""Every Hub request this project makes, with a timeout, retries and one-line errors; offline, what the Hub cache
+lacks of a model, named before loading.
 
 `huggingface_hub`'s own client waits forever for a server that accepted the connection and never answers (only its
 file downloads set their own timeouts). `use_hub_timeouts()` gives every request of the process a timeout
 (`HUB_TIMEOUT_ENV`, default 60 s; 10 s to connect); the library calls it before it first reaches the Hub, for a push
 (`hub_call`), a model or tokenizer loaded by name (`modeling.translation`, `modeling.training`) and a Hub dataset
-(`modeling.data`). Pushes are retried a few times with backoff on timeouts, connection errors and 5xx answers (safe: a
-commit is atomic on the Hub and uploaded objects are content-addressed), and a failure ends in `HubError`, one line
-naming the URL and the cause.
+(`modeling.data`). Pushes are retried a few times with backoff on timeouts, connection errors, 5xx and 429 answers
+(safe: a commit is atomic on the Hub and uploaded objects are content-addressed), and a failure ends in `HubError`,
+one line naming the URL and the cause.
+
+Offline (HF_HUB_OFFLINE=1), `offline_cache_error` names what the cache lacks of a model repo (`MODEL_REPO_FILES`:
+its config, weights, tokenizer) or that only other revisions are there, with the command that downloads it; the
+loaders call it before transformers would fail with messages that name neither the cache nor the file.
 """
 
 import json
@@ -32,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 # Seconds a Hub request may wait for an answer (and at most CONNECT_TIMEOUT of them to connect).
 HUB_TIMEOUT_ENV = "VASWANI_HUB_TIMEOUT"
-# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx answers).
+# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx and 429 answers).
 HUB_ATTEMPTS_ENV = "VASWANI_HUB_ATTEMPTS"
 DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0

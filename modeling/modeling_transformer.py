@@ -41,7 +41,8 @@ from .configuration_transformer import TransformerConfig
 from .generation_transformer import TransformerGenerationMixin, set_paper_decoding
 from .onednn_transformer import functorch_active, is_plain_linear, linear, linears, matmul_transposed
 
-if TYPE_CHECKING:  # hints only: generate()'s beam-search cache (`cache_transformer.py`), read like the library's
+if TYPE_CHECKING:  # hints only: generate()'s beam-search cache (defined in cache_transformer.py, which only
+    # generation_transformer.py imports, so that this file's siblings stay those its code needs at run time)
     from .generation_transformer import StaticBeamCache
 
 # --------------------------------------------------------------------------------------------------------------

@@ -830,7 +830,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         **gen_kwargs: Any,
     ) -> dict[str, float]:
         """Loss on `eval_dataset`, without generating; when evaluating the trainer's own datasets, also BLEU on
-        `bleu_dataset`, logged as `{metric_key_prefix}_sample_bleu` (and `_paper_bleu`, `_chrf`, `_loss`).
+        `bleu_dataset`, logged as `{metric_key_prefix}_sample_bleu` (and `_paper_bleu`, `_chrf`, `_sentences`,
+        `_loss`).
 
         `predict` translates and scores whatever it is given."""
         try:

@@ -613,7 +613,8 @@ def _bleu_sample_size(data_args: DataArguments, preset: TrainingPreset) -> int:
 
 
 def _check_tokenizer_path(tokenizer: str | None) -> None:
-    """A local --tokenizer path (else a Hub repo id) that holds no tokenizer: named now, not as the data is read."""
+    """A local --tokenizer_name_or_path (else a Hub repo id) that holds no tokenizer: named now, not as the data is
+    read."""
     if tokenizer is None:
         return
     path = Path(tokenizer)
