@@ -22,7 +22,9 @@ class _CrossAttention:
     def __init__(self):
         self.layers: list[SimpleNamespace] = []  # `.keys`, `.values`: (rows, H, S, Dh), where the attention reads
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # Each decoder layer stores its own once, in layer order; the attention then reads `layers[layer_idx]`.
         if layer_idx != len(self.layers):
             raise RuntimeError(
@@ -51,7 +53,9 @@ class _SelfAttention:
         self.buffer: torch.Tensor | None = None  # (max_rows, room, layers, 2, H, Dh)
         self.spare: torch.Tensor | None = None  # the same shape: where the next selection is copied to
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a step's (rows, H, 1, Dh) at position `length`; return the layer's keys and values so far, each
         (rows, H, length + 1, Dh)."""
         if self.buffer is None:  # the first step allocates

@@ -38,6 +38,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -362,8 +363,14 @@ class TransformerGenerationMixin(GenerationMixin):
                 setattr(config, name, None)
 
     def adjust_generation_fn(
-        self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path, *args, **kwargs
-    ):
+        self,
+        generation_config: GenerationConfig | None,
+        from_auto_class: bool,
+        from_pipeline: str | None,
+        pretrained_model_name_or_path: str | os.PathLike | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         """`from_pretrained`'s loading of the generation config, except where the checkpoint has none. transformers
         would then make one from config.json and decode greedily, up to 20 tokens; this model decodes as `__init__`
         builds it, with the paper's decoding (Sec. 6.1), and says so. A local generation_config.json that cannot be

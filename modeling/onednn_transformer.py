@@ -164,7 +164,9 @@ class OneDNNLinear(torch.autograd.Function):
         return _onednn_linear(hidden_states, weight, bias)  # (..., D_out)
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
+    def backward(
+        ctx, grad_output: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         hidden_states, weight = ctx.saved_tensors
         # With create_graph=True (a second derivative) autograd records the backward: plain products then, which
         # it can differentiate.

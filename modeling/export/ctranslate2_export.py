@@ -110,9 +110,10 @@ def _stack(spec, stack: nn.Module, num_positions: int) -> None:
     spec.position_encodings.encodings = _copy(stack.embed_positions(0, num_positions))
 
 
-def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase):
-    """A `ctranslate2.specs.TransformerSpec` holding this model: post-LayerNorm encoder and decoder without final
-    LayerNorm, no embedding LayerNorm, the decoder starting from `decoder_start_token_id`'s embedding."""
+def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase) -> Any:
+    """A `ctranslate2.specs.TransformerSpec` (`Any`: ctranslate2 is imported here, lazily) holding this model:
+    post-LayerNorm encoder and decoder without final LayerNorm, no embedding LayerNorm, the decoder starting from
+    `decoder_start_token_id`'s embedding."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     model = check_ctranslate2(model)
