@@ -15,13 +15,10 @@ checkpoints and what differs), and the result is built in `OUTPUT.partial` and s
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import pickle
 import shutil
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +46,7 @@ from .checkpoints import (
     marker_record,
     model_differences,
     read_run_identity,
+    saved_training_arguments,
     weight_files,
 )
 from .files import check_replaceable, replacing_directory, write_json
@@ -175,35 +173,8 @@ def _save_strategy(checkpoint: Path) -> str | None:
     recorded = marker_record(checkpoint).get("save_strategy")
     if recorded is not None:
         return str(recorded)
-    try:
-        with zipfile.ZipFile(checkpoint / "training_args.bin") as archive:
-            data = next(name for name in archive.namelist() if name.endswith("data.pkl"))
-            arguments = _InertUnpickler(io.BytesIO(archive.read(data))).load()
-        strategy = vars(arguments)["save_strategy"]
-        return str(strategy.args[0] if isinstance(strategy, _Inert) else strategy)
-    except Exception:  # an older format, a pickle of something else: the strategy is unknown
-        return None
-
-
-class _Inert:
-    """What `_InertUnpickler` makes of every class and function a pickle names: a record of its arguments."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-
-    def __setstate__(self, state):
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-
-
-class _InertUnpickler(pickle.Unpickler):
-    """Reads a pickle without importing or calling anything it names: every global is `_Inert`."""
-
-    def find_class(self, module, name):
-        return _Inert
-
-    def persistent_load(self, pid):
-        return None
+    strategy = (saved_training_arguments(checkpoint) or {}).get("save_strategy")
+    return None if strategy is None else str(strategy)
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

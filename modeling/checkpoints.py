@@ -19,9 +19,11 @@ Only the standard library is needed here: deployment tools (`modeling.translatio
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
+import pickle
 import re
 import struct
 import zipfile
@@ -282,6 +284,46 @@ def marker_record(checkpoint: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def saved_training_arguments(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
+    """The fields of the Trainer's arguments pickled in `checkpoint/training_args.bin`, read without importing or
+    calling anything the pickle names (an enum field gives its value); None where there is no such file or it does
+    not read as one."""
+    try:
+        with zipfile.ZipFile(Path(checkpoint) / "training_args.bin") as archive:
+            data = next(name for name in archive.namelist() if name.endswith("data.pkl"))
+            fields = vars(_InertUnpickler(io.BytesIO(archive.read(data))).load())
+    except Exception:  # no file, an older format, a pickle of something else
+        return None
+    return {key: _enum_value(value) for key, value in fields.items()}
+
+
+def _enum_value(value: Any) -> Any:
+    """An enum member pickled as a call of its class with its value (`IntervalStrategy("steps")`): that value."""
+    arguments = getattr(value, "args", ()) if isinstance(value, _Inert) else ()
+    return arguments[0] if len(arguments) == 1 else value
+
+
+class _Inert:
+    """What `_InertUnpickler` makes of every class and function a pickle names: a record of its arguments."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def __setstate__(self, state):
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+
+
+class _InertUnpickler(pickle.Unpickler):
+    """Reads a pickle without importing or calling anything it names: every global is `_Inert`."""
+
+    def find_class(self, module, name):
+        return _Inert
+
+    def persistent_load(self, pid):
+        return None
 
 
 # --- provenance ----------------------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ from .checkpoints import (
     complete_checkpoints,
     latest_complete_checkpoint,
     marker_record,
+    saved_training_arguments,
     staging_directories,
     write_completeness_marker,
 )
@@ -191,6 +192,20 @@ def _recorded_batching(record: dict[str, Any]) -> dict[str, int] | None:
     batching = record.get("batching")
     keys = {"processes", "micro_batches_per_update", "max_tokens_per_device"}
     return batching if isinstance(batching, dict) and keys <= batching.keys() else None
+
+
+def _checkpoint_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None:
+    """The batching `checkpoint` was trained with: its marker's record; for a checkpoint saved before markers
+    recorded it (2026-12-03), the micro-batches and their size in the Trainer's pickled arguments, where those say
+    the run was one process (`local_rank` -1: how many there were is recorded nowhere else)."""
+    batching = _recorded_batching(marker_record(checkpoint))
+    if batching is not None:
+        return batching
+    arguments = saved_training_arguments(checkpoint) or {}
+    micro_batches, max_tokens = arguments.get("gradient_accumulation_steps"), arguments.get("max_tokens_per_device")
+    if arguments.get("local_rank") != -1 or not isinstance(micro_batches, int) or not isinstance(max_tokens, int):
+        return None
+    return {"processes": 1, "micro_batches_per_update": micro_batches, "max_tokens_per_device": max_tokens}
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
@@ -418,7 +433,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `max_tokens_per_device`. `train` calls it when resuming; call it first to record the batching that the run
         will use."""
         record = marker_record(checkpoint)
-        saved, batching = _recorded_batching(record), self._batching()
+        saved, batching = _checkpoint_batching(checkpoint), self._batching()
         if (
             self.args.tokens_per_update is None
             or record.get("batching_asked", self._batching_asked()) != self._batching_asked()
@@ -472,8 +487,20 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         ]
         if used:
             raise _override_refusal(checkpoint, used)
-        saved_batching = _recorded_batching(marker_record(checkpoint))
+        saved_batching = _checkpoint_batching(checkpoint)
         batching = self._batching()
+        arguments = (saved_training_arguments(checkpoint) or {}) if saved_batching is None else {}
+        if arguments.get("local_rank", -1) != -1 and self.args.tokens_per_update is not None:
+            logger.warning(
+                "%s records no batching (saved before 2026-12-03 by several processes, how many is recorded "
+                "nowhere): this launch derives %s from --tokens_per_update, its arguments say %s micro-batch(es) "
+                "per update of at most %s tokens per process; if they differ, give --gradient_accumulation_steps "
+                "and --max_tokens_per_device to keep the run's update size",
+                checkpoint,
+                _describe_batching(batching),
+                arguments.get("gradient_accumulation_steps"),
+                arguments.get("max_tokens_per_device"),
+            )
         if not saved_batching or saved_batching == batching:
             return
         if _split_over(saved_batching, batching["processes"]) == batching:  # the same updates

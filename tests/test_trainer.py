@@ -144,6 +144,40 @@ def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trai
     assert limited.args.max_tokens_per_device < 500 and "its own batches" not in caplog.text
 
 
+def test_a_checkpoint_whose_marker_records_no_batching_resumes_with_the_batches_of_its_pickled_arguments(
+    tmp_path, caplog
+):
+    """A marker written before 2026-12-03 records no batching: the batches derived anew replaced the checkpoint's
+    without a word (another update size from there on, part of the epoch skipped or seen twice)."""
+    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1}
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    first = training_args(tmp_path, max_steps=1, max_tokens_per_device=1000, **settings)
+    make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
+    marker = tmp_path / "checkpoint-1" / "checkpoint_complete.json"
+    legacy = {k: v for k, v in json.loads(marker.read_text()).items() if k not in ("batching", "batching_asked")}
+    marker.write_text(json.dumps(legacy))
+    args = training_args(tmp_path, max_steps=2, max_tokens_per_device=1000, tokens_per_update=28, **settings)
+    resumed = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
+    assert resumed.args.max_tokens_per_device == 62, "derived anew"
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert (resumed.args.gradient_accumulation_steps, resumed.args.max_tokens_per_device) == (1, 1000)
+    assert "with its own batches (1 process(es) × 1 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
+    assert resumed.state.log_history[1]["target_tokens_per_update"] == 56, "one batch of all 8 examples, as before"
+    # Trained by several processes (how many, nothing says): the batches derived now, with a warning.
+    arguments = torch.load(tmp_path / "checkpoint-1" / "training_args.bin", weights_only=False)
+    arguments.local_rank = 0
+    torch.save(arguments, tmp_path / "checkpoint-1" / "training_args.bin")
+    caplog.clear()
+    several = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        several.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
+        several._check_resumable(tmp_path / "checkpoint-1", 2)
+    assert several.args.max_tokens_per_device == 62 and "its own batches" not in caplog.text
+    assert "records no batching (saved before 2026-12-03 by several processes" in caplog.text
+    assert "its arguments say 1 micro-batch(es) per update of at most 1000 tokens per process" in caplog.text
+
+
 def test_a_resume_asking_for_other_tokens_per_update_derives_its_batches(tmp_path, caplog):
     settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1, "max_tokens_per_device": 1000}
     tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
