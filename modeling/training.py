@@ -803,6 +803,26 @@ def _write_run_records(
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
 
 
+def _warn_of_another_training_set(output_dir: Path, train: datasets.Dataset) -> None:
+    """A resumed run whose cleaned training split has another number of pairs than its earlier launch recorded:
+    the same files (the run identity compares them), cleaned by another version of this code. Said, since the
+    batches from here on are not those of the run's data position."""
+    path = output_dir / DATA_STATS_FILE
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["sentence_pairs"]["train"]
+    except (OSError, ValueError, KeyError, TypeError):  # not recorded: nothing to compare
+        return
+    if recorded != len(train):
+        logger.warning(
+            "The cleaned training split has %d pairs, the run's earlier launch trained on %d (%s): the same files, "
+            "cleaned by another version of this code; the batches from the checkpoint's data position on differ "
+            "from those it would have trained on",
+            len(train),
+            recorded,
+            path,
+        )
+
+
 def _conversion_record(model_args: ModelArguments) -> dict | None:
     """The `fairseq_conversion.json` of the model fine-tuned (a directory, or a Hub repo at `model_revision`), if it
     has one."""
@@ -1022,6 +1042,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             if checkpoint is not None:  # before the records, which say how the run trains
                 trainer.adopt_checkpoint_batching(checkpoint)
             if trainer.is_world_process_zero():
+                if checkpoint is not None:
+                    _warn_of_another_training_set(output_dir, text["train"])
                 hub_model_id = hub.repo_id if hub else None
                 _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
             agreed = preemption.agreed(training_args.device)

@@ -821,3 +821,34 @@ def test_a_missing_split_is_named_by_its_role_and_another_key_error_is_not_taken
     monkeypatch.setattr(training, "load_parallel_dataset", broken_rows)
     with pytest.raises(KeyError, match="^'translation'$"):
         training._load_text(data_args, evaluate=True)
+
+
+def test_resuming_on_a_training_split_cleaned_to_another_size_says_so(tmp_path, datasets_cache, caplog, monkeypatch):
+    """The same files cleaned by another version of this code (one that kept pairs of zero-width spaces): the run
+    identity, which compares the files, saw no difference, and the resumed run trained on other batches unsaid."""
+    monkeypatch.setattr(logging.getLogger("modeling"), "propagate", True)
+    data = DataArguments(
+        data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)),
+        source_lang="en",
+        target_lang="de",
+        vocab_size=64,
+    )
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, save_steps=1))
+    stats = json.loads((run / "data_stats.json").read_text())
+    assert stats["sentence_pairs"]["train"] == 40
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(
+            ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=3, resume_from_checkpoint="last")
+        )
+    assert "cleaned training split" not in caplog.text, "the same training set: nothing to say"
+    stats["sentence_pairs"]["train"] = 46  # as the earlier version recorded it
+    write_json(run / "data_stats.json", stats)
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(
+            ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4, resume_from_checkpoint="last")
+        )
+    assert (
+        f"The cleaned training split has 40 pairs, the run's earlier launch trained on 46 ({run / 'data_stats.json'})"
+        in caplog.text
+    )
