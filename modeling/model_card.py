@@ -35,6 +35,7 @@ from .checkpoints import (
     DATA_STATS_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
+    weight_files,
     weights_record,
 )
 from .files import atomic_path, write_text
@@ -137,6 +138,12 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
                         f"{path} scored other weights than {model_dir} holds now (converted or trained again "
                         "since): evaluate it again."
                     )
+            elif model_dir is not None and _scored_dir(result) is not None and _weights_written_after(model_dir, path):
+                # a result of scripts/evaluate.py before 2026-12-03: the model directory it scored, not the weights
+                raise ValueError(
+                    f"{path} does not record the weights it scored, and {model_dir}'s weights were written after it "
+                    "(trained again or averaged since?): evaluate it again."
+                )
             inputs["eval_results"].append(result)
         state = directory / TRAINER_STATE_NAME
         if inputs["log_history"] is None and state.is_file():
@@ -145,6 +152,18 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
             if inputs[key] is None and (directory / name).is_file():
                 inputs[key] = read_json(directory / name)
     return inputs
+
+
+def _scored_dir(result: dict[str, Any]) -> Path | None:
+    """The local model directory an evaluation result names as scored (`check_eval_result` made sure it is the
+    card's), if any."""
+    scored = result.get("model")
+    return Path(scored) if isinstance(scored, str) and Path(scored).is_dir() else None
+
+
+def _weights_written_after(model_dir: str | Path, path: Path) -> bool:
+    written = path.stat().st_mtime
+    return any(weights.stat().st_mtime > written for weights in weight_files(model_dir) if weights.is_file())
 
 
 def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = None) -> dict[str, Any]:
@@ -169,9 +188,9 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             expected = {str: "string", bool: "boolean"}.get(kind, "number")
             raise ValueError(f"{path}: {key!r} is {value!r}, not a {expected}.")
-    scored = result.get("model")
-    if model_dir is not None and isinstance(scored, str) and Path(scored).is_dir():
-        if Path(scored).resolve() != Path(model_dir).resolve():
+    scored = _scored_dir(result)
+    if model_dir is not None and scored is not None:
+        if scored.resolve() != Path(model_dir).resolve():
             raise ValueError(
                 f"{path} scored the model {scored}, not {model_dir}: refusing to put another model's scores on "
                 "its card."

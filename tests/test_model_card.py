@@ -2,6 +2,7 @@
 plot."""
 
 import ast
+import os
 import re
 
 import pytest
@@ -232,6 +233,26 @@ def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, mon
     (tmp_path / "model" / "model.safetensors").write_bytes(b"converted again")  # the same path, other weights
     with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
         collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
+
+
+def test_a_result_naming_its_model_but_not_its_weights_is_refused_once_the_weights_are_newer(tmp_path, eval_result):
+    """scripts/evaluate.py before 2026-12-03 recorded the model directory only: a model trained again or averaged
+    since kept the old score on its card."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"the weights evaluated")
+    record = write_json(
+        tmp_path / "eval" / "eval_results_test.json", {**eval_result, "model": str(tmp_path / "model")}
+    )
+    os.utime(tmp_path / "model" / "model.safetensors", (1_000_000, 1_000_000))  # written before the evaluation
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"averaged again")
+    os.utime(record, (2_000_000, 2_000_000))  # evaluated before: its weights are now newer
+    with pytest.raises(ValueError) as refused:
+        collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
+    assert str(refused.value) == (
+        f"{record} does not record the weights it scored, and {tmp_path / 'model'}'s weights were written after it "
+        "(trained again or averaged since?): evaluate it again."
+    )
 
 
 @pytest.mark.parametrize(
