@@ -117,16 +117,19 @@ def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_s
     }
 
 
-def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trained_with(tmp_path, caplog):
-    # The checkpoint of an earlier version of this code: batches tokens_per_update did not make smaller, and a
-    # marker that does not record what was asked.
-    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1}
+RESUMED_BATCHING = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1, "max_tokens_per_device": 1000}
+
+
+def resume_an_earlier_versions_checkpoint(tmp_path: Path, caplog, unrecorded: tuple[str, ...]) -> None:
+    """checkpoint-1 of a run of batches of 1000 tokens, its marker without the fields `unrecorded` (as an earlier
+    version of this code wrote it), resumed with tokens_per_update=28, which derives batches of 62 tokens now:
+    resumed with its own batches."""
     tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
-    first = training_args(tmp_path, max_steps=1, max_tokens_per_device=1000, **settings)
+    first = training_args(tmp_path, max_steps=1, **RESUMED_BATCHING)
     make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
     marker = tmp_path / "checkpoint-1" / "checkpoint_complete.json"
-    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "batching_asked"}))
-    args = training_args(tmp_path, max_steps=2, max_tokens_per_device=1000, tokens_per_update=28, **settings)
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k not in unrecorded}))
+    args = training_args(tmp_path, max_steps=2, tokens_per_update=28, **RESUMED_BATCHING)
     resumed = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
     assert resumed.args.max_tokens_per_device == 62, "derived anew"
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
@@ -135,9 +138,18 @@ def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trai
     assert "with its own batches (1 process(es) × 1 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
     assert "other batches" not in caplog.text
     assert resumed.state.log_history[1]["target_tokens_per_update"] == 56, "one batch of all 8 examples, as before"
+
+
+def test_a_resume_on_as_many_processes_keeps_the_batches_its_checkpoint_was_trained_with(tmp_path, caplog):
+    # The checkpoint of an earlier version of this code: batches tokens_per_update did not make smaller, and a
+    # marker that does not record what was asked.
+    resume_an_earlier_versions_checkpoint(tmp_path, caplog, unrecorded=("batching_asked",))
     # Never batches larger than the memory now given: then the derived ones, with the warning.
     caplog.clear()
-    smaller = training_args(tmp_path, max_steps=2, max_tokens_per_device=500, tokens_per_update=28, **settings)
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    smaller = training_args(
+        tmp_path, max_steps=2, tokens_per_update=28, **{**RESUMED_BATCHING, "max_tokens_per_device": 500}
+    )
     limited = make_trainer(smaller, data, tokenizer, tiny_model(len(tokenizer)))
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
         limited.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
@@ -149,26 +161,14 @@ def test_a_checkpoint_whose_marker_records_no_batching_resumes_with_the_batches_
 ):
     """A marker written before 2026-12-03 records no batching: the batches derived anew replaced the checkpoint's
     without a word (another update size from there on, part of the epoch skipped or seen twice)."""
-    settings = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1}
-    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
-    first = training_args(tmp_path, max_steps=1, max_tokens_per_device=1000, **settings)
-    make_trainer(first, data, tokenizer, tiny_model(len(tokenizer))).train()
-    marker = tmp_path / "checkpoint-1" / "checkpoint_complete.json"
-    legacy = {k: v for k, v in json.loads(marker.read_text()).items() if k not in ("batching", "batching_asked")}
-    marker.write_text(json.dumps(legacy))
-    args = training_args(tmp_path, max_steps=2, max_tokens_per_device=1000, tokens_per_update=28, **settings)
-    resumed = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
-    assert resumed.args.max_tokens_per_device == 62, "derived anew"
-    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
-        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
-    assert (resumed.args.gradient_accumulation_steps, resumed.args.max_tokens_per_device) == (1, 1000)
-    assert "with its own batches (1 process(es) × 1 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
-    assert resumed.state.log_history[1]["target_tokens_per_update"] == 56, "one batch of all 8 examples, as before"
+    resume_an_earlier_versions_checkpoint(tmp_path, caplog, unrecorded=("batching", "batching_asked"))
     # Trained by several processes (how many, nothing says): the batches derived now, with a warning.
     arguments = torch.load(tmp_path / "checkpoint-1" / "training_args.bin", weights_only=False)
     arguments.local_rank = 0
     torch.save(arguments, tmp_path / "checkpoint-1" / "training_args.bin")
     caplog.clear()
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    args = training_args(tmp_path, max_steps=2, tokens_per_update=28, **RESUMED_BATCHING)
     several = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
         several.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
