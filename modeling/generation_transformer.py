@@ -37,6 +37,7 @@ import inspect
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,29 @@ ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriter
 PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
 
 
+def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool, int | None]:
+    """The decoding settings generate() reads, each refused in one line where it is of the wrong kind (`setting`:
+    its value for a name, else the default given); returns `forced_eos_keeps_log_prob` and `max_length_offset`."""
+    num_beams = setting("num_beams", 1)
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
+        raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
+    penalty_type = setting("length_penalty_type", "transformers")
+    if penalty_type not in LENGTH_PENALTY_TYPES:
+        raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
+    finalization = setting("beam_finalization", "best")
+    if finalization not in BEAM_FINALIZATIONS:
+        raise ValueError(f"Unknown beam_finalization {finalization!r}; expected one of {BEAM_FINALIZATIONS}.")
+    keep_eos_score = setting("forced_eos_keeps_log_prob", False)
+    if not isinstance(keep_eos_score, bool):
+        raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
+    offset = setting("max_length_offset", None)
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
+        # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
+        raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
+    return keep_eos_score, offset
+
+
 class TransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with the paper's decoding; the translation model inherits it."""
 
@@ -291,23 +315,7 @@ class TransformerGenerationMixin(GenerationMixin):
                     return value
             return default
 
-        num_beams = setting("num_beams", 1)
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-            # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
-            raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
-        penalty_type = setting("length_penalty_type", "transformers")
-        if penalty_type not in LENGTH_PENALTY_TYPES:
-            raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
-        finalization = setting("beam_finalization", "best")
-        if finalization not in BEAM_FINALIZATIONS:
-            raise ValueError(f"Unknown beam_finalization {finalization!r}; expected one of {BEAM_FINALIZATIONS}.")
-        keep_eos_score = setting("forced_eos_keeps_log_prob", False)
-        if not isinstance(keep_eos_score, bool):
-            raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
-        offset = setting("max_length_offset", None)
-        if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
-            # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
-            raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
+        keep_eos_score, offset = _checked_decoding_settings(setting)
         fairseq_limit = self._fairseq_max_length(setting("max_length_a", None), setting("max_length_b", None))
         max_lengths = self._sentence_max_lengths(inputs, kwargs, offset, fairseq_limit)  # (B,) or None
         if max_lengths is not None:
