@@ -104,6 +104,47 @@ def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no .partial or .old left"
 
 
+def test_a_second_writer_of_a_directory_is_refused_while_the_first_builds_it(tmp_path):
+    """Two writers (two exports, a user's average and a run's own) deleted each other's partial directory and
+    swapped in a mix of both."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("first")
+        with pytest.raises(UnwritableError) as refused:
+            with atomic_directory(target):
+                pass
+        assert (staging / "model.bin").read_text() == "first", "the first writer's work untouched"
+    assert str(refused.value) == (
+        f"another process is writing {target} (it holds {tmp_path / '.export.lock'}): wait for it to end, then run "
+        "this again"
+    )
+    assert (target / "model.bin").read_text() == "first"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export"], "the lock file goes with its writer"
+    with atomic_directory(target) as staging:  # free again
+        (staging / "model.bin").write_text("second")
+    assert (target / "model.bin").read_text() == "second"
+
+
+def test_a_writer_that_locks_the_lock_file_of_a_writer_since_finished_takes_a_new_one(tmp_path, monkeypatch):
+    target = tmp_path / "export"
+    lock = files_module.fcntl.flock
+    opened = []
+
+    def the_first_writer_finishes_between_open_and_lock(fd, operation):
+        if not opened:
+            opened.append(fd)
+            with atomic_directory(target) as staging:  # it opens the same lock file, locks it, removes it
+                (staging / "model.bin").write_text("first")
+        return lock(fd, operation)
+
+    monkeypatch.setattr(files_module.fcntl, "flock", the_first_writer_finishes_between_open_and_lock)
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("second")
+        assert (tmp_path / ".export.lock").is_file(), "a lock file of its own, which a third writer would find"
+    assert (target / "model.bin").read_text() == "second"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export"]
+
+
 def test_a_swap_whose_last_rename_fails_puts_the_old_directory_back(tmp_path, monkeypatch):
     target = tmp_path / "export"
     with atomic_directory(target) as staging:

@@ -597,6 +597,29 @@ def test_a_second_translation_into_the_same_file_is_refused_while_the_first_runs
     assert destination.read_text().split("\n")[:-1] == expected, "the first run's translation, whole"
 
 
+def test_a_translation_finishing_as_a_second_one_opens_its_file_is_left_as_it_wrote_it(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """The second run opened the partial file, the first renamed it into place and let go of it, the second locked
+    it: before, the second truncated the first's finished output and wrote its own into it."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    lock = translation.fcntl.flock
+
+    def the_first_run_finishes_between_open_and_lock(fd, operation):
+        monkeypatch.setattr(translation.fcntl, "flock", lock)
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+        return lock(fd, operation)
+
+    monkeypatch.setattr(translation.fcntl, "flock", the_first_run_finishes_between_open_and_lock)
+    other_source = tmp_path / "other.en"
+    other_source.write_text("a small dog\n")
+    with pytest.raises(TranslationInProgressError) as error:
+        translate_file(model, tokenizer, other_source, destination, chunk_lines=3, **SETTINGS)
+    assert str(error.value).startswith(f"another process finished translating into {destination} as this one")
+    assert destination.read_text().split("\n")[:-1] == expected, "the first run's translation, whole"
+
+
 def test_a_file_system_without_locks_still_translates_saying_what_it_cannot_guard(
     file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
 ):
