@@ -76,6 +76,11 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(
             args.model, revision=args.revision, device="cpu" if args.int8 else None
         )
+        if model_weights is not None and weights_record(args.model) != model_weights:
+            raise ValueError(  # which of them were loaded, nothing says
+                f"{args.model}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
+                "evaluate it once they are written"
+            )
         model_commit = None
         if model_weights is None:  # a Hub id: the snapshot just loaded, named by its commit in the cache
             snapshot = Path(try_to_load_from_cache(args.model, "config.json", revision=args.revision)).parent

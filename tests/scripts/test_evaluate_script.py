@@ -9,7 +9,7 @@ import pytest
 from helpers import HUB_TOKEN, SCRIPTS, run_script, script_error, subprocess_env
 from transformers import MarianConfig
 
-from modeling import evaluation
+from modeling import evaluation, translation
 from modeling.checkpoints import weights_record
 from modeling.model_card import result_caveats
 from modeling.scoring import corpus_scores
@@ -113,6 +113,31 @@ def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
     assert message == "error: cannot write -: it would be a file named '-', not standard output"
     message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path / "h.de.gz", monkeypatch=monkeypatch)
     assert message.startswith(f"error: cannot write {tmp_path / 'h.de.gz'}: the output is plain text")
+
+
+def test_weights_replaced_while_they_load_are_refused_rather_than_recorded_as_scored(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """An average replaced while evaluate.py loaded it: the record named the weights hashed before loading, the
+    scores were those of the weights loaded."""
+    model_dir = tmp_path / "averaged"
+    shutil.copytree(tiny_checkpoint[0], model_dir)
+    load = translation.load_model_and_tokenizer
+
+    def replaced_meanwhile(name, **kwargs):
+        loaded = load(name, **kwargs)
+        with open(model_dir / "model.safetensors", "ab") as weights:
+            weights.write(b" ")  # another average, written in place of the one hashed
+        return loaded
+
+    monkeypatch.setattr(translation, "load_model_and_tokenizer", replaced_meanwhile)
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error("evaluate.py", *common, "--output-dir", tmp_path / "eval", monkeypatch=monkeypatch)
+    assert message == (
+        f"error: {model_dir}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
+        "evaluate it once they are written"
+    )
+    assert not (tmp_path / "eval").exists()
 
 
 def test_outputs_that_would_overwrite_the_test_set_or_each_other_are_refused(
