@@ -177,12 +177,24 @@ def _save_strategy(checkpoint: Path) -> str | None:
     return None if strategy is None else str(strategy)
 
 
+def _removed_while_averaging(path: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"{path} was removed while the checkpoints were averaged (by the save_total_limit rotation of a run still "
+        "training there?): average again, or once the run has ended"
+    )
+
+
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     weights = {}
-    for path in weight_files(checkpoint):
+    files = weight_files(checkpoint) if checkpoint.is_dir() else []
+    if not files:  # it was complete when listed
+        raise _removed_while_averaging(checkpoint)
+    for path in files:
         try:
             with safe_open(path, framework="pt") as shard:
                 weights.update({name: shard.get_tensor(name) for name in shard.keys()})
+        except FileNotFoundError:
+            raise _removed_while_averaging(path) from None
         except Exception as error:  # safetensors' own errors are not OSErrors
             raise ValueError(f"Cannot read the weights {path}: {error}") from error
     return weights

@@ -5,6 +5,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -67,6 +68,28 @@ def test_a_checkpoint_holding_nan_weights_is_refused_naming_it_and_nothing_is_wr
     assert str(refused.value) == (
         f"{tmp_path / 'checkpoint-2'}: model.decoder.layers.0.ffn.fc2.weight holds NaN or infinite values (its run "
         "had diverged): average checkpoints saved before it."
+    )
+    assert not (tmp_path / "averaged").exists()
+
+
+def test_a_checkpoint_removed_while_averaging_is_named_as_such(tmp_path, monkeypatch):
+    """A run still training rotated it out: before, "does not hold the same tensors as the others" and a list of
+    every tensor name."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    usable = averaging.usable_checkpoints
+
+    def rotated_out_once_listed(paths):
+        listed = usable(paths)
+        shutil.rmtree(tmp_path / "checkpoint-2")
+        return listed
+
+    monkeypatch.setattr(averaging, "usable_checkpoints", rotated_out_once_listed)
+    with pytest.raises(FileNotFoundError) as removed:
+        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    assert str(removed.value) == (
+        f"{tmp_path / 'checkpoint-2'} was removed while the checkpoints were averaged (by the save_total_limit "
+        "rotation of a run still training there?): average again, or once the run has ended"
     )
     assert not (tmp_path / "averaged").exists()
 
