@@ -334,11 +334,12 @@ def _explicit_files(
 def _local_split(
     spec: ParallelFiles, split: str, source_lang: str, target_lang: str, cache_dir: str | None
 ) -> datasets.Dataset:
+    states = _file_states(spec.paths)  # before the contents are hashed into the cache key
     try:
         return datasets.Dataset.from_generator(
             _generate_rows,
             features=_translation_features(source_lang, target_lang),
-            gen_kwargs={"spec": spec, "languages": (source_lang, target_lang)},
+            gen_kwargs={"spec": spec, "languages": (source_lang, target_lang), "states": states},
             cache_dir=cache_dir,
             split=datasets.NamedSplit(split),
             fingerprint=_content_fingerprint(spec, (source_lang, target_lang)),
@@ -366,8 +367,16 @@ def _content_fingerprint(spec: ParallelFiles, languages: tuple[str, str]) -> str
     return datasets.fingerprint.Hasher.hash((spec.kind, spec.columns, languages, contents, _code_version()))
 
 
-def _generate_rows(spec: ParallelFiles, languages: tuple[str, str]) -> Iterator[dict]:
-    """Rows of one split in the WMT schema."""
+def _file_states(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
+    """What a file rewritten or replaced changes: its inode, size and modification time (a tuple: datasets would
+    shard a list of generator arguments over worker processes)."""
+    return tuple((status.st_ino, status.st_size, status.st_mtime_ns) for status in map(os.stat, paths))
+
+
+def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], states: tuple) -> Iterator[dict]:
+    """Rows of one split in the WMT schema. A file that changed since `states` were taken (before its contents
+    were hashed into the cache key) is refused at the end: the cache would hold one corpus's rows under another's
+    key, for every later run on that corpus."""
     source_lang, target_lang = languages
     if spec.kind == "text":
         pairs = _read_text_pair(*spec.paths)
@@ -377,6 +386,12 @@ def _generate_rows(spec: ParallelFiles, languages: tuple[str, str]) -> Iterator[
         pairs = _read_jsonl(spec.paths[0], languages)
     for source, target in pairs:
         yield {"translation": {source_lang: source, target_lang: target}}
+    now = _file_states(spec.paths)
+    changed = [path for path, before, after in zip(spec.paths, states, now, strict=True) if before != after]
+    if changed:
+        raise ValueError(
+            f"{changed[0]} changed while it was read (rewritten by another job?): run again once it is written"
+        )
 
 
 def _read_text_pair(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:

@@ -149,6 +149,32 @@ def test_the_cache_knows_a_corpus_by_its_content_not_its_place_or_time(tmp_path,
     assert load(corpus, cache_dir=cache_dir)["train"][0]["translation"]["en"] == lines[0][::-1]
 
 
+def test_a_corpus_rewritten_while_it_is_read_is_refused_and_leaves_no_cache_entry(
+    tmp_path, datasets_cache, monkeypatch
+):
+    """A data-preparation job rewrote train.de after its contents were hashed into the cache key: the cache held
+    the new rows under the old contents' key, and every later run on the old corpus trained on the new one."""
+    corpus = write_corpus(tmp_path / "corpus", 20, word_for_word)
+    original = shutil.copytree(corpus, tmp_path / "original")
+    cache_dir = str(tmp_path / "cache")
+    content_fingerprint = data_module._content_fingerprint
+
+    def rewritten_once_hashed(spec, languages):
+        key = content_fingerprint(spec, languages)
+        if Path(spec.paths[1]).name == "train.de":
+            lines = Path(spec.paths[1]).read_text().splitlines()
+            Path(spec.paths[1]).write_text("\n".join(["NEU " + line for line in lines]) + "\n")
+        return key
+
+    monkeypatch.setattr(data_module, "_content_fingerprint", rewritten_once_hashed)
+    with pytest.raises(ValueError, match=rf"^{corpus / 'train.de'} changed while it was read \(rewritten by another"):
+        load(corpus, cache_dir=cache_dir)
+    monkeypatch.undo()
+    first = (original / "train.de").read_text().splitlines()[0]
+    assert load(original, cache_dir=cache_dir)["train"][0]["translation"]["de"] == first, "the original's own rows"
+    assert load(corpus, cache_dir=cache_dir)["train"][0]["translation"]["de"] == "NEU " + first
+
+
 @pytest.mark.parametrize("longer", ["en", "de"])
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path, longer):
     write_lines(tmp_path / "train.en.gz", EN + ["extra ."] if longer == "en" else EN)
