@@ -289,7 +289,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     # link, and the directory it points to is what gets replaced, from beside it, on its own file system.
     path = Path(os.path.realpath(path))
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    with _sole_writer(path):
+    with sole_writer(path):
         remove_tree(partial)
         partial.mkdir(parents=True)
         try:
@@ -305,31 +305,41 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def _sole_writer(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `.NAME.lock` beside `path` while it is built and swapped, or refuse at once: two
-    writers of one directory (two exports, a user's average and the one a run makes at its end) deleted each
-    other's partial directory and swapped in a mix of both. The lock file is removed while still held; a writer
-    that locked it after that (it had opened it before) opens the new one instead."""
+def sole_writer(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on `.NAME.lock` beside the directory `path` while it is built and swapped
+    (`atomic_directory`) or pushed with its card, or refuse at once: two writers of one directory (two exports, a
+    user's average and the one a run makes at its end) deleted each other's partial directory and swapped in a mix
+    of both, and a push uploaded what replaced the directory it had checked. The lock file is removed while still
+    held; a writer that locked it after that (it had opened it before) opens the new one instead."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.with_name(f".{path.name}.lock")
     with ExitStack() as stack:
         while True:
-            handle = stack.enter_context(open(lock, "a"))
             try:
+                handle = stack.enter_context(open(lock, "a"))
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise UnwritableError(
                     errno.EBUSY,
                     f"another process is writing {path} (it holds {lock}): wait for it to end, then run this again",
                 ) from None
-            except OSError as error:  # a file system without locks (some NFS mounts): written unguarded
+            except OSError as error:  # a file system without locks (some NFS mounts), a read-only parent: unguarded
                 logger.warning("Cannot lock %s (%s): a second writer of %s is not refused", lock, error, path)
                 break
-            if os.path.lexists(lock) and os.path.samestat(os.fstat(handle.fileno()), os.stat(lock)):
+            if is_open_as(handle, lock):
                 stack.callback(lock.unlink, missing_ok=True)  # runs before the handle closes
                 break
             handle.close()  # the lock file of a writer that has finished since this one opened it
         yield
+
+
+def is_open_as(handle: IO, path: Path) -> bool:
+    """Whether the open file `handle` is still the file at `path` (not one removed or renamed since)."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:

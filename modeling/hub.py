@@ -24,6 +24,7 @@ from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
 from .checkpoints import CURVES_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, safetensors_problem
 from .export.common import refuse_an_export
+from .files import sole_writer
 from .hub_client import hub_call
 from .model_card import EVAL_RESULTS_GLOB, read_json, write_model_card
 
@@ -310,20 +311,23 @@ def stage_card_inputs(model_dir: Path, output_dir: Path, staging: Path) -> None:
 def push_trained_model(
     target: HubTarget, model_dir: Path, output_dir: Path, description: str, private: bool | None
 ) -> str:
-    """Write the model card into `model_dir` and push it as `scripts/push_to_hub.py` does; return the repo URL."""
-    check_model_dir(model_dir)
-    with tempfile.TemporaryDirectory() as staging:
-        stage_card_inputs(model_dir, output_dir, Path(staging))
-        card = write_model_card(model_dir, repo_id=target.repo_id, card_from=[staging])
-    logger.info("Pushing %s (%s, model card %s) to %s", description, model_dir, card, target.repo_id)
-    try:
-        url = push_model_dir(model_dir, target.repo_id, token=target.token, private=bool(private), verify=False)
-    except Exception:
-        logger.error(
-            "The push failed; the model is saved. Retry with: python scripts/push_to_hub.py --model %s --repo-id %s",
-            model_dir,
-            target.repo_id,
-        )
-        raise
+    """Write the model card into `model_dir` and push it as `scripts/push_to_hub.py` does (no other process
+    replacing `model_dir` meanwhile: `sole_writer`); return the repo URL."""
+    with sole_writer(model_dir):
+        check_model_dir(model_dir)
+        with tempfile.TemporaryDirectory() as staging:
+            stage_card_inputs(model_dir, output_dir, Path(staging))
+            card = write_model_card(model_dir, repo_id=target.repo_id, card_from=[staging])
+        logger.info("Pushing %s (%s, model card %s) to %s", description, model_dir, card, target.repo_id)
+        try:
+            url = push_model_dir(model_dir, target.repo_id, token=target.token, private=bool(private), verify=False)
+        except Exception:
+            logger.error(
+                "The push failed; the model is saved. Retry with: python scripts/push_to_hub.py --model %s --repo-id "
+                "%s",
+                model_dir,
+                target.repo_id,
+            )
+            raise
     logger.info("Pushed %s to %s", model_dir, url)
     return url

@@ -37,6 +37,7 @@ from .files import (
     disk_full_error,
     file_sha256,
     fsync_path,
+    is_open_as,
     iter_lines,
     reads_once,
     write_json,
@@ -418,11 +419,7 @@ def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:
     except OSError as error:  # a file system without locks (some NFS mounts): translate, unguarded
         logger.warning("Cannot lock %s (%s): a second run into %s is not refused", handle.name, error, destination)
         return
-    try:
-        still_the_partial_file = os.path.samestat(os.fstat(handle.fileno()), os.stat(handle.name))
-    except FileNotFoundError:
-        still_the_partial_file = False
-    if not still_the_partial_file:  # the other process finished between this one's open and its lock
+    if not is_open_as(handle, Path(handle.name)):  # the other process finished between this one's open and lock
         raise TranslationInProgressError(
             f"another process finished translating into {destination} as this one started (the file this one "
             "opened became its output): it is left as that process wrote it; run this command again to translate "

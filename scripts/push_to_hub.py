@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from modeling.files import sole_writer
 from modeling.hub import MissingHubTokenError, check_model_dir, full_repo_id, push_model_dir, resolve_token
 from modeling.model_card import write_model_card
 
@@ -41,12 +42,15 @@ def main() -> None:
         token = resolve_token()
         # Before anything is written: a card naming a bad id, or one without its namespace, would stay behind
         repo_id = full_repo_id(args.repo_id, token)
-        check_model_dir(args.model)
-        if args.card_from or not (Path(args.model) / "README.md").is_file():
-            card = write_model_card(args.model, repo_id=repo_id, card_from=args.card_from, template_path=args.template)
-            print(f"Wrote the model card {card}")
-        # check_model_dir read every weight and JSON file above, even with the README kept as it is
-        url = push_model_dir(args.model, repo_id, token=token, private=args.private, verify=False)
+        with sole_writer(args.model):  # what is checked and described is what is uploaded: no average replaces it
+            check_model_dir(args.model)
+            if args.card_from or not (Path(args.model) / "README.md").is_file():
+                card = write_model_card(
+                    args.model, repo_id=repo_id, card_from=args.card_from, template_path=args.template
+                )
+                print(f"Wrote the model card {card}")
+            # check_model_dir read every weight and JSON file above, even with the README kept as it is
+            url = push_model_dir(args.model, repo_id, token=token, private=args.private, verify=False)
     except (MissingHubTokenError, OSError, ValueError) as error:  # OSError includes Hub HTTP errors
         sys.exit(f"error: {error}")
     print(f"Pushed {args.model} to {url}")

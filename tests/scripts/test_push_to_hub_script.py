@@ -15,6 +15,7 @@ from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_chec
 from huggingface_hub import HfApi, metadata_load
 
 import modeling.hub as hub_module
+from modeling.files import sole_writer
 from modeling.hub_client import HUB_ATTEMPTS_ENV
 
 REPO_ID = "tester/tiny-transformer"
@@ -70,6 +71,26 @@ def run_push(endpoint: str, home, *args) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def test_a_push_while_another_process_replaces_the_directory_is_refused_before_any_upload(hub, tmp_path):
+    """An average being written into the directory (here: the lock its writer holds): before, the push checked the
+    old weights, then uploaded the new ones unchecked, without the card the replacement deleted."""
+    endpoint, root = hub
+    model_dir = tmp_path / "averaged"
+    save_tiny_checkpoint(model_dir)
+    with sole_writer(model_dir):
+        push = run_push(endpoint, tmp_path / "home", "--model", model_dir, "--repo-id", "user/locked")
+    assert push.returncode == 1
+    assert push.stderr.strip().splitlines()[-1] == (
+        f"error: another process is writing {model_dir} (it holds {tmp_path / '.averaged.lock'}): wait for it to "
+        "end, then run this again"
+    )
+    assert not any("user/locked" in path for _, path, _ in requests_made(root)), "nothing sent to the Hub"
+    assert not (model_dir / "README.md").exists()
+    pushed = run_push(endpoint, tmp_path / "home", "--model", model_dir, "--repo-id", "user/locked")
+    assert pushed.returncode == 0, pushed.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no lock file left"
 
 
 def test_push_then_load_by_repo_id_without_the_package(hub, tmp_path, card_dir):
