@@ -292,16 +292,24 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     with sole_writer(path):
         remove_tree(partial)
         partial.mkdir(parents=True)
-        try:
+        with _removed_on_failure(partial, path):
             yield partial
             publish_tree(partial)
             swap_directory(partial, path)
-        except BaseException as error:
-            full = disk_full_error(error, path) if isinstance(error, Exception) else None
-            remove_tree(partial)
-            if full is not None:
-                raise full from error
-            raise
+
+
+@contextmanager
+def _removed_on_failure(staging: Path, target: Path) -> Iterator[None]:
+    """`staging` removed on any failure inside the block; one of a full disk raised as `DiskFullError` naming
+    `target`."""
+    try:
+        yield
+    except BaseException as error:
+        full = disk_full_error(error, target) if isinstance(error, Exception) else None
+        remove_tree(staging)
+        if full is not None:
+            raise full from error
+        raise
 
 
 @contextmanager
@@ -442,16 +450,10 @@ def write_files_into(
     staging = directory / f".{name}.partial"
     remove_tree(staging)
     staging.mkdir(parents=True)
-    try:
+    with _removed_on_failure(staging, directory):
         write(staging)
         publish_tree(staging)
         return replace_files(staging, directory, last=last)
-    except BaseException as error:
-        full = disk_full_error(error, directory) if isinstance(error, Exception) else None
-        remove_tree(staging)
-        if full is not None:
-            raise full from error
-        raise
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,13 +64,10 @@ def test_a_checkpoint_holding_nan_weights_is_refused_naming_it_and_nothing_is_wr
     diverged = save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
     diverged["model.decoder.layers.0.ffn.fc2.weight"][1, 2] = float("inf")
     save_file(diverged, tmp_path / "checkpoint-2" / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError) as refused:
-        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
-    assert str(refused.value) == (
+    assert average_refused(tmp_path, ValueError) == (
         f"{tmp_path / 'checkpoint-2'}: model.decoder.layers.0.ffn.fc2.weight holds NaN or infinite values (its run "
         "had diverged): average checkpoints saved before it."
     )
-    assert not (tmp_path / "averaged").exists()
 
 
 def test_a_checkpoint_removed_while_averaging_is_named_as_such(tmp_path, monkeypatch):
@@ -85,13 +83,18 @@ def test_a_checkpoint_removed_while_averaging_is_named_as_such(tmp_path, monkeyp
         return listed
 
     monkeypatch.setattr(averaging, "usable_checkpoints", rotated_out_once_listed)
-    with pytest.raises(FileNotFoundError) as removed:
-        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
-    assert str(removed.value) == (
+    assert average_refused(tmp_path, FileNotFoundError) == (
         f"{tmp_path / 'checkpoint-2'} was removed while the checkpoints were averaged (by the save_total_limit "
         "rotation of a run still training there?): average again, or once the run has ended"
     )
-    assert not (tmp_path / "averaged").exists()
+
+
+def average_refused(run: Path, error: type[Exception]) -> str:
+    """The message of averaging `run`'s checkpoints refused with `error`, having written nothing."""
+    with pytest.raises(error) as refused:
+        average_checkpoints(list_checkpoints(run), run / "averaged")
+    assert not (run / "averaged").exists() and not list(run.glob(".averaged*")), "nothing written"
+    return str(refused.value)
 
 
 def test_incomplete_checkpoints_are_skipped_naming_them(tmp_path, caplog):
