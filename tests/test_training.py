@@ -852,3 +852,21 @@ def test_resuming_on_a_training_split_cleaned_to_another_size_says_so(tmp_path, 
         f"The cleaned training split has 40 pairs, the run's earlier launch trained on 46 ({run / 'data_stats.json'})"
         in caplog.text
     )
+
+
+def test_a_requeue_at_another_model_revision_is_another_run_and_an_identity_recorded_before_the_field_is_not(
+    tmp_path,
+):
+    def identity(revision: str | None) -> dict:
+        model_args = ModelArguments(model_name_or_path="owner/model", model_revision=revision)
+        data_args = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de")
+        tokenizer = word_tokenizer()
+        model = tiny_model(len(tokenizer))
+        return training.run_identity(model, tokenizer, model_args, data_args, tiny_run_args(tmp_path), None, data={})
+
+    write_json(tmp_path / "run_identity.json", identity("v1"))
+    with pytest.raises(RunMismatchError, match=r'model_revision: "v1" vs "v2" \(recorded vs now\)'):
+        training._check_same_run(identity("v2"), tmp_path, None)
+    recorded_before = {key: value for key, value in identity(None).items() if key != "model_revision"}
+    write_json(tmp_path / "run_identity.json", recorded_before)
+    training._check_same_run(identity(None), tmp_path, None)
