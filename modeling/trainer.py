@@ -196,16 +196,18 @@ def _recorded_batching(record: dict[str, Any]) -> dict[str, int] | None:
 
 def _checkpoint_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None:
     """The batching `checkpoint` was trained with: its marker's record; for a checkpoint saved before markers
-    recorded it (2026-12-03), the micro-batches and their size in the Trainer's pickled arguments, where those say
-    the run was one process (`local_rank` -1: how many there were is recorded nowhere else)."""
+    recorded it (2026-12-03), the micro-batches and their size in the Trainer's pickled arguments, over as many
+    processes as saved a random state (`rng_state.pth` alone: one; `rng_state_R.pth`: one per rank R)."""
     batching = _recorded_batching(marker_record(checkpoint))
     if batching is not None:
         return batching
     arguments = saved_training_arguments(checkpoint) or {}
     micro_batches, max_tokens = arguments.get("gradient_accumulation_steps"), arguments.get("max_tokens_per_device")
-    if arguments.get("local_rank") != -1 or not isinstance(micro_batches, int) or not isinstance(max_tokens, int):
+    single = (Path(checkpoint) / "rng_state.pth").is_file()
+    processes = 1 if single else len(list(Path(checkpoint).glob("rng_state_*.pth")))
+    if not processes or not isinstance(micro_batches, int) or not isinstance(max_tokens, int):
         return None
-    return {"processes": 1, "micro_batches_per_update": micro_batches, "max_tokens_per_device": max_tokens}
+    return {"processes": processes, "micro_batches_per_update": micro_batches, "max_tokens_per_device": max_tokens}
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
@@ -489,18 +491,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             raise _override_refusal(checkpoint, used)
         saved_batching = _checkpoint_batching(checkpoint)
         batching = self._batching()
-        arguments = (saved_training_arguments(checkpoint) or {}) if saved_batching is None else {}
-        if arguments.get("local_rank", -1) != -1 and self.args.tokens_per_update is not None:
-            logger.warning(
-                "%s records no batching (saved before 2026-12-03 by several processes, how many is recorded "
-                "nowhere): this launch derives %s from --tokens_per_update, its arguments say %s micro-batch(es) "
-                "per update of at most %s tokens per process; if they differ, give --gradient_accumulation_steps "
-                "and --max_tokens_per_device to keep the run's update size",
-                checkpoint,
-                _describe_batching(batching),
-                arguments.get("gradient_accumulation_steps"),
-                arguments.get("max_tokens_per_device"),
-            )
         if not saved_batching or saved_batching == batching:
             return
         if _split_over(saved_batching, batching["processes"]) == batching:  # the same updates

@@ -162,20 +162,19 @@ def test_a_checkpoint_whose_marker_records_no_batching_resumes_with_the_batches_
     """A marker written before 2026-12-03 records no batching: the batches derived anew replaced the checkpoint's
     without a word (another update size from there on, part of the epoch skipped or seen twice)."""
     resume_an_earlier_versions_checkpoint(tmp_path, caplog, unrecorded=("batching", "batching_asked"))
-    # Trained by several processes (how many, nothing says): the batches derived now, with a warning.
-    arguments = torch.load(tmp_path / "checkpoint-1" / "training_args.bin", weights_only=False)
-    arguments.local_rank = 0
-    torch.save(arguments, tmp_path / "checkpoint-1" / "training_args.bin")
+    # Trained by two processes (a random state saved by each): their batches per update, on the one there is now.
+    checkpoint = tmp_path / "checkpoint-1"
+    for rank in (0, 1):
+        shutil.copy(checkpoint / "rng_state.pth", checkpoint / f"rng_state_{rank}.pth")
+    (checkpoint / "rng_state.pth").unlink()
     caplog.clear()
     tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
     args = training_args(tmp_path, max_steps=2, tokens_per_update=28, **RESUMED_BATCHING)
-    several = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
+    two = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)))
     with caplog.at_level(logging.INFO, logger="modeling.trainer"):
-        several.adopt_checkpoint_batching(tmp_path / "checkpoint-1")
-        several._check_resumable(tmp_path / "checkpoint-1", 2)
-    assert several.args.max_tokens_per_device == 62 and "its own batches" not in caplog.text
-    assert "records no batching (saved before 2026-12-03 by several processes" in caplog.text
-    assert "its arguments say 1 micro-batch(es) per update of at most 1000 tokens per process" in caplog.text
+        two.adopt_checkpoint_batching(checkpoint)
+    assert (two.args.gradient_accumulation_steps, two.args.max_tokens_per_device) == (2, 1000)
+    assert "with its own batches (1 process(es) × 2 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
 
 
 def test_a_resume_asking_for_other_tokens_per_update_derives_its_batches(tmp_path, caplog):
