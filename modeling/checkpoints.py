@@ -387,15 +387,22 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"{path} does not parse: {error}") from error
 
 
+# Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`).
+IDENTITY_FIELDS_ADDED_LATER = ("model_revision",)
+
+
 def identity_differences(
     first: Mapping[str, Any], second: Mapping[str, Any], prefix: str = "", *, shared_only: bool = False
 ) -> list[str]:
     """Dotted names of the fields that differ between two run identities (`config.d_model`, `data.files`).
 
     In `config`, only the fields both have are compared: a field that a newer transformers adds to every config
-    (with its default) does not make a checkpoint another run's."""
+    (with its default) does not make a checkpoint another run's. Nor does a field of `IDENTITY_FIELDS_ADDED_LATER`
+    that one of them lacks (recorded before it existed)."""
     differences = []
     keys = set(first) & set(second) if shared_only else set(first) | set(second)
+    if not prefix:  # a field an identity recorded before it existed does not make that run another
+        keys -= {key for key in IDENTITY_FIELDS_ADDED_LATER if key not in first or key not in second}
     for key in sorted(keys, key=str):
         a, b = first.get(key), second.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):

@@ -349,7 +349,7 @@ def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str 
         recorded = read_run_identity(source)
         if recorded is None:
             continue
-        differences = identity_differences({key: recorded.get(key) for key in identity}, identity)
+        differences = identity_differences({key: recorded[key] for key in identity if key in recorded}, identity)
         if differences:
             raise RunMismatchError(
                 f"{source / RUN_IDENTITY_FILE} was written by a different run: "

@@ -32,7 +32,12 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from modeling import TransformerConfig, TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
-from modeling.checkpoints import IncompleteCheckpointError, RunMismatchError, write_completeness_marker
+from modeling.checkpoints import (
+    IncompleteCheckpointError,
+    RunMismatchError,
+    identity_differences,
+    write_completeness_marker,
+)
 from modeling.files import UnwritableError, write_json
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
@@ -869,4 +874,6 @@ def test_a_requeue_at_another_model_revision_is_another_run_and_an_identity_reco
         training._check_same_run(identity("v2"), tmp_path, None)
     recorded_before = {key: value for key, value in identity(None).items() if key != "model_revision"}
     write_json(tmp_path / "run_identity.json", recorded_before)
-    training._check_same_run(identity(None), tmp_path, None)
+    for revision in (None, "v2"):  # a run recorded before the field existed, pinned or not: the same run
+        training._check_same_run(identity(revision), tmp_path, None)
+        assert not identity_differences(recorded_before, identity(revision)), "averaged as one run"
