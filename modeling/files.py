@@ -289,6 +289,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     # link, and the directory it points to is what gets replaced, from beside it, on its own file system.
     path = Path(os.path.realpath(path))
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with sole_writer(path):
         remove_tree(partial)
         partial.mkdir(parents=True)
@@ -320,10 +321,9 @@ def sole_writer(path: str | os.PathLike) -> Iterator[None]:
     of both, and a push uploaded what replaced the directory it had checked. The lock file is removed while still
     held; a writer that locked it after that (it had opened it before) opens the new one instead."""
     path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.with_name(f".{path.name}.lock")
     with ExitStack() as stack:
-        while True:
+        while path.parent.is_dir():  # else nothing to guard (a push of a path that does not exist fails next)
             try:
                 handle = stack.enter_context(open(lock, "a"))
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

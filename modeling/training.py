@@ -128,10 +128,11 @@ MODEL_FILES = (
     "cache_transformer.py",
     "onednn_transformer.py",
     "model.safetensors.index.json",
-    # a fine-tuned converted fairseq model's tokenizer: left behind, a run that replaced it pushed them too
-    "tokenization_fairseq.py",
-    *FairseqTokenizer.vocab_files_names.values(),
 )
+# A fine-tuned converted fairseq model's tokenizer, its code the sign of one (names such as merges.txt may be a
+# user's otherwise): left behind, the run that replaced it pushed them too.
+FAIRSEQ_TOKENIZER_CODE = "tokenization_fairseq.py"
+FAIRSEQ_TOKENIZER_FILES = (FAIRSEQ_TOKENIZER_CODE, *FairseqTokenizer.vocab_files_names.values())
 
 
 class TrainingPreempted(Exception):
@@ -237,6 +238,8 @@ def _earlier_run_paths(output_dir: Path) -> list[Path]:
     if logs.is_dir():  # beside the one it replaces
         directories += [path for path in logs.iterdir() if path.is_dir() and any(path.glob("events.out.tfevents.*"))]
     names = [*RUN_RECORD_FILES, *MODEL_FILES, "training_curves.png"]
+    if (output_dir / FAIRSEQ_TOKENIZER_CODE).is_file():
+        names += FAIRSEQ_TOKENIZER_FILES
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
     card = output_dir / "README.md"
     if card.is_file():

@@ -27,6 +27,7 @@ from modeling.files import (
     iter_lines,
     replace_files,
     replacing_directory,
+    sole_writer,
     write_files_into,
     write_json,
     write_text,
@@ -123,6 +124,13 @@ def test_a_second_writer_of_a_directory_is_refused_while_the_first_builds_it(tmp
     with atomic_directory(target) as staging:  # free again
         (staging / "model.bin").write_text("second")
     assert (target / "model.bin").read_text() == "second"
+
+
+def test_guarding_a_path_below_directories_that_do_not_exist_creates_none(tmp_path):
+    """A push of a mistyped path left the directories leading to it behind."""
+    with sole_writer(tmp_path / "typo" / "sub" / "model"):
+        pass
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_writer_that_locks_the_lock_file_of_a_writer_since_finished_takes_a_new_one(tmp_path, monkeypatch):

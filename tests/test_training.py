@@ -401,6 +401,12 @@ def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
     (tmp_path / "README.md").write_text("---\nlanguage: [en, de]\n---\n\n# run\n")  # a card, as a push renders it
     assert tmp_path / "README.md" in _earlier_run_paths(tmp_path)
 
+    # Files named like a fairseq tokenizer's: a user's own, unless the fairseq tokenizer's code says whose they are.
+    (tmp_path / "merges.txt").write_text("my merges\n")
+    assert tmp_path / "merges.txt" not in _earlier_run_paths(tmp_path)
+    (tmp_path / "tokenization_fairseq.py").write_text("# the fine-tuned fairseq model's tokenizer\n")
+    assert {tmp_path / "merges.txt", tmp_path / "tokenization_fairseq.py"} <= set(_earlier_run_paths(tmp_path))
+
 
 def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
     def not_reached(*args, **kwargs):
