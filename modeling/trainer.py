@@ -791,9 +791,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         one stops the run there. Else NaN gradients make every weight NaN, the Trainer's `logging_nan_inf_filter`
         logs a loss of 0.0 from then on, and NaN checkpoints rotate the good ones out. The norm is taken over
         gradients already summed over processes, so every process stops at the same update. With fp16's loss scaler
-        such an update is skipped and the scale lowered instead, as the scaler is meant to."""
+        such an update is skipped and the scale lowered instead, as the scaler is meant to; so under DeepSpeed, whose
+        optimizer has stepped (or skipped an fp16 overflow) inside `backward` already."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if grad_norm is not None and self.accelerator.scaler is None and not math.isfinite(float(grad_norm)):
+        skipped_elsewhere = self.accelerator.scaler is not None or self.is_deepspeed_enabled
+        if grad_norm is not None and not skipped_elsewhere and not math.isfinite(float(grad_norm)):
             raise self._divergence(float(grad_norm))
         return grad_norm
 
