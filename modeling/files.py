@@ -448,12 +448,14 @@ def write_files_into(
     A failure, a full disk included, leaves `directory` as it was."""
     directory = Path(directory)
     staging = directory / f".{name}.partial"
-    remove_tree(staging)
-    staging.mkdir(parents=True)
-    with _removed_on_failure(staging, directory):
-        write(staging)
-        publish_tree(staging)
-        return replace_files(staging, directory, last=last)
+    directory.mkdir(parents=True, exist_ok=True)
+    with sole_writer(directory / name):  # a second writer of these files would remove this one's staging
+        remove_tree(staging)
+        staging.mkdir()
+        with _removed_on_failure(staging, directory):
+            write(staging)
+            publish_tree(staging)
+            return replace_files(staging, directory, last=last)
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:

@@ -207,6 +207,16 @@ def test_files_written_by_a_saver_replace_the_old_ones_only_when_all_are_written
     assert [path.name for path in moved] == ["tokenizer_config.json", "tokenizer.json"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
 
+    def another_writer_meanwhile(staging):  # two scripts/train_tokenizer.py into one directory
+        (staging / "tokenizer.json").write_text("first")
+        with pytest.raises(UnwritableError, match=rf"^another process is writing {tmp_path / 'tokenizer'} \(it holds"):
+            write_files_into(tmp_path, saver, last=("tokenizer.json",), name="tokenizer")
+        assert (staging / "tokenizer.json").read_text() == "first", "its staging untouched"
+
+    write_files_into(tmp_path, another_writer_meanwhile, last=("tokenizer.json",), name="tokenizer")
+    assert (tmp_path / "tokenizer.json").read_text() == "first"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+
 
 def test_replacing_directory_replaces_only_what_holds_its_marker(tmp_path):
     out = tmp_path / "out"
