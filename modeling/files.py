@@ -6,7 +6,7 @@ temporary file in the same directory (a name that matches no pattern the project
 to disk (`fsync`), then renamed over the old file with `os.replace`, which POSIX makes atomic: a reader sees the
 old file or the new one, never a mix. Directories are built under `NAME.partial` and swapped into place
 (`atomic_directory`), or their files moved one by one into a directory that also holds other things
-(`replace_files`, the final model beside the checkpoints).
+(`replace_files`, the final model beside the checkpoints); one writer at a time (`sole_writer`).
 
 A write that fails because the disk is full raises `DiskFullError`, one line naming the path: errno ENOSPC, or
 any error (torch and safetensors report a full disk as a bare "write failed") while the file system has almost no
@@ -283,7 +283,8 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 
     A leftover `PATH.partial` of a killed attempt is removed first. The swap renames the old directory aside
     (`.PATH.old`), the new one into place, then removes the old one: a crash in between leaves the complete old
-    or new directory under one of those names, never a mix. On failure the partial directory is removed.
+    or new directory under one of those names, never a mix. On failure the partial directory is removed. A second
+    writer of `path` meanwhile is refused (`sole_writer`).
     """
     # "." and "out/.." have no name to put the partial directory beside; a link (`out -> /scratch/out`) stays a
     # link, and the directory it points to is what gets replaced, from beside it, on its own file system.
