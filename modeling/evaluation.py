@@ -2,7 +2,9 @@
 
 `evaluate_split` glues translation and scoring for `scripts/evaluate.py`; the metrics it returns carry the
 decoding settings that produced them, so that every number can be reproduced. With a hypotheses file the
-translation goes through `translate_file`, and so resumes after a kill.
+translation goes through `translate_file`, and so resumes after a kill. `load_scored_model` loads a model with the
+record of which weights are scored (a model card refuses scores of weights its directory no longer holds), and
+`evaluation_record` is what `scripts/evaluate.py` writes: that record, the split scored and the metrics.
 """
 
 import logging
@@ -11,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+from huggingface_hub import try_to_load_from_cache
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .checkpoints import weights_record
 from .files import iter_lines, write_text
 from .generation_transformer import MODEL_DECODING_FIELDS
 from .scoring import corpus_scores
-from .translation import as_lines, translate, translate_file
+from .translation import as_lines, load_model_and_tokenizer, translate, translate_file
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,46 @@ DECODING_SETTINGS = (
     "suppress_tokens",
     *MODEL_DECODING_FIELDS,
 )
+
+
+def load_scored_model(
+    name_or_path: str, *, revision: str | None = None, device: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """`load_model_and_tokenizer`, and what an evaluation record says of the model: `model`, `model_commit` (a Hub
+    id's, read from the cache it was just loaded from) and `model_weights` (its weight files, sizes and sha256). A
+    directory's weights are hashed before loading, not after the translating (an average replacing them meanwhile
+    is not what was scored), and refused if they changed while they loaded: which were loaded, nothing says."""
+    model_weights = weights_record(name_or_path) if Path(name_or_path).is_dir() else None
+    model, tokenizer = load_model_and_tokenizer(name_or_path, revision=revision, device=device)
+    if model_weights is not None and weights_record(name_or_path) != model_weights:
+        raise ValueError(
+            f"{name_or_path}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
+            "evaluate it once they are written"
+        )
+    model_commit = None
+    if model_weights is None:  # a Hub id: the snapshot just loaded, named by its commit in the cache
+        snapshot = Path(try_to_load_from_cache(name_or_path, "config.json", revision=revision)).parent
+        model_weights, model_commit = weights_record(snapshot), snapshot.name
+    scored = {"model": name_or_path, "model_commit": model_commit, "model_weights": model_weights}
+    return model, tokenizer, scored
+
+
+def evaluation_record(
+    scored: dict[str, Any],
+    metrics: dict[str, Any],
+    *,
+    dataset: str | None,
+    language_pair: str | None,
+    split: str,
+    limit: int | None,
+    sentences_in_split: int,
+    int8: bool = False,
+) -> dict[str, Any]:
+    """The evaluation JSON `scripts/evaluate.py` writes and a model card reads (`model_card.collect_card_inputs`):
+    the model scored (`load_scored_model`), the split (`limit`: its first sentences only, of `sentences_in_split`)
+    and `evaluate_split`'s metrics."""
+    where = {"dataset": dataset, "language_pair": language_pair, "split": split}
+    return {**scored, **where, "limit": limit, "sentences_in_split": sentences_in_split, "int8": int8, **metrics}
 
 
 def evaluate_split(

@@ -15,9 +15,6 @@ import logging
 import sys
 from pathlib import Path
 
-from huggingface_hub import try_to_load_from_cache
-
-from modeling.checkpoints import weights_record
 from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int
 from modeling.data import (
     SplitNotFoundError,
@@ -26,10 +23,10 @@ from modeling.data import (
     require_rows,
     split_source,
 )
-from modeling.evaluation import evaluate_split, metrics_filename
+from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
-from modeling.translation import TranslationInProgressError, check_workers, load_model_and_tokenizer
+from modeling.translation import TranslationInProgressError, check_workers
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
@@ -71,20 +68,9 @@ def main() -> None:
     log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     try:
-        # Before loading: the files whose weights are scored, not what may replace them while translating.
-        model_weights = weights_record(args.model) if Path(args.model).is_dir() else None
-        model, tokenizer = load_model_and_tokenizer(
+        model, tokenizer, scored = load_scored_model(
             args.model, revision=args.revision, device="cpu" if args.int8 else None
         )
-        if model_weights is not None and weights_record(args.model) != model_weights:
-            raise ValueError(  # which of them were loaded, nothing says
-                f"{args.model}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
-                "evaluate it once they are written"
-            )
-        model_commit = None
-        if model_weights is None:  # a Hub id: the snapshot just loaded, named by its commit in the cache
-            snapshot = Path(try_to_load_from_cache(args.model, "config.json", revision=args.revision)).parent
-            model_weights, model_commit = weights_record(snapshot), snapshot.name
         if args.int8:
             model = quantize_int8(model)
         check_workers(model, args.workers)
@@ -147,18 +133,16 @@ def main() -> None:
         if hypotheses_path:
             sys.exit(f"interrupted: the same command resumes the translation into {hypotheses_path}")
         raise
-    metrics = {
-        "model": args.model,
-        "model_commit": model_commit,  # of a Hub id: which version of the repo was scored
-        "model_weights": model_weights,
-        "dataset": args.dataset or Path(args.data_dir).resolve().name,
-        "language_pair": args.language_pair,
-        "split": split_name,
-        "limit": args.limit,
-        "sentences_in_split": sentences_in_split,  # a card tells a --limit score from the split's (model_card)
-        "int8": args.int8,
-        **metrics,
-    }
+    metrics = evaluation_record(
+        scored,
+        metrics,
+        dataset=args.dataset or Path(args.data_dir).resolve().name,
+        language_pair=args.language_pair,
+        split=split_name,
+        limit=args.limit,
+        sentences_in_split=sentences_in_split,
+        int8=args.int8,
+    )
 
     print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
     for key, name, signature in SCORE_LINES:

@@ -3,16 +3,19 @@ hypotheses file, resumed after a kill."""
 
 import json
 import logging
+import shutil
 import unicodedata
 
 import pytest
 from datasets import Dataset
-from helpers import EchoModel, synthetic_pairs, tiny_tokenizer, tiny_translator
+from helpers import EchoModel, synthetic_pairs, tiny_model, tiny_tokenizer, tiny_translator
 
 from modeling import translation
-from modeling.evaluation import evaluate_split, metrics_filename
+from modeling.checkpoints import weights_record
+from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
 from modeling.files import write_json
 from modeling.generation_transformer import MODEL_DECODING_FIELDS, set_fairseq_decoding
+from modeling.model_card import collect_card_inputs
 from modeling.translation import translate
 
 
@@ -34,6 +37,25 @@ def test_evaluate_split_scores_the_split_and_records_decoding_settings(tokenizer
     path = write_json(tmp_path / "out" / metrics_filename("test"), metrics)
     assert path.name == "eval_results_test.json"
     assert json.loads(path.read_text()) == metrics
+
+
+def test_a_python_users_evaluation_records_the_weights_a_model_card_checks(tiny_checkpoint, tmp_path):
+    """What scripts/evaluate.py writes, from the library: before, only the script recorded the weights scored, and
+    a record written from `evaluate_split` alone reached a card whatever the directory held by then."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint[0], model_dir)
+    model, tokenizer, scored = load_scored_model(str(model_dir))
+    assert scored == {"model": str(model_dir), "model_commit": None, "model_weights": weights_record(model_dir)}
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=1)])
+    metrics, _ = evaluate_split(model, tokenizer, split, source_lang="en", target_lang="de", max_new_tokens=4)
+    record = evaluation_record(
+        scored, metrics, dataset="synthetic", language_pair=None, split="test", limit=None, sentences_in_split=3
+    )
+    write_json(tmp_path / "eval" / metrics_filename("test"), record)
+    assert len(collect_card_inputs([tmp_path / "eval"], model_dir)["eval_results"]) == 1
+    tiny_model(len(tokenizer), seed=5).save_pretrained(model_dir)  # trained again since
+    with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
+        collect_card_inputs([tmp_path / "eval"], model_dir)
 
 
 def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):

@@ -9,7 +9,7 @@ import pytest
 from helpers import HUB_TOKEN, SCRIPTS, run_script, script_error, subprocess_env
 from transformers import MarianConfig
 
-from modeling import evaluation, translation
+from modeling import evaluation
 from modeling.checkpoints import weights_record
 from modeling.model_card import result_caveats
 from modeling.scoring import corpus_scores
@@ -122,7 +122,7 @@ def test_weights_replaced_while_they_load_are_refused_rather_than_recorded_as_sc
     scores were those of the weights loaded."""
     model_dir = tmp_path / "averaged"
     shutil.copytree(tiny_checkpoint[0], model_dir)
-    load = translation.load_model_and_tokenizer
+    load = evaluation.load_model_and_tokenizer
 
     def replaced_meanwhile(name, **kwargs):
         loaded = load(name, **kwargs)
@@ -130,7 +130,7 @@ def test_weights_replaced_while_they_load_are_refused_rather_than_recorded_as_sc
             weights.write(b" ")  # another average, written in place of the one hashed
         return loaded
 
-    monkeypatch.setattr(translation, "load_model_and_tokenizer", replaced_meanwhile)
+    monkeypatch.setattr(evaluation, "load_model_and_tokenizer", replaced_meanwhile)
     common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
     message = script_error("evaluate.py", *common, "--output-dir", tmp_path / "eval", monkeypatch=monkeypatch)
     assert message == (
