@@ -144,6 +144,13 @@ def _one_line(error: BaseException, attempts: int) -> str:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def holds_tokenizer(directory: str | os.PathLike) -> bool:
+    """Whether a local model directory holds a saved tokenizer (one of `TOKENIZER_FILES`)."""
+    return any(os.path.isfile(os.path.join(directory, name)) for name in TOKENIZER_FILES)
+
+
 # What loading one of this project's models reads from its repo, each entry alternatives of which one will do.
 MODEL_REPO_FILES = [("config.json",), ("model.safetensors", "model.safetensors.index.json"), TOKENIZER_FILES]
 

@@ -90,6 +90,7 @@ from .files import check_replaceable, check_writable, write_files_into, write_js
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
+    holds_tokenizer,
     looks_like_local_path,
     offline_cache_error,
     use_hub_timeouts,
@@ -545,11 +546,7 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
             f"({TransformerConfig.model_type!r}) and MarianMT ({MARIAN_MODEL_TYPE!r}, converted exactly) can be "
             "fine-tuned."
         )
-    if (
-        local
-        and model_args.tokenizer_name_or_path is None
-        and not any(os.path.isfile(os.path.join(name, file)) for file in TOKENIZER_FILES)
-    ):
+    if local and model_args.tokenizer_name_or_path is None and not holds_tokenizer(name):
         # else transformers' message, after the data is read, names another tokenizer class's missing argument
         raise ValueError(
             f"Cannot fine-tune {name}: it holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); give the model's "
@@ -623,7 +620,7 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
     path = Path(tokenizer)
     if path.is_file():
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
-    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if path.is_dir() and not holds_tokenizer(path):
         raise ValueError(
             f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no {' or '.join(TOKENIZER_FILES)})"
         )

@@ -46,6 +46,7 @@ from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
     has_any_file,
+    holds_tokenizer,
     httpx2,
     looks_like_local_path,
     naming_hub_failures,
@@ -476,7 +477,7 @@ def _load_hub_tokenizer(repo_id: str, revision: str | None) -> PreTrainedTokeniz
 
 
 def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
-    if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
+    if not holds_tokenizer(name_or_path):
         raise FileNotFoundError(
             f"{name_or_path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save it beside the model with "
             "tokenizer.save_pretrained."
