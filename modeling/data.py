@@ -31,7 +31,7 @@ import tokenizers
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from .files import file_sha256, iter_lines
+from .files import file_sha256, file_states, iter_lines
 from .hub_client import use_hub_timeouts
 from .tokenization import visible_words
 
@@ -334,7 +334,8 @@ def _explicit_files(
 def _local_split(
     spec: ParallelFiles, split: str, source_lang: str, target_lang: str, cache_dir: str | None
 ) -> datasets.Dataset:
-    states = _file_states(spec.paths)  # before the contents are hashed into the cache key
+    # before the contents are hashed into the cache key; a tuple, which datasets does not shard over workers
+    states = file_states(spec.paths)
     try:
         return datasets.Dataset.from_generator(
             _generate_rows,
@@ -367,12 +368,6 @@ def _content_fingerprint(spec: ParallelFiles, languages: tuple[str, str]) -> str
     return datasets.fingerprint.Hasher.hash((spec.kind, spec.columns, languages, contents, _code_version()))
 
 
-def _file_states(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
-    """What a file rewritten or replaced changes: its inode, size and modification time (a tuple: datasets would
-    shard a list of generator arguments over worker processes)."""
-    return tuple((status.st_ino, status.st_size, status.st_mtime_ns) for status in map(os.stat, paths))
-
-
 def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], states: tuple) -> Iterator[dict]:
     """Rows of one split in the WMT schema. A file that changed since `states` were taken (before its contents
     were hashed into the cache key) is refused at the end: the cache would hold one corpus's rows under another's
@@ -386,7 +381,7 @@ def _generate_rows(spec: ParallelFiles, languages: tuple[str, str], states: tupl
         pairs = _read_jsonl(spec.paths[0], languages)
     for source, target in pairs:
         yield {"translation": {source_lang: source, target_lang: target}}
-    now = _file_states(spec.paths)
+    now = file_states(spec.paths)
     changed = [path for path, before, after in zip(spec.paths, states, now, strict=True) if before != after]
     if changed:
         raise ValueError(

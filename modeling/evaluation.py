@@ -16,8 +16,8 @@ from datasets import Dataset
 from huggingface_hub import try_to_load_from_cache
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .checkpoints import weights_record
-from .files import iter_lines, write_text
+from .checkpoints import weight_files, weights_record
+from .files import file_states, iter_lines, write_text
 from .generation_transformer import MODEL_DECODING_FIELDS
 from .scoring import corpus_scores
 from .translation import as_lines, load_model_and_tokenizer, translate, translate_file
@@ -44,10 +44,13 @@ def load_scored_model(
     """`load_model_and_tokenizer`, and what an evaluation record says of the model: `model`, `model_commit` (a Hub
     id's, read from the cache it was just loaded from) and `model_weights` (its weight files, sizes and sha256). A
     directory's weights are hashed before loading, not after the translating (an average replacing them meanwhile
-    is not what was scored), and refused if they changed while they loaded: which were loaded, nothing says."""
-    model_weights = weights_record(name_or_path) if Path(name_or_path).is_dir() else None
+    is not what was scored), and refused if they changed (`file_states`) while they were hashed and loaded: which
+    were loaded, nothing says."""
+    local = Path(name_or_path).is_dir()
+    states = _weight_file_states(name_or_path) if local else None  # before hashing: what is hashed is what loads
+    model_weights = weights_record(name_or_path) if local else None
     model, tokenizer = load_model_and_tokenizer(name_or_path, revision=revision, device=device)
-    if model_weights is not None and weights_record(name_or_path) != model_weights:
+    if local and _weight_file_states(name_or_path) != states:
         raise ValueError(
             f"{name_or_path}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
             "evaluate it once they are written"
@@ -58,6 +61,11 @@ def load_scored_model(
         model_weights, model_commit = weights_record(snapshot), snapshot.name
     scored = {"model": name_or_path, "model_commit": model_commit, "model_weights": model_weights}
     return model, tokenizer, scored
+
+
+def _weight_file_states(directory: str) -> tuple:
+    files = weight_files(directory)
+    return tuple(map(str, files)), file_states(files)
 
 
 def evaluation_record(
