@@ -523,7 +523,7 @@ def _open_binary(path: str, stack: ExitStack) -> BinaryIO:
     # UTF-8 text starts with the gzip, xz or zstd bytes (0xfd is never UTF-8; 0x8b and 0xb5 cannot follow there), so
     # no text file is ever misread this way. The wrappers close not `handle`; the stack does.
     head = _peek(handle, 10)
-    if path.endswith(".gz") and head and not head.startswith(_GZIP_MAGIC):
+    if path.lower().endswith(".gz") and head and not head.startswith(_GZIP_MAGIC):  # `.GZ` too
         raise ValueError(
             f"{path} is named .gz but holds no gzip data (it starts with {head[:8]!r}): a file decompressed but not "
             "renamed (rename it), or an error page downloaded under that name (download it again)"

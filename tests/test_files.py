@@ -8,6 +8,7 @@ import gzip
 import io
 import lzma
 import os
+import re
 import shutil
 import sys
 
@@ -561,12 +562,13 @@ def test_empty_compressed_files_read_as_empty(tmp_path, compress):
     assert list(iter_lines(path)) == []
 
 
-def test_a_gz_name_over_plain_text_says_so(tmp_path):
+@pytest.mark.parametrize("name", ["news.de.gz", "NEWS.DE.GZ"])
+def test_a_gz_name_over_plain_text_says_so(tmp_path, name):
     # What a browser or `curl --compressed` leaves: the text decompressed, the name kept. Once "Not a gzipped file".
-    path = tmp_path / "news.de.gz"
+    path = tmp_path / name
     path.write_bytes(b"Ein Satz.\n")
     with pytest.raises(
-        ValueError, match=r"news\.de\.gz is named \.gz but holds no gzip data \(it starts with b'Ein Satz'\): "
+        ValueError, match=rf"{re.escape(name)} is named \.gz but holds no gzip data \(it starts with b'Ein Satz'\): "
     ):
         list(iter_lines(path))
     path.write_bytes(b"")  # an empty file holds no text either way
