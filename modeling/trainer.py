@@ -408,6 +408,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 state.is_local_process_zero = self.is_local_process_zero()  # saved by the main process
                 state.is_world_process_zero = self.is_world_process_zero()
                 self.state = state
+                self._best_checkpoint_of_this_run()
                 if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                     self._load_best_model()
                 return TrainOutput(self.state.global_step, float("nan"), {})
@@ -425,6 +426,33 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if checkpoint is None:
             raise ValueError(f"No complete checkpoint in {self.args.output_dir} to resume from.")
         return str(checkpoint)
+
+    def _load_callback_state(self) -> None:
+        # The Trainer calls this right after it loads the resumed checkpoint's state.
+        self._best_checkpoint_of_this_run()
+        super()._load_callback_state()
+
+    def _best_checkpoint_of_this_run(self) -> None:
+        """Name the resumed state's best checkpoint by its place in this run's output_dir. The state records it by
+        the path of the directory the run was saved in: in a run moved or renamed since, that path is gone (the
+        Trainer forgets the best, rotation deletes it, the end loads the last weights instead), and in a copy it is
+        the original's checkpoint, which another run may have replaced since (its weights loaded at the end)."""
+        state = self.state
+        recorded = state.best_model_checkpoint
+        if recorded is not None:
+            name = Path(recorded).name
+        elif state.best_global_step:  # the Trainer dropped a recorded path that is gone (or none was saved then)
+            name = f"checkpoint-{state.best_global_step}"
+        else:
+            return
+        here = Path(self.args.output_dir) / name
+        if here.is_dir():
+            if recorded is None or Path(recorded) != here:
+                logger.info("The run's best checkpoint is %s (its state named %s)", here, recorded or "one now gone")
+            state.best_model_checkpoint = str(here)
+        elif recorded is not None:
+            logger.warning("The run's best checkpoint %s is not in %s: forgotten for this run", name, here.parent)
+            state.best_model_checkpoint = None
 
     def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
         """Keep `checkpoint`'s batches per update and batch size where `tokens_per_update` now derives others (from

@@ -25,7 +25,7 @@ from helpers import (
     training_args,
     word_tokenizer,
 )
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
 import modeling.trainer as trainer_module
@@ -478,6 +478,35 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
     expected = load_file(best / "model.safetensors")
     weights = rerun.model.state_dict()
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.parametrize("how", ["moved", "copied"])
+@pytest.mark.parametrize("max_steps", [5, 3])  # 3: a finished run, run again, trains nothing and loads its best
+def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps):
+    """The state names the best checkpoint by the path the run was saved in. Resumed after `mv` of the run, that
+    path was gone: the Trainer forgot the best, rotation deleted it and the end kept the last weights; resumed in a
+    copy, the original's checkpoint was loaded at the end, whatever another run had put there since."""
+    best_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    best_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    original, run = tmp_path / "original", tmp_path / "run"
+    resumable_run(original, max_steps=3, eval_dataset=validation, **best_first).train()
+    best = json.loads((original / "checkpoint-3" / "trainer_state.json").read_text())["best_model_checkpoint"]
+    name = Path(best).name
+    assert name != "checkpoint-3"
+    expected = load_file(original / name / "model.safetensors")
+    if how == "moved":
+        original.rename(run)
+    else:  # and the original's directory is then another run's
+        shutil.copytree(original, run)
+        other = {key: tensor + 1 for key, tensor in expected.items()}
+        save_file(other, original / name / "model.safetensors", metadata={"format": "pt"})
+    resumed = resumable_run(run, max_steps=max_steps, save_total_limit=2, eval_dataset=validation, **best_first)
+    resumed.train(resume_from_checkpoint=str(run / "checkpoint-3"))
+    assert Path(resumed.state.best_model_checkpoint) == run / name
+    assert (run / name).is_dir(), "rotation kept the best checkpoint"
+    weights = resumed.model.state_dict()
+    assert all(torch.equal(weights[key], tensor) for key, tensor in expected.items()), "the best loaded at the end"
 
 
 def test_every_process_names_the_best_checkpoint_by_its_final_path(tmp_path, monkeypatch):
