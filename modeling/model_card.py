@@ -170,7 +170,9 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
     """`result`, read from `path`, if the card can show it: an object with the fields the card prints, of their
     types; else a ValueError naming the file and the field. With `model_dir`, the result's `"model"` (what
     scripts/evaluate.py scored), when a local directory, must be `model_dir`: another model's scores never reach
-    the card (`collect_card_inputs` also compares the weight files scored with those `model_dir` holds now)."""
+    the card. A result that records the weights it scored is judged by them instead (`collect_card_inputs` compares
+    them with those `model_dir` holds now): a run copied (`cp -r`, `rsync`) or its link pointed elsewhere names
+    the directory it was evaluated in, which may hold those same weights or another run's."""
     if not isinstance(result, dict):
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
     fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
@@ -188,7 +190,7 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             expected = {str: "string", bool: "boolean"}.get(kind, "number")
             raise ValueError(f"{path}: {key!r} is {value!r}, not a {expected}.")
-    scored = _scored_dir(result)
+    scored = _scored_dir(result) if result.get("model_weights") is None else None
     if model_dir is not None and scored is not None:
         if scored.resolve() != Path(model_dir).resolve():
             raise ValueError(

@@ -235,6 +235,22 @@ def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, mon
         collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
 
 
+def test_a_copied_run_shows_the_scores_its_weights_got_where_they_were_evaluated(tmp_path, eval_result):
+    """`cp -r runs/A runs/B`: B's evaluation names runs/A/averaged, where it was evaluated. It scored the weights B
+    holds (its record says which), and was refused as another model's; the weights decide, whatever A holds now."""
+    for run in ("A", "B"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "model.safetensors").write_bytes(b"the weights evaluated")
+    scored = {**eval_result, "model": str(tmp_path / "A"), "model_weights": weights_record(tmp_path / "A")}
+    write_json(tmp_path / "B" / "eval" / "eval_results_test.json", scored)
+    assert len(collect_card_inputs([tmp_path / "B" / "eval"], tmp_path / "B")["eval_results"]) == 1
+    (tmp_path / "A" / "model.safetensors").write_bytes(b"A trained again")  # B's weights are still those scored
+    assert len(collect_card_inputs([tmp_path / "B" / "eval"], tmp_path / "B")["eval_results"]) == 1
+    (tmp_path / "B" / "model.safetensors").write_bytes(b"B trained on")
+    with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*B holds now"):
+        collect_card_inputs([tmp_path / "B" / "eval"], tmp_path / "B")
+
+
 def test_a_result_naming_its_model_but_not_its_weights_is_refused_once_the_weights_are_newer(tmp_path, eval_result):
     """scripts/evaluate.py before 2026-12-03 recorded the model directory only: a model trained again or averaged
     since kept the old score on its card."""
