@@ -387,8 +387,8 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"{path} does not parse: {error}") from error
 
 
-# Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`).
-IDENTITY_FIELDS_ADDED_LATER = ("model_revision",)
+# Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`, `model_weights`).
+IDENTITY_FIELDS_ADDED_LATER = ("model_revision", "model_weights")
 
 
 def identity_differences(
@@ -398,11 +398,15 @@ def identity_differences(
 
     In `config`, only the fields both have are compared: a field that a newer transformers adds to every config
     (with its default) does not make a checkpoint another run's. Nor does a field of `IDENTITY_FIELDS_ADDED_LATER`
-    that one of them lacks (recorded before it existed)."""
+    that one of them lacks (recorded before it existed). A model directory both fine-tuned is compared by its
+    weights (`model_weights`), not its path: moved, copied to another node or named from another working
+    directory, it is the same model under another path."""
     differences = []
     keys = set(first) & set(second) if shared_only else set(first) | set(second)
     if not prefix:  # a field an identity recorded before it existed does not make that run another
         keys -= {key for key in IDENTITY_FIELDS_ADDED_LATER if key not in first or key not in second}
+        if first.get("model_weights") and second.get("model_weights"):
+            keys.discard("model_name_or_path")
     for key in sorted(keys, key=str):
         a, b = first.get(key), second.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):

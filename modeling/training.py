@@ -75,6 +75,7 @@ from .checkpoints import (
     saved_update,
     staging_directories,
     vocabulary_fingerprint,
+    weights_record,
 )
 from .configuration_transformer import TransformerConfig
 from .data import (
@@ -742,6 +743,7 @@ def run_identity(
     """What makes checkpoints part of one run (see `modeling.checkpoints`); `data`: `_data_description` of
     `data_args`, when already computed."""
     trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
+    local_model = model_args.model_name_or_path is not None and os.path.isdir(model_args.model_name_or_path)
     identity = {
         "config": config_identity(model.config.to_dict()),
         "tokenizer": vocabulary_fingerprint(tokenizer.get_vocab()),
@@ -752,6 +754,8 @@ def run_identity(
         "preset": model_args.preset,
         "model_name_or_path": model_args.model_name_or_path,
         "model_revision": model_args.model_revision,
+        # A directory's weights identify it wherever it is moved; a Hub repo is its name (and revision).
+        "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 

@@ -865,6 +865,36 @@ def test_resuming_on_a_training_split_cleaned_to_another_size_says_so(tmp_path, 
     )
 
 
+def test_a_fine_tuning_resumed_with_its_model_directory_moved_is_the_same_run_and_other_weights_are_not(tmp_path):
+    """A run fine-tuning `ck8` was refused as another run once `ck8` was moved, or named by its absolute path (a
+    requeue from another working directory): a directory is identified by its weights, not its path."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer))
+    model.save_pretrained(tmp_path / "ck8")
+
+    def identity(name: str | None) -> dict:
+        model_args = ModelArguments(model_name_or_path=name)
+        data_args = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de")
+        return training.run_identity(model, tokenizer, model_args, data_args, tiny_run_args(tmp_path), None, data={})
+
+    recorded = identity(str(tmp_path / "ck8"))
+    write_json(tmp_path / "run_identity.json", recorded)
+    (tmp_path / "ck8").rename(tmp_path / "moved")
+    for name in (str(tmp_path / "moved"), os.path.relpath(tmp_path / "moved")):
+        training._check_same_run(identity(name), tmp_path, None)
+        assert not identity_differences(recorded, identity(name)), "averaged as one run"
+    tiny_model(len(tokenizer), seed=1).save_pretrained(tmp_path / "other")  # another model under another path
+    with pytest.raises(RunMismatchError, match=r"run: model_weights: model\.safetensors changed \(recorded vs now\)"):
+        training._check_same_run(identity(str(tmp_path / "other")), tmp_path, None)
+    for name, shown in ((None, "null"), ("owner/ck8", '"owner/ck8"')):  # from scratch, or a Hub repo: another run
+        with pytest.raises(RunMismatchError, match=rf'model_name_or_path: ".*ck8" vs {shown}'):
+            training._check_same_run(identity(name), tmp_path, None)
+    recorded_before = {key: value for key, value in recorded.items() if key != "model_weights"}
+    write_json(tmp_path / "run_identity.json", recorded_before)  # recorded before the field: compared by path
+    with pytest.raises(RunMismatchError, match=r'model_name_or_path: ".*ck8" vs ".*moved"'):
+        training._check_same_run(identity(str(tmp_path / "moved")), tmp_path, None)
+
+
 def test_a_requeue_at_another_model_revision_is_another_run_and_an_identity_recorded_before_the_field_is_not(
     tmp_path,
 ):
