@@ -86,6 +86,7 @@ def translate(
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
     check_one_translation_per_line(model, generate_kwargs)
+    check_sentences(sentences)
     outputs = [""] * len(sentences)
     todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
     if not todo:
@@ -163,6 +164,27 @@ def check_one_translation_per_line(model: PreTrainedModel, generate_kwargs: Mapp
                 f"translate() gives one translation per line, so {name}={value!r} cannot apply: call "
                 "model.generate() itself for several hypotheses or their scores."
             )
+
+
+def check_sentences(sentences: list[str]) -> None:
+    """Refuse, before any work, in one line naming it, what `translate` cannot take as a list of lines: one string
+    (whose characters would each be translated as a line), a line that is not a str, a line that is not valid
+    Unicode (a lone surrogate, as `json.loads` gives for a "\\ud800" escape; the tokenizer's TypeError names
+    no line)."""
+    if isinstance(sentences, (str, bytes)):  # a str would be translated a character a line
+        raise TypeError(f"translate() takes a list of lines, got one {type(sentences).__name__}: pass [text].")
+    for index, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentences[{index}] is {type(sentence).__name__}, not str: translate() takes text.")
+        if not sentence.isascii():
+            try:
+                sentence.encode()
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"sentences[{index}] is not valid Unicode: {error.object[error.start : error.end]!r} at character "
+                    f"{error.start} is a lone surrogate (text decoded with errors='surrogateescape', or a JSON "
+                    "escape of half a pair?)."
+                ) from None
 
 
 def check_workers(model: PreTrainedModel, workers: int) -> None:

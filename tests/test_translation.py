@@ -88,6 +88,23 @@ def test_translate_of_only_empty_lines_does_not_call_the_model(tokenizer):
     assert model.calls == []
 
 
+@pytest.mark.parametrize(
+    ("sentences", "error", "message"),
+    [
+        ("the dog.", TypeError, r"takes a list of lines, got one str: pass \[text\]"),  # was a line per character
+        (["a cat.", None], TypeError, r"sentences\[1\] is NoneType, not str"),
+        (["a cat.", b"the dog."], TypeError, r"sentences\[1\] is bytes, not str"),
+        # json.loads('"the \\ud83d dog"'): half a surrogate pair, which the tokenizer refused naming no line
+        (["a cat.", "the \ud83d dog."], ValueError, r"sentences\[1\] is not valid Unicode: '\\ud83d' at character 4"),
+    ],
+)
+def test_what_is_not_a_list_of_lines_of_text_is_refused_naming_the_line(tokenizer, sentences, error, message):
+    model = EchoModel()
+    with pytest.raises(error, match=message):
+        translate(model, tokenizer, sentences)
+    assert model.calls == []
+
+
 def test_real_model_translations_do_not_depend_on_batching(tokenizer):
     """Padding must not leak into results: one big batch and one sentence per batch agree exactly."""
     model = tiny_translator(len(tokenizer))
