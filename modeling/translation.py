@@ -107,9 +107,7 @@ def translate(
         )
         for batch in batches
     )
-    was_training = model.training
-    model.eval()
-    try:
+    with _EVALUATION_MODE.of(model):
         generated_batches = generate_batches(model, features, workers=workers, **generate_kwargs)
         # closing: on an error here the workers stop now, not when the traceback lets the generator go
         with closing(generated_batches), tqdm(total=len(todo), disable=not progress, unit="sent") as bar:
@@ -118,9 +116,39 @@ def translate(
                 for k, text in zip(batch, texts, strict=True):
                     outputs[todo[k]] = text.strip()
                 bar.update(len(batch))
-    finally:
-        model.train(was_training)
     return outputs
+
+
+class _EvaluationMode:
+    """Calls of `translate` on one model, overlapping on several threads (a service): the first puts the model in
+    evaluation mode, the last to end gives it back the mode the first found. (Each call restoring the mode it found,
+    a call that began while another ran found evaluation mode, and the first to end put a model found in training
+    mode back into it while the other still decoded: its later batches with dropout, and the model left in
+    evaluation mode.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[int, bool]] = {}  # id(model): calls under way, the mode before the first
+
+    @contextmanager
+    def of(self, model: PreTrainedModel) -> Iterator[None]:
+        key = id(model)  # the calls under way hold the model: no other takes its id meanwhile
+        with self._lock:
+            calls, was_training = self._calls.get(key, (0, model.training))
+            self._calls[key] = (calls + 1, was_training)
+            model.eval()
+        try:
+            yield
+        finally:
+            with self._lock:
+                calls, was_training = self._calls.pop(key)
+                if calls > 1:
+                    self._calls[key] = (calls - 1, was_training)
+                else:
+                    model.train(was_training)
+
+
+_EVALUATION_MODE = _EvaluationMode()
 
 
 def generate_batches(

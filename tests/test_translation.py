@@ -215,6 +215,54 @@ def test_overlapping_calls_with_workers_give_torchs_threads_back(tokenizer, two_
     assert seen == [2] and first_thread_after == [2] and torch.get_num_threads() == 2
 
 
+class ModeRecordingEchoModel(EchoModel):
+    """An echo that records, per thread, the mode each batch is decoded in (`EchoModel` would raise in a thread),
+    and lets a test hold a thread's batch: `hold[thread name] = (event to set, event to wait for)`, once."""
+
+    def __init__(self):
+        super().__init__()
+        self.modes: list[tuple[str, bool]] = []
+        self.hold: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+    def generate(self, input_ids, attention_mask, **kwargs):
+        name = threading.current_thread().name
+        self.modes.append((name, self.training))
+        if name in self.hold:
+            reached, go_on = self.hold.pop(name)
+            reached.set()
+            assert go_on.wait(10), "the other call never came"
+        return input_ids
+
+
+def test_overlapping_calls_decode_in_evaluation_mode_and_give_the_mode_back(tokenizer):
+    """A service translating from several threads with a model in training mode: the first call found training
+    mode, the second (beginning while the first decoded) evaluation mode, and the first, ending, put training mode
+    back while the second still decoded: its later batches decoded with dropout, and it left evaluation mode."""
+    sentences = [en for en, _ in synthetic_pairs(12, seed=1)]
+    model = ModeRecordingEchoModel()  # in training mode
+    first_decoding, second_decoding, first_done = threading.Event(), threading.Event(), threading.Event()
+    model.hold = {"first": (first_decoding, second_decoding), "second": (second_decoding, first_done)}
+
+    def translate_first() -> None:
+        translate(model, tokenizer, sentences[:2])
+        first_done.set()
+
+    threads = [
+        threading.Thread(target=translate_first, name="first"),
+        threading.Thread(
+            target=translate, args=(model, tokenizer, sentences), kwargs={"max_tokens": 24}, name="second"
+        ),
+    ]
+    threads[0].start()
+    assert first_decoding.wait(10)
+    threads[1].start()
+    for thread in threads:
+        thread.join(30)
+    assert first_done.is_set() and [name for name, _ in model.modes].count("second") > 1, "several batches"
+    assert model.modes == [(name, False) for name, _ in model.modes], "every batch in evaluation mode"
+    assert model.training, "the mode the first call found, given back by the last"
+
+
 def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):
     model = tiny_translator(len(tokenizer))
     sentences = [en for en, _ in synthetic_pairs(12, seed=2)]
