@@ -82,6 +82,11 @@ def translate(
     never sent to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
     to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
     `generate_kwargs` override them. `workers` > 1 translates that many batches at once (`generate_batches`).
+
+    Calls may overlap on several threads sharing one model and tokenizer (a service), each with its own settings,
+    giving what they give one at a time. A fast tokenizer's padding and truncation, though, are settings of the Rust
+    tokenizer that every thread shares: other code tokenizing with them (`padding=True`, `truncation=True`) while a
+    call runs can pad or cut the sources it reads (transformers #47085): give that code a tokenizer of its own.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}.")

@@ -263,6 +263,39 @@ def test_overlapping_calls_decode_in_evaluation_mode_and_give_the_mode_back(toke
     assert model.training, "the mode the first call found, given back by the last"
 
 
+def test_overlapping_calls_with_their_own_settings_translate_as_calls_one_at_a_time(tokenizer):
+    """A service's threads sharing one model, each call with its own decoding, decoding at the same time (each
+    thread's first batch waits for the other's): the static beam cache, the prepacked weights and the beam
+    finalization belong to the call."""
+    model = tiny_translator(len(tokenizer))
+    sentences = [en for en, _ in synthetic_pairs(12, seed=2)]
+    settings = [
+        {"num_beams": 2, "max_new_tokens": 6, "max_tokens": 24},
+        {"num_beams": 3, "length_penalty": 1.0, "beam_finalization": "first", "max_tokens": 36},
+    ]
+    alone = [translate(model, tokenizer, sentences, **setting) for setting in settings]
+    both_decoding, generate, waited = threading.Barrier(2, timeout=10), model.generate, set()
+
+    def meeting_generate(*args, **kwargs):
+        if threading.current_thread().name not in waited:
+            waited.add(threading.current_thread().name)
+            both_decoding.wait()
+        return generate(*args, **kwargs)
+
+    model.generate = meeting_generate
+    together = [None, None]
+
+    def call(index: int) -> None:
+        together[index] = translate(model, tokenizer, sentences, **settings[index])
+
+    threads = [threading.Thread(target=call, args=(index,), name=str(index)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert together == alone and alone[0] != alone[1]
+
+
 def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):
     model = tiny_translator(len(tokenizer))
     sentences = [en for en, _ in synthetic_pairs(12, seed=2)]
