@@ -36,7 +36,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -326,7 +326,7 @@ def sole_writer(path: str | os.PathLike) -> Iterator[None]:
     with ExitStack() as stack:
         while path.parent.is_dir():  # else nothing to guard (a push of a path that does not exist fails next)
             try:
-                handle = stack.enter_context(open(lock, "a"))
+                handle = stack.enter_context(_open_lock_file(lock))
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise UnwritableError(
@@ -337,10 +337,27 @@ def sole_writer(path: str | os.PathLike) -> Iterator[None]:
                 logger.warning("Cannot lock %s (%s): a second writer of %s is not refused", lock, error, path)
                 break
             if is_open_as(handle, lock):
-                stack.callback(lock.unlink, missing_ok=True)  # runs before the handle closes
+                stack.callback(_remove_lock_file, lock)  # runs before the handle closes
                 break
             handle.close()  # the lock file of a writer that has finished since this one opened it
         yield
+
+
+def _open_lock_file(lock: Path) -> IO:
+    """`lock` opened to be locked, created if absent. Another user's lock file (0644 under a umask of 022, in a
+    directory a group shares) cannot be opened for writing; `flock` takes a lock through a read-only handle too,
+    so it is opened for reading: the second writer is refused as with one's own, not let through with a warning."""
+    try:
+        return open(lock, "a")
+    except PermissionError:
+        return open(lock)  # absent (an unwritable directory): the OSError of the caller, unguarded
+
+
+def _remove_lock_file(lock: Path) -> None:
+    """Remove the lock file of a writer that has finished; one that cannot be removed (another user's, in a
+    directory with the sticky bit) stays, empty, for the next writer to lock."""
+    with suppress(PermissionError):
+        lock.unlink(missing_ok=True)
 
 
 def is_open_as(handle: IO, path: Path) -> bool:

@@ -127,6 +127,58 @@ def test_a_second_writer_of_a_directory_is_refused_while_the_first_builds_it(tmp
     assert (target / "model.bin").read_text() == "second"
 
 
+def another_users_lock_files(monkeypatch, owner: str = "another user") -> None:
+    """`open` in modeling.files as for a user who may not write lock files another has made (0644 under a umask
+    of 022): tests run as root, whom no permission stops."""
+
+    def opening(file, mode="r", *args, **kwargs):
+        if os.path.basename(file).endswith(".lock") and os.path.exists(file) and mode != "r":
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(files_module, "open", opening, raising=False)
+
+
+def test_a_second_writer_is_refused_when_the_first_ones_lock_file_is_another_users(tmp_path, monkeypatch):
+    """A colleague's lock file, 0644 under a umask of 022 in a directory a group shares, could not be opened for
+    writing: the second writer went on with a warning ("a second writer is not refused") beside the first."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("first")
+        another_users_lock_files(monkeypatch)
+        with pytest.raises(UnwritableError, match="^another process is writing "):
+            with atomic_directory(target):
+                pass
+        monkeypatch.undo()
+        assert (staging / "model.bin").read_text() == "first", "the first writer's work untouched"
+    assert (target / "model.bin").read_text() == "first"
+
+
+def test_another_users_lock_file_left_behind_is_locked_and_removed_or_kept(tmp_path, monkeypatch):
+    """A lock file a killed writer of another user left: the next writer locks it through a read-only handle; one
+    it may not remove (a directory with the sticky bit) stays, and the write succeeds."""
+    target, lock = tmp_path / "export", tmp_path / ".export.lock"
+    lock.touch()
+    another_users_lock_files(monkeypatch)
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("second")
+    assert (target / "model.bin").read_text() == "second"
+    assert not lock.exists()
+    lock.touch()
+    unlink = files_module.Path.unlink
+
+    def sticky(path, missing_ok=False):
+        if path == lock:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(files_module.Path, "unlink", sticky)
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("third")
+    assert (target / "model.bin").read_text() == "third"
+    assert lock.exists()
+
+
 def test_guarding_a_path_below_directories_that_do_not_exist_creates_none(tmp_path):
     """A push of a mistyped path left the directories leading to it behind."""
     with sole_writer(tmp_path / "typo" / "sub" / "model"):
