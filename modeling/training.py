@@ -87,7 +87,7 @@ from .data import (
     split_source,
     tokenize_parallel_dataset,
 )
-from .files import check_replaceable, check_writable, write_files_into, write_json
+from .files import check_replaceable, check_writable, is_open_as, write_files_into, write_json
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
@@ -175,8 +175,7 @@ def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]
     if training_args.process_index == 0:  # the world's main process, also with save_on_each_node
         try:
             check_writable(output_dir / RUN_IDENTITY_FILE)  # a file in the way or no permission: named now
-            handle = open(output_dir / TRAINING_LOCK_FILE, "a+", encoding="utf-8")  # held to the end
-            _lock_for_training(handle, output_dir)
+            handle = _locked_for_training(output_dir)  # held to the end
         except (OSError, ValueError) as error:
             refusal = error
     # Every process stops when the main one cannot train here: the others would wait for it at the next barrier.
@@ -191,8 +190,42 @@ def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]
             handle.close()
 
 
+def _locked_for_training(output_dir: Path) -> IO[str]:
+    """`output_dir/.training.lock`, open, locked and recording this process, or `OutputDirectoryInUseError` naming
+    its holder. A lock file another user made (0644 under a umask of 022, in a directory a group shares) cannot be
+    opened for writing: it is locked through a read-only handle, which refuses while that user's run goes on, then
+    removed, still locked, for one of this process's own (both were `Permission denied`: a colleague's running
+    run not named, a resume of their finished one refused). A process that opened the removed file finds that its
+    lock is not on the file at the path, and opens that one instead."""
+    lock = output_dir / TRAINING_LOCK_FILE
+    while True:
+        try:
+            handle = open(lock, "a+", encoding="utf-8")
+        except PermissionError:
+            try:
+                with open(lock, encoding="utf-8") as theirs:
+                    _lock_for_training(theirs, output_dir)
+                    if is_open_as(theirs, lock):
+                        lock.unlink()
+            except FileNotFoundError:  # removed meanwhile by another process doing the same
+                pass
+            continue
+        try:
+            _lock_for_training(handle, output_dir)
+        except BaseException:
+            handle.close()
+            raise
+        if is_open_as(handle, lock):
+            break
+        handle.close()  # the file another process removed after this one opened it
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
+    handle.flush()
+    return handle
+
+
 def _lock_for_training(handle: IO[str], output_dir: Path) -> None:
-    """Take the lock on the open `handle` and record who holds it, or raise `OutputDirectoryInUseError`."""
+    """Take the lock on the open `handle`, or raise `OutputDirectoryInUseError` naming its holder."""
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -204,9 +237,6 @@ def _lock_for_training(handle: IO[str], output_dir: Path) -> None:
         ) from None
     except OSError as error:
         logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
-    handle.truncate(0)
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
-    handle.flush()
 
 
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:

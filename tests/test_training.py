@@ -1,6 +1,7 @@
 """Tests of modeling/training.py: `train()` end to end, learning, fine-tuning, and what a run records."""
 
 import dataclasses
+import errno
 import fcntl
 import io
 import json
@@ -392,6 +393,35 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
     with open(run / TRAINING_LOCK_FILE) as after:
         fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
         assert after.read().startswith(f"pid {os.getpid()} on ")
+
+
+def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_ends(tmp_path, monkeypatch):
+    """A colleague's run in a directory a group shares left `.training.lock` 0644 (umask 022): opening it to write
+    failed, so a second run beside theirs was refused as `Permission denied` (not naming it), and so was a resume
+    of their finished run, which the directory let this user write."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
+        if file == lock and mode != "r" and lock.exists() and lock.read_text().startswith(theirs):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    theirs = "pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n"
+    with open(lock, "a+") as their_run:
+        fcntl.flock(their_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        their_run.write(theirs)
+        their_run.flush()
+        monkeypatch.setattr(training, "open", as_another_user, raising=False)
+        with pytest.raises(OutputDirectoryInUseError, match=r"in use by another training run \(pid 4242 on node-7"):
+            with training.training_lock(tiny_run_args(run)):
+                pass
+        assert lock.read_text() == theirs, "their lock file kept while they run"
+    with training.training_lock(tiny_run_args(run)):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on "), "replaced by one of this run's own"
+        with open(lock) as third, pytest.raises(BlockingIOError):
+            fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
