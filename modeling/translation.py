@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 from collections import deque
@@ -32,6 +33,7 @@ from .checkpoints import weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
+    atomic_path,
     check_distinct_outputs,
     check_writable,
     disk_full_error,
@@ -340,7 +342,7 @@ def translate_file(
     }
     partial = _PartialTranslation(destination, identity, source)
     try:
-        with open(partial.path, "ab") as handle:  # appends; cut below to what the record vouches for
+        with _open_partial(partial.path, destination) as handle:  # appends; cut below to what the record vouches for
             _lock_or_refuse(handle, destination)
             lines = partial.resume(handle)
             with tqdm(disable=not progress, unit="sent", desc="translated", initial=partial.lines) as bar:
@@ -461,6 +463,21 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
         }
         definition = json.dumps([type(tokenizer).__name__, tokenizer.get_vocab(), arguments], sort_keys=True)
     return hashlib.sha256(definition.encode()).hexdigest()
+
+
+def _open_partial(path: Path, destination: Path) -> IO[bytes]:
+    """The partial translation `path` opened to append. One another user left (0644 under a umask of 022, in a
+    directory a group shares) cannot be: while their translation goes on it is refused as any second one is; once
+    it has ended, it is replaced by a copy of this user's own, which this translation resumes (both were
+    `Permission denied`: their running translation not named, their finished chunks not resumable)."""
+    try:
+        return open(path, "ab")
+    except PermissionError:
+        with open(path, "rb") as theirs:
+            _lock_or_refuse(theirs, destination)
+            with atomic_path(path) as copy:
+                shutil.copyfile(path, copy)
+        return open(path, "ab")
 
 
 def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:

@@ -3,6 +3,7 @@ is translated a chunk at a time and resumed after a kill, never mixed with anoth
 
 import copy
 import errno
+import fcntl
 import gzip
 import json
 import logging
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import huggingface_hub.utils._http as hf_http
 import pytest
@@ -531,6 +533,37 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     resumed = translate_file(model, tokenizer, source, destination, chunk_lines=3, workers=workers, **SETTINGS)
     assert resumed == len(lines)
     assert sizes == [3, 3], "only the 6 lines not yet translated"
+    assert destination.read_text().split("\n")[:-1] == expected
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_another_users_partial_translation_is_refused_while_it_runs_and_resumed_once_killed(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A colleague's translation into a directory a group shares leaves its partial file 0644 (umask 022), which
+    this user cannot append to: both a second translation beside theirs and the resumption of theirs, killed,
+    were `Permission denied`."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    partial = partial_translation_path(destination)
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    theirs = partial.stat().st_ino
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
+        if Path(file) == partial and mode != "rb" and partial.stat().st_ino == theirs:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(translation, "open", as_another_user, raising=False)
+    with open(partial, "ab") as their_translation:  # theirs, still running
+        fcntl.flock(their_translation.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(TranslationInProgressError, match="^another process is translating into "):
+            translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    sizes = counting_translate(monkeypatch)
+    assert translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    assert sizes == [3, 3], "their 6 lines kept"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
 
