@@ -33,6 +33,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .checkpoints import RUN_IDENTITY_FILE, list_checkpoints
 from .files import iter_lines
 
 PAD_TOKEN, UNK_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "</s>"
@@ -150,14 +151,23 @@ def train_shared_bpe(
 
 
 def check_tokenizer_destination(directory: str | os.PathLike) -> None:
-    """Refuse, in one line, to write a tokenizer into a directory that holds a model: the model's token ids are
-    those of the tokenizer it was trained with, and another one there would make it translate nonsense."""
+    """Refuse, in one line, to write a tokenizer into a directory that holds a model, or a training run (its
+    identity, its checkpoints: one still training has no model at its top yet): the model's token ids are those of
+    the tokenizer it was trained with, and another one there would make it translate nonsense, or the run's
+    requeue refuse its own output directory as "written by a different run"."""
     directory = Path(directory)
     found = [directory / "config.json"] if (directory / "config.json").is_file() else []
     found += sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
     if found:
         raise FileExistsError(
             f"{directory} holds a model ({found[0].name}): a new tokenizer there would replace the one it was trained "
+            "with; write the tokenizer into another directory"
+        )
+    run = [directory / RUN_IDENTITY_FILE] if (directory / RUN_IDENTITY_FILE).is_file() else []
+    run += list_checkpoints(directory) if directory.is_dir() else []
+    if run:
+        raise FileExistsError(
+            f"{directory} holds a training run ({run[0].name}): a new tokenizer there would replace the one it trains "
             "with; write the tokenizer into another directory"
         )
 

@@ -110,3 +110,26 @@ def test_a_model_directory_keeps_its_tokenizer(corpus, tmp_path, monkeypatch):
         "with; write the tokenizer into another directory"
     )
     assert (model / "tokenizer.json").read_text() == "the model's own"
+
+
+@pytest.mark.parametrize("record", ["run_identity.json", "checkpoint-200"])
+def test_a_training_runs_directory_keeps_its_tokenizer(record, corpus, tmp_path, monkeypatch):
+    """A run still training has no config.json at its top yet: its BPE was replaced, and its requeue refused its
+    own directory as "written by a different run" (tokenizer), offering only --overwrite_output_dir."""
+    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    if record.startswith("checkpoint-"):
+        (run / record).mkdir()
+    else:
+        (run / record).write_text("{}")
+    (run / "tokenizer.json").write_text("the run's own")
+    argv = ["train_tokenizer.py", "--train-files", str(tmp_path / "train.en"), "--vocab-size", "90"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(run)])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    assert exit_info.value.code == (
+        f"error: {run} holds a training run ({record}): a new tokenizer there would replace the one it trains with; "
+        "write the tokenizer into another directory"
+    )
+    assert (run / "tokenizer.json").read_text() == "the run's own"
