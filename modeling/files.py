@@ -292,12 +292,46 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
     path.parent.mkdir(parents=True, exist_ok=True)
     with sole_writer(path):
+        check_deletable(path, partial, path.with_name(f".{path.name}.old"))
         remove_tree(partial)
         partial.mkdir(parents=True)
         with _removed_on_failure(partial, path):
             yield partial
             publish_tree(partial)
             swap_directory(partial, path)
+
+
+def check_deletable(path: Path, *leftovers: Path) -> None:
+    """Refuse, in one line naming it, to replace `path` when this user could not delete what it (or a leftover
+    `.partial` / `.old` of an earlier attempt) holds: another user's directory, written under a umask of 022 into
+    one a group shares. The swap put the new directory in place, then failed to delete the old one ("Permission
+    denied: 'tokenizer.json'", exit 1), and every later replacement failed on the `.old` directory it left."""
+    for directory in (path, *leftovers):
+        blocked = _undeletable(directory)
+        if blocked is not None:
+            raise UnwritableError(
+                errno.EACCES,
+                f"cannot replace {path}: this user may not delete what {blocked} holds (another user's files); have "
+                "its owner remove it, or write into another directory (nothing was written)",
+            )
+
+
+def _undeletable(path: Path) -> Path | None:
+    """The first directory in the tree `path` whose entries this user may not delete (what `shutil.rmtree` would
+    fail on: no write, search or read permission, or a sticky directory holding another user's entries); None
+    when there is none, or no directory at `path`."""
+    if path.is_symlink() or not path.is_dir():
+        return None
+    user, unreadable = os.geteuid(), []
+    for root, directories, names in os.walk(path, onerror=lambda error: unreadable.append(Path(error.filename))):
+        status = os.stat(root)
+        if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+            return Path(root)
+        if status.st_mode & stat.S_ISVTX and user not in (0, status.st_uid):
+            entries = (os.lstat(os.path.join(root, name)).st_uid for name in (*directories, *names))
+            if any(owner != user for owner in entries):
+                return Path(root)
+    return unreadable[0] if unreadable else None
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,6 +178,42 @@ def test_another_users_lock_file_left_behind_is_locked_and_removed_or_kept(tmp_p
         (staging / "model.bin").write_text("third")
     assert (target / "model.bin").read_text() == "third"
     assert lock.exists()
+
+
+def test_a_directory_whose_files_this_user_may_not_delete_is_not_replaced(tmp_path, monkeypatch):
+    """A colleague's export, written under a umask of 022 into a directory a group shares: the swap put the new
+    one in place, then failed to delete the old one ("Permission denied: 'tokenizer.json'", exit 1) and left
+    `.export.old`, on which every later replacement failed the same way."""
+    target, old = tmp_path / "export", tmp_path / ".export.old"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("theirs")
+    theirs = {target}
+    access = os.access
+
+    def as_another_user(path, mode, **kwargs):  # tests run as root, whom no permission stops
+        return Path(path) not in theirs and access(path, mode, **kwargs)
+
+    monkeypatch.setattr(files_module.os, "access", as_another_user)
+
+    def refused_naming(blocked) -> None:
+        with pytest.raises(UnwritableError) as refused:
+            with atomic_directory(target) as staging:
+                (staging / "model.bin").write_text("ours")
+        assert str(refused.value) == (
+            f"cannot replace {target}: this user may not delete what {blocked} holds (another user's files); have "
+            "its owner remove it, or write into another directory (nothing was written)"
+        )
+        assert (target / "model.bin").read_text() == "theirs"
+        assert not (tmp_path / "export.partial").exists()
+
+    refused_naming(target)
+    shutil.copytree(target, old)  # what the swap left before: their old export, beside ours in its place
+    theirs = {old}
+    refused_naming(old)
+    shutil.rmtree(old)
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("ours")
+    assert (target / "model.bin").read_text() == "ours"
 
 
 def test_guarding_a_path_below_directories_that_do_not_exist_creates_none(tmp_path):
