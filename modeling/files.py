@@ -307,7 +307,7 @@ def check_deletable(path: Path, *leftovers: Path) -> None:
     one a group shares. The swap put the new directory in place, then failed to delete the old one ("Permission
     denied: 'tokenizer.json'", exit 1), and every later replacement failed on the `.old` directory it left."""
     for directory in (path, *leftovers):
-        blocked = _undeletable(directory)
+        blocked = undeletable(directory)
         if blocked is not None:
             raise UnwritableError(
                 errno.EACCES,
@@ -316,7 +316,7 @@ def check_deletable(path: Path, *leftovers: Path) -> None:
             )
 
 
-def _undeletable(path: Path) -> Path | None:
+def undeletable(path: Path) -> Path | None:
     """The first directory in the tree `path` whose entries this user may not delete (what `shutil.rmtree` would
     fail on: no write, search or read permission, or a sticky directory holding another user's entries); None
     when there is none, or no directory at `path`."""

@@ -76,7 +76,16 @@ from .checkpoints import (
     staging_directories,
     write_completeness_marker,
 )
-from .files import disk_full_error, publish_tree, remove_tree, replace_files, swap_directory, write_json, write_text
+from .files import (
+    disk_full_error,
+    publish_tree,
+    remove_tree,
+    replace_files,
+    swap_directory,
+    undeletable,
+    write_json,
+    write_text,
+)
 from .schedule import check_warmup_steps, noam_learning_rate, noam_scheduler
 from .scoring import corpus_scores
 
@@ -297,6 +306,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self.preemption = preemption if preemption is not None else PreemptionCallback()
         self.add_callback(self.preemption)
         self._staging_root: Path | None = None
+        self._kept_undeletable: set[Path] = set()  # checkpoints rotation may not delete, warned once
         self.last_checkpoint: Path | None = None  # the newest checkpoint this trainer saved (complete)
         if self.args.save_every_minutes is not None:
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
@@ -692,6 +702,19 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             protected.add(complete[-1].resolve())
         if self.state.best_model_checkpoint is not None:
             protected.add(Path(self.state.best_model_checkpoint).resolve())
+        # Another user's checkpoint (a run resumed from a colleague's, written under a umask of 022) cannot be
+        # deleted: logged as deleted, it stayed as `.checkpoint-N.deleting`, removed again, in vain, at every save.
+        for checkpoint in [path for path in complete if undeletable(path) is not None]:
+            complete.remove(checkpoint)
+            if checkpoint not in self._kept_undeletable:
+                self._kept_undeletable.add(checkpoint)
+                logger.warning(
+                    "Keeping %s beyond save_total_limit=%d: this user may not delete what %s holds (another "
+                    "user's files)",
+                    checkpoint,
+                    limit,
+                    undeletable(checkpoint),
+                )
         excess = len(complete) - max(limit, len(protected & {path.resolve() for path in complete}))
         for checkpoint in complete:
             if excess <= 0:

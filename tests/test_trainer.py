@@ -869,6 +869,27 @@ def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp
     assert all(not checkpoint_problems(output_dir / name) for name in ("checkpoint-3", "checkpoint-4"))
 
 
+def test_rotation_keeps_another_users_checkpoint_saying_so_once(tmp_path, monkeypatch, caplog):
+    """A run resumed from a colleague's, whose checkpoints were written under a umask of 022: rotation logged
+    "Deleted checkpoint-1", left `.checkpoint-1.deleting` (rmtree's errors ignored) and removed it again, in vain,
+    at every later save."""
+    output_dir = tmp_path / "run"
+    theirs = output_dir / "checkpoint-1"
+    access = os.access
+
+    def as_another_user(path, mode, **kwargs):  # tests run as root, whom no permission stops
+        return Path(path) != theirs and access(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", as_another_user)
+    trainer = resumable_run(output_dir, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=2)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        trainer.train()
+    names = sorted(path.name for path in output_dir.iterdir() if "checkpoint" in path.name)
+    assert names == ["checkpoint-1", "checkpoint-4", "checkpoint-5"]
+    assert caplog.text.count(f"Keeping {theirs} beyond save_total_limit=2") == 1
+    assert f"Deleted {theirs}" not in caplog.text and "Removing" not in caplog.text
+
+
 def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_checkpoint_finite(tmp_path):
     """Without the stop, the run went on to update 8 logging a loss of 0.0 (the Trainer's NaN filter) and rotated
     checkpoints 2 and 4 out for NaN ones."""
