@@ -318,19 +318,25 @@ def check_deletable(path: Path, *leftovers: Path) -> None:
 
 def undeletable(path: Path) -> Path | None:
     """The first directory in the tree `path` whose entries this user may not delete (what `shutil.rmtree` would
-    fail on: no write, search or read permission, or a sticky directory holding another user's entries); None
+    fail on: no write, search or read permission, or a sticky directory holding another user's entries), or
+    `path`'s parent where it is a sticky directory and `path` another user's (renaming `path` aside fails); None
     when there is none, or no directory at `path`."""
     if path.is_symlink() or not path.is_dir():
         return None
     user, unreadable = os.geteuid(), []
+
+    def guarded(directory: str | os.PathLike, owners: Iterable[int]) -> bool:  # sticky: owners delete their own
+        status = os.stat(directory)
+        sticky = status.st_mode & stat.S_ISVTX and user not in (0, status.st_uid)
+        return bool(sticky) and any(uid != user for uid in owners)
+
+    if guarded(path.parent, [os.lstat(path).st_uid]):
+        return path.parent
     for root, directories, names in os.walk(path, onerror=lambda error: unreadable.append(Path(error.filename))):
-        status = os.stat(root)
         if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
             return Path(root)
-        if status.st_mode & stat.S_ISVTX and user not in (0, status.st_uid):
-            entries = (os.lstat(os.path.join(root, name)).st_uid for name in (*directories, *names))
-            if any(owner != user for owner in entries):
-                return Path(root)
+        if guarded(root, (os.lstat(os.path.join(root, name)).st_uid for name in (*directories, *names))):
+            return Path(root)
     return unreadable[0] if unreadable else None
 
 

@@ -10,6 +10,7 @@ import lzma
 import os
 import re
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from modeling.files import (
     replace_files,
     replacing_directory,
     sole_writer,
+    undeletable,
     write_files_into,
     write_json,
     write_text,
@@ -211,6 +213,28 @@ def test_a_directory_whose_files_this_user_may_not_delete_is_not_replaced(tmp_pa
     theirs = {old}
     refused_naming(old)
     shutil.rmtree(old)
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("ours")
+    assert (target / "model.bin").read_text() == "ours"
+
+
+def test_another_users_directory_in_a_sticky_directory_is_not_replaced_and_ones_own_is(tmp_path, monkeypatch):
+    """A colleague's export in a directory a group shares with the sticky bit (mode 3775), written under a umask of
+    002: its files were this user's to delete, but not the export itself, which only its owner may rename. The work
+    was done, then the swap failed ("Operation not permitted: 'export' -> '.export.old'"); and rotation, renaming
+    a colleague's checkpoint aside there, stopped the training."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("theirs")
+    tmp_path.chmod(tmp_path.stat().st_mode | stat.S_ISVTX)
+    monkeypatch.setattr(files_module.os, "geteuid", lambda: 4242)  # tests run as root, whom no permission stops
+    assert undeletable(target) == tmp_path
+    with pytest.raises(UnwritableError, match=rf"^cannot replace {re.escape(str(target))}: this user may not delete"):
+        with atomic_directory(target) as staging:
+            raise AssertionError("the work began")
+    assert (target / "model.bin").read_text() == "theirs"
+    os.chown(target, 4242, -1)  # this user's own
+    assert undeletable(target) is None
     with atomic_directory(target) as staging:
         (staging / "model.bin").write_text("ours")
     assert (target / "model.bin").read_text() == "ours"
