@@ -399,14 +399,17 @@ def identity_differences(
     In `config`, only the fields both have are compared: a field that a newer transformers adds to every config
     (with its default) does not make a checkpoint another run's. Nor does a field of `IDENTITY_FIELDS_ADDED_LATER`
     that one of them lacks (recorded before it existed). A model directory both fine-tuned is compared by its
-    weights (`model_weights`), not its path: moved, copied to another node or named from another working
-    directory, it is the same model under another path."""
+    weights (`model_weights`) or its path: moved, copied to another node or named from another working
+    directory, it is the same model under another path; averaged again in place (the base of a fine-tune whose
+    checkpoints hold their own weights), the same directory, as it was before the field."""
     differences = []
     keys = set(first) & set(second) if shared_only else set(first) | set(second)
     if not prefix:  # a field an identity recorded before it existed does not make that run another
         keys -= {key for key in IDENTITY_FIELDS_ADDED_LATER if key not in first or key not in second}
-        if first.get("model_weights") and second.get("model_weights"):
-            keys.discard("model_name_or_path")
+        model = ("model_name_or_path", "model_weights")
+        if first.get("model_weights") and second.get("model_weights"):  # the same model: moved, or changed in place
+            if any(first.get(key) == second.get(key) for key in model):
+                keys -= set(model)
     for key in sorted(keys, key=str):
         a, b = first.get(key), second.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):

@@ -914,11 +914,17 @@ def test_a_fine_tuning_resumed_with_its_model_directory_moved_is_the_same_run_an
         training._check_same_run(identity(name), tmp_path, None)
         assert not identity_differences(recorded, identity(name)), "averaged as one run"
     tiny_model(len(tokenizer), seed=1).save_pretrained(tmp_path / "other")  # another model under another path
-    with pytest.raises(RunMismatchError, match=r"run: model_weights: model\.safetensors changed \(recorded vs now\)"):
+    both = r'model_name_or_path: ".*ck8" vs ".*other"; model_weights: model\.safetensors changed \(recorded vs now\)'
+    with pytest.raises(RunMismatchError, match=both):
         training._check_same_run(identity(str(tmp_path / "other")), tmp_path, None)
     for name, shown in ((None, "null"), ("owner/ck8", '"owner/ck8"')):  # from scratch, or a Hub repo: another run
         with pytest.raises(RunMismatchError, match=rf'model_name_or_path: ".*ck8" vs {shown}'):
             training._check_same_run(identity(name), tmp_path, None)
+    # The base averaged again in place (its fine-tune's checkpoints hold their own weights): the same directory,
+    # as before the field; once refused, offering only --overwrite_output_dir, which deletes the run's checkpoints.
+    write_json(tmp_path / "run_identity.json", identity(str(tmp_path / "moved")))
+    tiny_model(len(tokenizer), seed=2).save_pretrained(tmp_path / "moved")
+    training._check_same_run(identity(str(tmp_path / "moved")), tmp_path, None)
     recorded_before = {key: value for key, value in recorded.items() if key != "model_weights"}
     write_json(tmp_path / "run_identity.json", recorded_before)  # recorded before the field: compared by path
     with pytest.raises(RunMismatchError, match=r'model_name_or_path: ".*ck8" vs ".*moved"'):
