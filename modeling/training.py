@@ -196,28 +196,35 @@ def _locked_for_training(output_dir: Path) -> IO[str]:
     opened for writing: it is locked through a read-only handle, which refuses while that user's run goes on, then
     removed, still locked, for one of this process's own (both were `Permission denied`: a colleague's running
     run not named, a resume of their finished one refused). A process that opened the removed file finds that its
-    lock is not on the file at the path, and opens that one instead."""
+    lock is not on the file at the path, and opens that one instead. In a directory with the sticky bit, where only
+    its owner may remove it, their file stays this run's lock, read-only, naming its last holder."""
     lock = output_dir / TRAINING_LOCK_FILE
     while True:
         try:
             handle = open(lock, "a+", encoding="utf-8")
-        except PermissionError:
+        except PermissionError:  # another user's
             try:
-                with open(lock, encoding="utf-8") as theirs:
-                    _lock_for_training(theirs, output_dir)
-                    if is_open_as(theirs, lock):
-                        lock.unlink()
+                handle = open(lock, encoding="utf-8")
             except FileNotFoundError:  # removed meanwhile by another process doing the same
-                pass
-            continue
+                continue
         try:
             _lock_for_training(handle, output_dir)
         except BaseException:
             handle.close()
             raise
-        if is_open_as(handle, lock):
+        if not is_open_as(handle, lock):
+            handle.close()  # the file another process removed after this one opened it
+            continue
+        if handle.writable():
             break
-        handle.close()  # the file another process removed after this one opened it
+        try:
+            lock.unlink(missing_ok=True)  # still locked: whoever opened it meanwhile is refused, or finds it gone
+        except PermissionError:  # a directory with the sticky bit: only its owner may remove it
+            logger.warning(
+                "Locking %s read-only: another user's, in a sticky directory, it names its last holder", lock
+            )
+            return handle
+        handle.close()
     handle.truncate(0)
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
     handle.flush()

@@ -424,6 +424,37 @@ def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_end
             fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def test_another_users_training_lock_in_a_sticky_directory_is_held_read_only(tmp_path, monkeypatch, caplog):
+    """A colleague's finished run in a directory with the sticky bit: their `.training.lock` (0644, umask 022) can
+    be neither written nor removed by this user, and the resume was refused as "Operation not permitted" naming
+    the lock file, not why."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+    theirs = "pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n"
+    lock.write_text(theirs)
+    unlink = Path.unlink
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
+        if file == lock and mode != "r":
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    def sticky(path, missing_ok=False):
+        if path == lock:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(training, "open", as_another_user, raising=False)
+    monkeypatch.setattr(Path, "unlink", sticky)
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        with training.training_lock(tiny_run_args(run)):
+            assert lock.read_text() == theirs
+            with open(lock) as third, pytest.raises(BlockingIOError):
+                fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert f"Locking {lock} read-only: another user's, in a sticky directory" in caplog.text
+
+
 def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
     (tmp_path / "run_identity.json").write_text("{}")
     (tmp_path / "README.md").write_text("My notes on this run\n")
