@@ -7,6 +7,7 @@ of this model and refuses anything else. Only torch, transformers and tqdm are n
 training or evaluation extras.
 """
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -33,6 +34,7 @@ from .checkpoints import weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
+    UnwritableError,
     atomic_path,
     check_distinct_outputs,
     check_writable,
@@ -475,8 +477,16 @@ def _open_partial(path: Path, destination: Path) -> IO[bytes]:
     except PermissionError:
         with open(path, "rb") as theirs:
             _lock_or_refuse(theirs, destination)
-            with atomic_path(path) as copy:
-                shutil.copyfile(path, copy)
+            try:
+                with atomic_path(path) as copy:
+                    shutil.copyfile(path, copy)
+            except PermissionError:  # a directory with the sticky bit: only its owner may replace it
+                raise UnwritableError(
+                    errno.EPERM,
+                    f"cannot resume {path}, another user's partial translation of {destination}: this user may not "
+                    "replace it (a directory with the sticky bit); have its owner remove it, or translate into "
+                    "another file",
+                ) from None
         return open(path, "ab")
 
 

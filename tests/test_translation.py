@@ -36,7 +36,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from modeling import translation
 from modeling.export import export
-from modeling.files import DiskFullError
+from modeling.files import DiskFullError, UnwritableError
 from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
 from modeling.translation import (
     TranslationInProgressError,
@@ -566,6 +566,44 @@ def test_another_users_partial_translation_is_refused_while_it_runs_and_resumed_
     assert sizes == [3, 3], "their 6 lines kept"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_another_users_partial_translation_in_a_sticky_directory_is_refused_in_one_line(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A colleague's killed translation in a directory with the sticky bit: their partial file can be neither
+    appended to nor replaced by this user's copy. The copy's rename failed, naming its temporary file."""
+    source, _, model, _ = file_to_translate
+    destination = tmp_path / "news.de"
+    partial = partial_translation_path(destination)
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    theirs = partial.read_bytes()
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
+        if Path(file) == partial and mode != "rb":
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    replace = os.replace
+
+    def sticky(source, target):
+        if Path(target) == partial:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(source), None, str(target))
+        replace(source, target)
+
+    monkeypatch.setattr(translation, "open", as_another_user, raising=False)
+    monkeypatch.setattr(os, "replace", sticky)
+    counting_translate(monkeypatch)
+    with pytest.raises(UnwritableError) as refused:
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert str(refused.value) == (
+        f"cannot resume {partial}, another user's partial translation of {destination}: this user may not replace it "
+        "(a directory with the sticky bit); have its owner remove it, or translate into another file"
+    )
+    assert partial.read_bytes() == theirs
+    assert sorted(path.name for path in tmp_path.iterdir()) == [partial.name, f"{partial.name}.json"]
 
 
 def test_a_pipe_is_read_once_from_its_start_and_never_resumed(file_to_translate, tokenizer, tmp_path, monkeypatch):
