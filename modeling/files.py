@@ -292,7 +292,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
     path.parent.mkdir(parents=True, exist_ok=True)
     with sole_writer(path):
-        check_deletable(path, partial, path.with_name(f".{path.name}.old"))
+        check_deletable(path)
         remove_tree(partial)
         partial.mkdir(parents=True)
         with _removed_on_failure(partial, path):
@@ -301,12 +301,14 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
             swap_directory(partial, path)
 
 
-def check_deletable(path: Path, *leftovers: Path) -> None:
-    """Refuse, in one line naming it, to replace `path` when this user could not delete what it (or a leftover
-    `.partial` / `.old` of an earlier attempt) holds: another user's directory, written under a umask of 022 into
-    one a group shares. The swap put the new directory in place, then failed to delete the old one ("Permission
-    denied: 'tokenizer.json'", exit 1), and every later replacement failed on the `.old` directory it left."""
-    for directory in (path, *leftovers):
+def check_deletable(path: str | os.PathLike) -> None:
+    """Refuse, in one line naming it, to replace the directory `path` when this user could not delete what it (or
+    a leftover `.partial` / `.old` of an earlier attempt) holds: another user's directory, written under a umask of
+    022 into one a group shares. The swap put the new directory in place, then failed to delete the old one
+    ("Permission denied: 'tokenizer.json'", exit 1), and every later replacement failed on the `.old` directory it
+    left."""
+    path = Path(os.path.realpath(path))  # a link is left in place; what it points to is replaced
+    for directory in (path, path.with_name(path.name + PARTIAL_SUFFIX), path.with_name(f".{path.name}.old")):
         blocked = undeletable(directory)
         if blocked is not None:
             raise UnwritableError(
@@ -430,6 +432,7 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
         raise FileExistsError(f"{path} exists and is not a directory.")
     if any(path.iterdir()) and not (path / marker).is_file():
         raise FileExistsError(f"{path} exists and is not {what} (no {marker}): remove it or choose another directory.")
+    check_deletable(path)
 
 
 @contextmanager

@@ -198,13 +198,15 @@ def test_a_directory_whose_files_this_user_may_not_delete_is_not_replaced(tmp_pa
     monkeypatch.setattr(files_module.os, "access", as_another_user)
 
     def refused_naming(blocked) -> None:
-        with pytest.raises(UnwritableError) as refused:
-            with atomic_directory(target) as staging:
-                (staging / "model.bin").write_text("ours")
-        assert str(refused.value) == (
+        message = (
             f"cannot replace {target}: this user may not delete what {blocked} holds (another user's files); have "
             "its owner remove it, or write into another directory (nothing was written)"
         )
+        with pytest.raises(UnwritableError, match=f"^{re.escape(message)}$"):  # the early check: before the work
+            check_replaceable(target, "model.bin", "an export")  # (train.py: averaged/, before training)
+        with pytest.raises(UnwritableError, match=f"^{re.escape(message)}$"):
+            with atomic_directory(target) as staging:
+                (staging / "model.bin").write_text("ours")
         assert (target / "model.bin").read_text() == "theirs"
         assert not (tmp_path / "export.partial").exists()
 
