@@ -101,10 +101,29 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         super().__post_init__()
+        self._take_launcher_precision()
         # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a
         # corrected rerun into the same directory would find an earlier run there.
         self._check_numbers()
         self._check_combinations()
+
+    def _take_launcher_precision(self) -> None:
+        """The mixed precision `accelerate launch` passes on (its config file's `mixed_precision`, a default config
+        left from another project included, as ACCELERATE_MIXED_PRECISION) where neither bf16 nor fp16 is given: the
+        Trainer trains with it, so these fields say it too, and with them the run's records and model card (they
+        said `bf16: false` under bf16 autocast), with a warning. Not fp16 on a CPU: accelerate trains float32 there."""
+        asked = self.mixed_precision
+        if self.bf16 or self.fp16 or asked not in ("bf16", "fp16") or (asked == "fp16" and self.device.type == "cpu"):
+            return
+        setattr(self, asked, True)
+        if self.should_log:  # said before the scripts' logging is set up: a warning is printed all the same
+            logger.warning(
+                "Training with %s autocast, as accelerate launch's config asks (ACCELERATE_MIXED_PRECISION=%s): "
+                "recorded as %s: true (for float32: accelerate launch --mixed_precision no)",
+                asked,
+                asked,
+                asked,
+            )
 
     def _check_numbers(self) -> None:
         """Each number in its range: a value outside it trains to NaN, turns a limit off or fails late."""

@@ -100,6 +100,22 @@ def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch):
     assert args.ddp_backend is None and args.world_size == 1
 
 
+def test_the_precision_accelerate_launch_passes_on_is_what_the_arguments_record(tmp_path, monkeypatch, caplog):
+    """A default accelerate config with `mixed_precision: bf16` (from another project) trained the run under bf16
+    autocast while training_args.json and the card said bf16: false, fp16: false."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    args = training_args(tmp_path)
+    assert (args.mixed_precision, args.bf16, args.fp16) == ("bf16", True, False)
+    assert (args.to_dict()["bf16"], args.to_dict()["fp16"]) == (True, False)
+    assert "Training with bf16 autocast, as accelerate launch's config asks" in caplog.text
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # accelerate trains float32 on a CPU
+    assert (training_args(tmp_path).fp16, training_args(tmp_path).mixed_precision) == (False, "fp16")
+    given = training_args(tmp_path, bf16=True)  # the arguments' own choice wins, as in the Trainer
+    assert (given.mixed_precision, given.bf16, given.fp16) == ("bf16", True, False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert (training_args(tmp_path).bf16, training_args(tmp_path).fp16) == (False, False)
+
+
 def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_smaller(tmp_path):
     tokenizer = word_tokenizer()
     settings = {"max_steps": 2, "warmup_steps": 1, "save_strategy": "steps", "save_steps": 2}
