@@ -158,6 +158,21 @@ class OutputDirectoryInUseError(ValueError):
 
 
 TRAINING_LOCK_FILE = ".training.lock"
+# The training locks this process holds: a forked child (a DataLoader worker) closes its copies at once.
+_HELD_TRAINING_LOCKS: set[IO[str]] = set()
+
+
+def _release_training_locks_in_child() -> None:
+    """A process forked while a training lock is held (a DataLoader worker, datasets' pool) does not hold it: its
+    copy of the file shared the lock, so a worker that outlived the run (a notebook keeps the interrupted run's
+    traceback, and with it the DataLoader and its workers) made the next run in that process refuse its own
+    directory as `in use by another training run`, naming that very process."""
+    for handle in _HELD_TRAINING_LOCKS:
+        handle.close()
+    _HELD_TRAINING_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_release_training_locks_in_child)
 
 
 @contextlib.contextmanager
@@ -166,27 +181,30 @@ def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]
     a second run into the same directory (a job requeued while the first one still runs) is refused at once, on
     every process, naming the holder, before it reads, deletes or writes anything.
 
-    The lock is `flock`'s: released by the kernel when its holder ends, however it ends (after the holder's forked
-    children, which share it, end too). It guards across machines where the file system gives locks across
-    machines (local disks; NFSv4; Lustre mounted with `flock`); a file system that refuses locks gets a warning,
-    one that grants them locally only (NFS mounted `nolock`, Lustre `localflock`) guards each machine alone."""
+    The lock is `flock`'s: released by the kernel when its holder ends, however it ends (processes it forks close
+    their copy at once: `_release_training_locks_in_child`). It guards across machines where the file system gives
+    locks across machines (local disks; NFSv4; Lustre mounted with `flock`); a file system that refuses locks gets a
+    warning, one that grants them locally only (NFS mounted `nolock`, Lustre `localflock`) guards each machine
+    alone."""
     output_dir = Path(training_args.output_dir)
     refusal, handle = None, None
     if training_args.process_index == 0:  # the world's main process, also with save_on_each_node
         try:
             check_writable(output_dir / RUN_IDENTITY_FILE)  # a file in the way or no permission: named now
             handle = _locked_for_training(output_dir)  # held to the end
+            _HELD_TRAINING_LOCKS.add(handle)
         except (OSError, ValueError) as error:
             refusal = error
     # Every process stops when the main one cannot train here: the others would wait for it at the next barrier.
-    if any_rank(refusal is not None, training_args.device):
-        if handle is not None:
-            handle.close()
-        raise refusal or OutputDirectoryInUseError(f"{output_dir}: the main process cannot train there (it says why)")
     try:
+        if any_rank(refusal is not None, training_args.device):
+            raise refusal or OutputDirectoryInUseError(
+                f"{output_dir}: the main process cannot train there (it says why)"
+            )
         yield
     finally:
         if handle is not None:
+            _HELD_TRAINING_LOCKS.discard(handle)
             handle.close()
 
 

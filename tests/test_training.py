@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -393,6 +394,28 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
     with open(run / TRAINING_LOCK_FILE) as after:
         fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
         assert after.read().startswith(f"pid {os.getpid()} on ")
+
+
+def test_a_process_forked_while_training_does_not_keep_the_directory_locked(tmp_path):
+    """A DataLoader worker forked during training shared the lock: kept alive by an interrupted run's traceback (a
+    notebook holds the last one), it made the rerun of the cell refuse its own directory, naming its own process."""
+    run = tmp_path / "run"
+    run.mkdir()
+    started, ready = os.pipe()
+    with training.training_lock(tiny_run_args(run)):
+        child = os.fork()
+        if child == 0:  # a worker that outlives the run
+            os.write(ready, b"1")  # its fork handlers have run
+            time.sleep(30)
+            os._exit(0)
+        os.read(started, 1)
+    os.close(started), os.close(ready)
+    try:
+        with training.training_lock(tiny_run_args(run)):
+            assert (run / TRAINING_LOCK_FILE).read_text().startswith(f"pid {os.getpid()} on ")
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_ends(tmp_path, monkeypatch):
