@@ -111,9 +111,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         """The mixed precision `accelerate launch` passes on (its config file's `mixed_precision`, a default config
         left from another project included, as ACCELERATE_MIXED_PRECISION) where neither bf16 nor fp16 is given: the
         Trainer trains with it, so these fields say it too, and with them the run's records and model card (they
-        said `bf16: false` under bf16 autocast), with a warning. Not fp16 on a CPU: accelerate trains float32 there."""
+        said `bf16: false` under bf16 autocast), with a warning. Not fp16 on a CPU: accelerate trains float32 there;
+        not under DeepSpeed, whose config decides."""
         asked = self.mixed_precision
-        if self.bf16 or self.fp16 or asked not in ("bf16", "fp16") or (asked == "fp16" and self.device.type == "cpu"):
+        if self.bf16 or self.fp16 or self.deepspeed or asked not in ("bf16", "fp16"):
+            return
+        if asked == "fp16" and self.device.type == "cpu":
             return
         setattr(self, asked, True)
         if self.should_log:  # said before the scripts' logging is set up: a warning is printed all the same
