@@ -29,6 +29,7 @@ evaluated twice.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -244,6 +245,13 @@ def evaluation_metrics(bleu: bool) -> frozenset[str]:
     if bleu:
         names |= {f"eval_sample_{name}" for name in ("loss", *timing, *BLEU_METRICS)}
     return frozenset(names)
+
+
+def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:
+    """torch's random state on the CPU and on `device`, put back when the block ends."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
 def _token_counts(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -903,17 +911,20 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `bleu_dataset`, logged as `{metric_key_prefix}_sample_bleu` (and `_paper_bleu`, `_chrf`, `_sentences`,
         `_loss`).
 
-        `predict` translates and scores whatever it is given."""
+        `predict` translates and scores whatever it is given. The random state is left as it was (each evaluation
+        DataLoader draws its seed from torch's generator): training goes on as without the evaluation, so that a run
+        preempted at an evaluation (skipped, or abandoned half-way) resumes with the uninterrupted run's dropout."""
         try:
-            self._loss_only = True
-            try:
-                metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
-            finally:
-                self._loss_only = False
-            if eval_dataset is None and self.bleu_dataset is not None:
-                metrics |= super().evaluate(
-                    self.bleu_dataset, ignore_keys, f"{metric_key_prefix}_sample", **gen_kwargs
-                )
+            with _random_state_kept(self.args.device):
+                self._loss_only = True
+                try:
+                    metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+                finally:
+                    self._loss_only = False
+                if eval_dataset is None and self.bleu_dataset is not None:
+                    metrics |= super().evaluate(
+                        self.bleu_dataset, ignore_keys, f"{metric_key_prefix}_sample", **gen_kwargs
+                    )
         except _EvaluationAbandoned as abandoned:
             self._stop_for(abandoned.signal)
             if self.state.global_step == getattr(self, "_initial_global_step", None):

@@ -378,16 +378,27 @@ def test_resuming_warns_of_no_missing_keys_for_the_tied_embedding_copies(tmp_pat
 # --- long runs: preemption, atomic checkpoints, rotation, a full disk -----------------------------------------
 
 
-def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, **overrides):
-    """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything."""
+def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, bleu_dataset=None, **overrides):
+    """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything. With
+    `bleu_dataset`, evaluations also translate it and score BLEU."""
     tokenizer = word_tokenizer()
     lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
     settings = {"max_steps": 6, "warmup_steps": 2, "max_tokens_per_device": 24, "gradient_accumulation_steps": 2}
+    scoring = {}
+    if bleu_dataset is not None:
+        settings["predict_with_generate"] = True
+        scoring = {"bleu_dataset": bleu_dataset, "compute_metrics": bleu_metrics(tokenizer, "de")}
     args = training_args(output_dir, **{**settings, **overrides})
     dataset = copy_dataset(lengths, len(tokenizer), seed=3)
     model = tiny_model(len(tokenizer), dropout=0.1)
     return make_trainer(
-        args, dataset, tokenizer, model, trainer_class or TokenBudgetSeq2SeqTrainer, eval_dataset=eval_dataset
+        args,
+        dataset,
+        tokenizer,
+        model,
+        trainer_class or TokenBudgetSeq2SeqTrainer,
+        eval_dataset=eval_dataset,
+        **scoring,
     )
 
 
@@ -743,6 +754,30 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not any("eval_loss" in entry for entry in trainer.state.log_history), "no half-evaluation logged"
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+@pytest.mark.parametrize("signalled", [SignalOnMicroBatch, SignalWhileEvaluating])
+def test_a_run_preempted_at_an_evaluation_resumes_with_the_losses_of_the_uninterrupted_run(tmp_path, signalled):
+    """Preempted in the update before an evaluation (skipped), or while evaluating (abandoned after its first
+    DataLoader of two): each evaluation DataLoader drew its seed from torch's generator, so the checkpoint's random
+    state was not the uninterrupted run's after its evaluation, and from there every update's dropout differed
+    (found by 20 requeues of a run: its weights differed from the uninterrupted run's)."""
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    evaluating = {"eval_strategy": "steps", "eval_steps": 3, "save_strategy": "steps", "save_steps": 100}
+    evaluating |= {"bleu_dataset": validation, "generation_max_length": 8}
+    uninterrupted = resumable_run(tmp_path / "a", eval_dataset=validation, **evaluating)
+    uninterrupted.train()
+    interrupted = resumable_run(tmp_path / "b", signalled, eval_dataset=validation, **evaluating)
+    interrupted.train()
+    assert interrupted.preempted == {"signal": "SIGTERM", "step": 3}
+    assert not any("eval_loss" in entry for entry in interrupted.state.log_history), "no evaluation at update 3"
+
+    resumed = resumable_run(tmp_path / "b", eval_dataset=validation, **evaluating)
+    resumed.train(resume_from_checkpoint=str(interrupted.last_checkpoint))
+    expected, after = losses(uninterrupted.state.log_history), losses(resumed.state.log_history)
+    assert sorted(after) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
 def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_name(tmp_path):
