@@ -102,6 +102,14 @@ def exit_now_on_signal(code: int) -> None:
         signal.signal(sig, lambda *_: os._exit(code))
 
 
+def ignore_signals_once_finished() -> None:
+    """After the run finished, a signal (a scheduler's at the end of the job) has nothing left to stop: ignored, the
+    process ends as it would have, with code 0. Else it killed the finished run while the interpreter shut down
+    (about a second), by the signal's default action (143 for SIGTERM), which a requeue loop takes for a failure."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def die_of(received: signal.Signals) -> None:
     """End the process by `received` itself, as an uncaught KeyboardInterrupt does: a shell script around the run
     then stops too, where an exit code would let it go on to its next command."""
@@ -122,6 +130,7 @@ def main() -> None:
     interrupted = False
     try:
         output_dir = train(model_args, data_args, training_args)
+        ignore_signals_once_finished()
     except TrainingPreempted as stop:
         exit_now_on_signal(EXIT_PREEMPTED)
         preempted = str(stop)
