@@ -11,8 +11,9 @@ Files read from the `card_from` directories (any subset may be missing):
 - `training_args.json`: training hyperparameters, e.g. `TrainingArguments.to_dict()` plus project extras;
 - `data_stats.json`: data statistics (sentence counts, cleaning), any nesting of numbers and strings.
 
-From the model directory itself: `config.json`, the safetensors headers, and `fairseq_conversion.json` when the
-model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card then says where it came from.
+From the model directory itself: `config.json`, `generation_config.json` (the decoding the card describes, and
+against which each evaluation's decoding is compared), the safetensors headers, and `fairseq_conversion.json` when
+the model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card then says where it came from.
 """
 
 import dataclasses
@@ -38,6 +39,7 @@ from .checkpoints import (
     weight_files,
     weights_record,
 )
+from .evaluation import DECODING_SETTINGS
 from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -302,11 +304,30 @@ def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]
     return {**shown, **_flatten(extras)}
 
 
-def result_caveats(result: dict[str, Any]) -> list[str]:
+def model_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The decoding settings an evaluation records (`modeling.evaluation.DECODING_SETTINGS`) as the model's
+    `generation_config.json` (`generation_config`, as JSON) holds them; None for a field it leaves out (transformers
+    5 leaves such a field unset, and `generate()` takes its own default). None without the file."""
+    if generation_config is None:
+        return None
+    return {name: generation_config.get(name) for name in DECODING_SETTINGS}
+
+
+def _decoding_differences(result: dict[str, Any], decoding: dict[str, Any] | None) -> list[str]:
+    """`name value` of each decoding setting of `result` other than the model's own (`decoding`); one the model
+    leaves unset is not compared (`generate()`'s default: what `--num-beams 1` asks of a greedy model)."""
+    if decoding is None:
+        return []
+    differing = [name for name in DECODING_SETTINGS if name in result and decoding[name] is not None]
+    return [f"{name} {result[name]!r}" for name in differing if result[name] != decoding[name]]
+
+
+def result_caveats(result: dict[str, Any], decoding: dict[str, Any] | None = None) -> list[str]:
     """Why an evaluation result is not this model's score on its whole split, in the card's words (none where it
-    is): scored on part of the split (`evaluate.py --limit`), or on the model quantised to int8 (`--int8`). Such a
-    result is shown with these words and kept out of the `model-index` metadata, which the Hub reads as the
-    model's own scores on the split."""
+    is): scored on part of the split (`evaluate.py --limit`), on the model quantised to int8 (`--int8`), or with
+    decoding other than the model's own `decoding` (`model_decoding`: `--num-beams 1`, or a generation config
+    edited since). Such a result is shown with these words and kept out of the `model-index` metadata, which the
+    Hub reads as the model's own scores on the split."""
     caveats = []
     scored, limit, split = result["num_sentences"], result.get("limit"), result.get("sentences_in_split")
     # evaluate.py scores min(limit, split): without the split's size (older JSONs), fewer than the limit is all of it
@@ -315,12 +336,54 @@ def result_caveats(result: dict[str, Any]) -> list[str]:
         caveats.append(f"the first {scored:,}{of} sentences only (`--limit`)")
     if result.get("int8"):
         caveats.append("the model quantised to int8 (`--int8`), not these weights as they load")
+    if differences := _decoding_differences(result, decoding):
+        caveats.append(
+            f"other decoding than its generation_config.json's ({', '.join(differences)}), not what `generate()` "
+            "does with this model"
+        )
     return caveats
 
 
-def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str | None) -> list[EvalResult]:
+# Sec. 6.1's decoding, as `set_paper_decoding` writes it and `generate()` applies it without a generation config.
+PAPER_DECODING = {
+    "num_beams": 4,
+    "length_penalty": 0.6,
+    "early_stopping": True,
+    "length_penalty_type": "gnmt",
+    "max_length_offset": 50,
+}
+PAPER_DECODING |= {name: None for name in DECODING_SETTINGS if name not in PAPER_DECODING}
+
+
+def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any]:
+    """What the card says of the model's decoding, from its `generation_config.json` (None: the paper's, which
+    `generate()` applies to a checkpoint saved without one): whether it is the paper's, whether its length penalty
+    is the GNMT form, and its settings in words, e.g. "beam 4, GNMT length penalty 0.6, max length source + 50"."""
+    settings = model_decoding(generation_config) or PAPER_DECODING
+    gnmt = settings["length_penalty_type"] in (None, "gnmt")  # None: generate()'s default, the GNMT form
+    length_penalty = settings["length_penalty"] if settings["length_penalty"] is not None else 1.0  # transformers'
+    words = [
+        f"beam {settings['num_beams'] or 1}",
+        f"{'GNMT' if gnmt else 'score / length^α'} length penalty {length_penalty}",
+    ]
+    if settings["max_length_offset"] is not None:
+        words.append(f"max length source + {settings['max_length_offset']}")
+    if settings.get("max_length_a") is not None or settings.get("max_length_b") is not None:
+        words.append(f"max length {settings['max_length_a'] or 0} · source width + {settings['max_length_b'] or 0}")
+    if settings.get("max_new_tokens") is not None:
+        words.append(f"at most {settings['max_new_tokens']} new tokens")
+    max_length = (generation_config or {}).get("max_length")  # transformers' default (20) applies only when set
+    if max_length is not None:
+        words.append(f"at most {max_length} tokens in all")
+    paper = max_length is None and settings == PAPER_DECODING
+    return {"paper": paper, "gnmt": gnmt, "words": ", ".join(words)}
+
+
+def _eval_results_metadata(
+    results: Sequence[dict[str, Any]], dataset_name: str | None, decoding: dict[str, Any] | None = None
+) -> list[EvalResult]:
     metadata = []
-    for result in filter(lambda result: not result_caveats(result), results):
+    for result in filter(lambda result: not result_caveats(result, decoding), results):
         dataset = result.get("dataset") or dataset_name or "unknown"
         pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
         for key, metric_type, metric_name in CARD_METRICS:
@@ -360,11 +423,14 @@ def render_model_card(
     curve_png: str | None = None,
     license: str | None = None,
     conversion: dict[str, Any] | None = None,
+    generation_config: dict[str, Any] | None = None,
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
     `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
-    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`. `license` defaults to this
+    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`; `generation_config` the model's
+    `generation_config.json`, whose decoding the card describes (without it, the paper's, which `generate()` then
+    applies) and whose settings an evaluation must have used to reach `model-index`. `license` defaults to this
     project's, Apache-2.0, and for a converted fairseq model (or a fine-tune of one) to fairseq's, MIT, under which
     its weights were published. `template_path` is a Jinja2
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
@@ -375,7 +441,8 @@ def render_model_card(
     source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = _public(dataset_name or first.get("dataset"))
-    metadata = _eval_results_metadata(eval_results, dataset_name)
+    decoding = model_decoding(generation_config)
+    metadata = _eval_results_metadata(eval_results, dataset_name, decoding)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(
         model_name=model_name if metadata else None,
@@ -398,7 +465,8 @@ def render_model_card(
         "dataset_name": dataset_name,
         "example_sentence": _EXAMPLE_SENTENCES.get(source_lang or "", "A sentence to translate."),
         "eval_results": list(eval_results),
-        "eval_caveats": [result_caveats(result) for result in eval_results],
+        "eval_caveats": [result_caveats(result, decoding) for result in eval_results],
+        "decoding": describe_decoding(generation_config),
         "metrics": [(key, name) for key, _, name in CARD_METRICS],
         "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],
         "num_parameters": f"{num_parameters:,}" if num_parameters else None,
@@ -481,4 +549,5 @@ def _render_card_of(
         num_parameters=count_parameters(model_dir),
         curve_png=CURVES_FILE if with_curves else None,
         conversion=conversion,
+        generation_config=read_json(path) if (path := model_dir / "generation_config.json").is_file() else None,
     )

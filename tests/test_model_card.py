@@ -69,6 +69,71 @@ def test_a_score_on_part_of_the_split_or_of_the_int8_model_is_labelled_and_kept_
     assert {result.dataset_split for result in listed} == {"validation"}
 
 
+PAPER_GENERATION_CONFIG = {
+    "num_beams": 4,
+    "length_penalty": 0.6,
+    "early_stopping": True,
+    "length_penalty_type": "gnmt",
+}
+PAPER_GENERATION_CONFIG |= {"max_length_offset": 50, "decoder_start_token_id": 2, "transformers_version": "5.25.0"}
+
+
+def test_a_score_of_other_decoding_than_the_models_is_labelled_and_kept_out_of_model_index(eval_result):
+    """`evaluate.py --num-beams 1` beside the beam-4 evaluation of the same split: both went into model-index as the
+    model's scores on the split, under the same name and signature, one of them not what generate() does."""
+    decoding = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True, "length_penalty_type": "gnmt"}
+    decoding |= {"max_length_offset": 50, "max_new_tokens": None, "suppress_tokens": None}
+    beam = {**eval_result, **decoding}
+    greedy = {**beam, "split": "greedy", "num_beams": 1, "sacrebleu": 91.25}
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, eval_results=[beam, greedy], generation_config=PAPER_GENERATION_CONFIG
+    )
+    assert {result.dataset_split for result in card.data.eval_results} == {"test"}
+    assert card_metadata_errors(str(card)) == []
+    paragraphs = {p.split("split `")[1].split("`")[0]: p for p in card.text.split("\n\n") if "split `" in p}
+    assert (
+        "Scored on other decoding than its generation_config.json's (num_beams 1), not what `generate()` does"
+        in (paragraphs["greedy"])
+    )
+    assert "Scored on" not in paragraphs["test"]
+    # the generation config changed after the evaluation: the beam-4 score is no longer what the model does
+    edited = render_model_card(
+        model_name="tiny",
+        repo_id=REPO_ID,
+        eval_results=[beam],
+        generation_config={**PAPER_GENERATION_CONFIG, "num_beams": 5},
+    )
+    assert edited.data.eval_results is None and "(num_beams 4)" in edited.text
+    # a generation config that leaves num_beams out: generate()'s default, greedy, is what --num-beams 1 asked for
+    greedy_model = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "num_beams"}
+    listed = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, eval_results=[greedy], generation_config=greedy_model
+    )
+    assert {result.dataset_split for result in listed.data.eval_results} == {"greedy"}
+
+
+def test_the_card_describes_the_decoding_its_generation_config_holds():
+    """The usage example said "the paper's decoding: beam 4, GNMT length penalty 0.6, max length source + 50" of
+    every model, typed in the template: a MarianMT conversion decodes with MarianMT's beam, penalty and max_length."""
+    paper = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=PAPER_GENERATION_CONFIG)
+    expected = (
+        "# generation_config.json holds the paper's decoding: beam 4, GNMT length penalty 0.6, max length source + 50."
+    )
+    assert expected in paper.text
+    assert expected in render_model_card(model_name="tiny", repo_id=REPO_ID).text, "no file: generate() applies it"
+    marian = {**PAPER_GENERATION_CONFIG, "num_beams": 6, "length_penalty": 1.0, "max_length": 512}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=marian)
+    assert "the paper's decoding" not in card.text
+    assert (
+        "# generation_config.json holds its decoding: beam 6, GNMT length penalty 1.0, max length source + 50, at "
+        "most 512 tokens in all."
+    ) in card.text
+    plain = {**PAPER_GENERATION_CONFIG, "length_penalty_type": "transformers", "max_length_offset": None}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=plain)
+    assert "beam search with the GNMT length penalty" not in card.text
+    assert "# generation_config.json holds its decoding: beam 4, score / length^α length penalty 0.6." in card.text
+
+
 def test_an_evaluation_json_whose_int8_flag_is_not_a_boolean_is_refused(eval_result, tmp_path):
     """`"int8": "false"` decides whether a score reaches the Hub's model-index, so it is checked as a boolean."""
     path = tmp_path / "eval_results_test.json"
