@@ -34,8 +34,12 @@ from .checkpoints import (
     CONVERSION_FILE,
     CURVES_FILE,
     DATA_STATS_FILE,
+    RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
+    describe_differences,
+    identity_differences,
+    read_run_identity,
     weight_files,
     weights_record,
 )
@@ -44,6 +48,7 @@ from .files import atomic_path, write_text
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
+TRAINING_RECORDS = (TRAINER_STATE_NAME, TRAINING_ARGS_FILE, DATA_STATS_FILE)  # a run's, read from `card_from`
 # What fairseq reports for its published WMT Transformers on newstest2014 (Ott et al., 2018; fairseq's README for
 # examples/scaling_nmt): tokenised BLEU as the paper computes it (compounds split into German), and sacreBLEU.
 FAIRSEQ_PUBLISHED_BLEU = (
@@ -124,7 +129,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
     Evaluation results accumulate over all directories; for the other files the first directory that has one
     wins. Missing files simply leave their entry empty: the card then says the item was not measured. Each
     evaluation JSON is checked (`check_eval_result`), and with `model_dir` one that scored another local model
-    directory, or weights `model_dir` no longer holds, is refused.
+    directory, or weights `model_dir` no longer holds, is refused; so are training records of another run than
+    `model_dir`'s (`run_identity.json`).
     """
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
     current_weights = None  # model_dir's weight files, hashed once for every result that records its own
@@ -147,6 +153,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
                     "(trained again or averaged since?): evaluate it again."
                 )
             inputs["eval_results"].append(result)
+        if model_dir is not None and any((directory / name).is_file() for name in TRAINING_RECORDS):
+            _check_same_run(directory, model_dir)
         state = directory / TRAINER_STATE_NAME
         if inputs["log_history"] is None and state.is_file():
             inputs["log_history"] = read_json(state).get("log_history")
@@ -154,6 +162,21 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
             if inputs[key] is None and (directory / name).is_file():
                 inputs[key] = read_json(directory / name)
     return inputs
+
+
+def _check_same_run(directory: Path, model_dir: str | Path) -> None:
+    """Refuse training records (`TRAINING_RECORDS`) of another run than the one that trained `model_dir`: both
+    record their run (`run_identity.json`, which training writes into its output directory, every checkpoint and
+    the average); where either does not, nothing tells."""
+    records, model = read_run_identity(directory), read_run_identity(model_dir)
+    if records is None or model is None:
+        return
+    if differences := identity_differences(model, records):
+        raise ValueError(
+            f"{directory / RUN_IDENTITY_FILE} is of another run than {model_dir} "
+            f"({describe_differences(model, records, differences)}, the model's vs theirs): refusing to put its "
+            "training records on the model's card."
+        )
 
 
 def _scored_dir(result: dict[str, Any]) -> Path | None:

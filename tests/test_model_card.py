@@ -348,3 +348,24 @@ def test_a_broken_template_is_one_line_naming_it(tmp_path, template, expected):
     with pytest.raises(ValueError, match=expected) as error:
         render_model_card(tmp_path / "card.md", model_name="tiny", repo_id=REPO_ID)
     assert "\n" not in str(error.value)
+
+
+def test_training_records_of_another_run_are_refused(card_dir, tmp_path):
+    """`--card-from runs/B` for runs/A/averaged: the card showed B's hyperparameters, length, data and curves as
+    A's. Both record their run; a copy of A (`cp -r`) records the same one."""
+    identity = {"config": {"d_model": 32}, "tokenizer": "abc", "data": {"files": []}, "seed": 42, "preset": "tiny"}
+    write_json(tmp_path / "A" / "averaged" / "run_identity.json", identity)
+    for run, seed in (("A", 42), ("B", 7)):
+        (tmp_path / run).mkdir(exist_ok=True)
+        for record in ("trainer_state.json", "training_args.json", "data_stats.json"):
+            (tmp_path / run / record).write_bytes((card_dir / record).read_bytes())
+        write_json(tmp_path / run / "run_identity.json", {**identity, "seed": seed})
+    assert collect_card_inputs([tmp_path / "A"], tmp_path / "A" / "averaged")["log_history"] == LOG_HISTORY
+    with pytest.raises(ValueError) as refused:
+        collect_card_inputs([tmp_path / "B"], tmp_path / "A" / "averaged")
+    assert str(refused.value) == (
+        f"{tmp_path / 'B' / 'run_identity.json'} is of another run than {tmp_path / 'A' / 'averaged'} (seed: 42 vs 7, "
+        "the model's vs theirs): refusing to put its training records on the model's card."
+    )
+    (tmp_path / "B" / "run_identity.json").unlink()  # records of a run that wrote none: nothing tells
+    assert collect_card_inputs([tmp_path / "B"], tmp_path / "A" / "averaged")["log_history"] == LOG_HISTORY
