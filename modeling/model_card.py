@@ -12,8 +12,10 @@ Files read from the `card_from` directories (any subset may be missing):
 - `data_stats.json`: data statistics (sentence counts, cleaning), any nesting of numbers and strings.
 
 From the model directory itself: `config.json`, `generation_config.json` (the decoding the card describes, and
-against which each evaluation's decoding is compared), the safetensors headers, and `fairseq_conversion.json` when
-the model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card then says where it came from.
+against which each evaluation's decoding is compared), the safetensors headers, `fairseq_conversion.json` when
+the model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the card then says where it came from;
+`checkpoint_averaging.json` of an average (the card names the checkpoints averaged) and a checkpoint's
+`trainer_state.json`: the run's log is shown up to the update the weights are of, not beyond.
 """
 
 import dataclasses
@@ -30,7 +32,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import TrainingArguments
 
+from .averaging import AVERAGING_RECORD_NAME
 from .checkpoints import (
+    CHECKPOINT_RE,
     CONVERSION_FILE,
     CURVES_FILE,
     DATA_STATS_FILE,
@@ -447,13 +451,15 @@ def render_model_card(
     license: str | None = None,
     conversion: dict[str, Any] | None = None,
     generation_config: dict[str, Any] | None = None,
+    averaged_checkpoints: Sequence[str] = (),
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
     `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
     theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`; `generation_config` the model's
     `generation_config.json`, whose decoding the card describes (without it, the paper's, which `generate()` then
-    applies) and whose settings an evaluation must have used to reach `model-index`. `license` defaults to this
+    applies) and whose settings an evaluation must have used to reach `model-index`; `averaged_checkpoints` the
+    names of the checkpoints whose average the weights are (`checkpoint_averaging.json`). `license` defaults to this
     project's, Apache-2.0, and for a converted fairseq model (or a fine-tune of one) to fairseq's, MIT, under which
     its weights were published. `template_path` is a Jinja2
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
@@ -499,6 +505,7 @@ def render_model_card(
         "curve_png": curve_png,
         "conversion": conversion,
         "fine_tuned_from": fine_tuned_from,
+        "averaged_checkpoints": list(averaged_checkpoints),
         "fairseq_published_bleu": FAIRSEQ_PUBLISHED_BLEU,
     }
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
@@ -529,6 +536,10 @@ def write_model_card(
     """
     model_dir = Path(model_dir)
     inputs = collect_card_inputs(card_from, model_dir)
+    averaged = _averaged_checkpoints(model_dir)
+    step = _weights_step(model_dir, averaged)
+    if step is not None and inputs["log_history"]:  # the weights of an earlier update than the run's last
+        inputs["log_history"] = [entry for entry in inputs["log_history"] if entry.get("step", 0) <= step]
     # A converted model's record; a model fine-tuned from one has it in its training record.
     fine_tuned_conversion = (inputs["training_args"] or {}).pop("fairseq_conversion", None)
     conversion = read_json(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
@@ -542,7 +553,7 @@ def write_model_card(
                 curves = plot_training_curves(inputs["log_history"], Path(staging) / CURVES_FILE)
             except ValueError:  # a history without losses or BLEU: the card says there are no curves
                 curves = None
-        card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None)
+        card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, averaged)
         if curves is not None:
             shutil.move(curves, model_dir / CURVES_FILE)
     return write_text(model_dir / "README.md", str(card))
@@ -555,6 +566,7 @@ def _render_card_of(
     template_path: str | Path | None,
     conversion: dict[str, Any] | None,
     with_curves: bool,
+    averaged_checkpoints: Sequence[str],
 ) -> ModelCard:
     # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
     source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
@@ -573,4 +585,27 @@ def _render_card_of(
         curve_png=CURVES_FILE if with_curves else None,
         conversion=conversion,
         generation_config=read_json(path) if (path := model_dir / "generation_config.json").is_file() else None,
+        averaged_checkpoints=averaged_checkpoints,
     )
+
+
+def _averaged_checkpoints(model_dir: Path) -> list[str]:
+    """The names of the checkpoints averaged into `model_dir` (its `checkpoint_averaging.json`), if it is an
+    average."""
+    if not (model_dir / AVERAGING_RECORD_NAME).is_file():
+        return []
+    checkpoints = read_json(model_dir / AVERAGING_RECORD_NAME).get("checkpoints")
+    if not isinstance(checkpoints, list) or not checkpoints or not all(isinstance(p, str) for p in checkpoints):
+        raise ValueError(f"{model_dir / AVERAGING_RECORD_NAME} does not list the checkpoints averaged.")
+    return [Path(path).name for path in checkpoints]
+
+
+def _weights_step(model_dir: Path, averaged_checkpoints: Sequence[str]) -> int | None:
+    """The update `model_dir`'s weights are of: a checkpoint's (or the run's final model's) `trainer_state.json`
+    says; an average's, that of the newest checkpoint averaged. None where nothing says (a model directory of
+    another kind)."""
+    if (model_dir / TRAINER_STATE_NAME).is_file():
+        step = read_json(model_dir / TRAINER_STATE_NAME).get("global_step")
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+    steps = [CHECKPOINT_RE.match(name) for name in averaged_checkpoints]
+    return max(int(match[1]) for match in steps) if steps and all(steps) else None

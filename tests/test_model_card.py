@@ -369,3 +369,30 @@ def test_training_records_of_another_run_are_refused(card_dir, tmp_path):
     )
     (tmp_path / "B" / "run_identity.json").unlink()  # records of a run that wrote none: nothing tells
     assert collect_card_inputs([tmp_path / "B"], tmp_path / "A" / "averaged")["log_history"] == LOG_HISTORY
+
+
+def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir, tmp_path):
+    """`--model runs/A/checkpoint-10` or an average of earlier checkpoints (`average_checkpoints.py --checkpoints`)
+    with `--card-from runs/A`: the card gave the run's last update, loss and curves, and said nothing of averaging;
+    the final model's card and the average's were the same."""
+    average, checkpoint = tmp_path / "average", tmp_path / "checkpoint-10"
+    for model in (average, checkpoint):
+        write_json(model / "config.json", tiny_config().to_dict())
+    write_json(average / "checkpoint_averaging.json", {"checkpoints": ["../checkpoint-5", "../checkpoint-10"]})
+    write_json(checkpoint / "trainer_state.json", {"global_step": 10, "log_history": LOG_HISTORY[:1]})
+    for model in (average, checkpoint):
+        card = model_card.write_model_card(model, repo_id=REPO_ID, card_from=[card_dir]).read_text()
+        assert "- steps: 10\n" in card and "- steps: 20" not in card
+        assert "- mean_train_loss: 5.1\n" in card and "last_launch_runtime_s" not in card
+    assert (
+        "the average of 2 checkpoints of the run (checkpoint averaging, the\npaper's Sec. 6.1): "
+        in (average / "README.md").read_text()
+    )
+    assert "`checkpoint-5`, `checkpoint-10`" in (average / "README.md").read_text()
+    assert "average of" not in (checkpoint / "README.md").read_text()
+    run = tmp_path / "run"  # the run's final model, with its records
+    write_json(run / "config.json", tiny_config().to_dict())
+    for record in ("trainer_state.json", "training_args.json", "data_stats.json"):
+        (run / record).write_bytes((card_dir / record).read_bytes())
+    final = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "- steps: 20\n" in final and "average of" not in final
