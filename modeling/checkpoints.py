@@ -387,8 +387,9 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"{path} does not parse: {error}") from error
 
 
-# Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`, `model_weights`).
-IDENTITY_FIELDS_ADDED_LATER = ("model_revision", "model_weights")
+# Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`, `model_weights`,
+# `fairseq_conversion`).
+IDENTITY_FIELDS_ADDED_LATER = ("model_revision", "model_weights", "fairseq_conversion")
 
 
 def identity_differences(

@@ -811,6 +811,8 @@ def run_identity(
         "model_revision": model_args.model_revision,
         # A directory's weights identify it wherever it is moved; a Hub repo is its name (and revision).
         "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
+        # travels with every checkpoint and average: a fine-tune of this run's model finds what it came from
+        "fairseq_conversion": _conversion_record(model_args),
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
@@ -884,18 +886,23 @@ def _warn_of_another_training_set(output_dir: Path, train: datasets.Dataset) -> 
 
 def _conversion_record(model_args: ModelArguments) -> dict | None:
     """The `fairseq_conversion.json` of the model fine-tuned (a directory, or a Hub repo at `model_revision`), if it
-    has one."""
+    has one; else the record its own training kept in its run identity, when it is a fine-tune of such a model
+    (its checkpoints, its average and the repo it was pushed to hold no conversion record of their own)."""
     name = model_args.model_name_or_path
     if name is None:
         return None
-    path = cached_file(
-        name,
-        CONVERSION_FILE,
-        **_revision_of(name, model_args),
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
-    return json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    for record in (CONVERSION_FILE, RUN_IDENTITY_FILE):
+        path = cached_file(
+            name,
+            record,
+            **_revision_of(name, model_args),
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+        if path:
+            content = json.loads(Path(path).read_text(encoding="utf-8"))
+            return content if record == CONVERSION_FILE else content.get("fairseq_conversion")
+    return None
 
 
 def _average_last_checkpoints(output_dir: str, n: int, identity: dict[str, Any] | None = None) -> Path | None:

@@ -611,10 +611,22 @@ def test_fine_tuning_a_converted_fairseq_model_keeps_its_tokenizer_and_decoding(
 
     # Its card describes fairseq's decoding and tokenizer, and the fine-tuning (not "trained with fairseq").
     card = write_model_card(output_dir, repo_id="someone/fine-tuned", card_from=[output_dir]).read_text()
-    assert "This model was fine-tuned from `converted`, whose weights were trained with" in card
+    assert "This model was fine-tuned from `converted`, which comes from weights trained with" in card
     assert "## Converted from fairseq" in card and "beam search as fairseq's" in card and "sacremoses" in card
     assert "Trained with fairseq; what this project records" not in card and "| max_steps | 2 |" in card
     assert "fairseq_conversion" not in card and "base_model" not in card, "a local path: no model tree link"
+
+    # A fine-tune of that fine-tune's checkpoint (or average, or its pushed repo), which holds no conversion record
+    # of its own: its card said "the paper's decoding: beam 4, GNMT", a plain tokenizer and Apache-2.0.
+    again = train(
+        ModelArguments(model_name_or_path=str(Path(output_dir) / "checkpoint-2")),
+        data,
+        tiny_run_args(tmp_path / "ft2"),
+    )
+    card = write_model_card(again, repo_id="someone/fine-tuned-again", card_from=[again]).read_text()
+    assert "This model was fine-tuned from `checkpoint-2`, which comes from weights trained with" in card
+    assert "license: mit" in card and "beam search as fairseq's" in card and "sacremoses" in card
+    assert "GNMT length penalty 0.6" not in card
 
     # Another run in its place: fairseq's tokenizer files go with the run they belonged to (they were pushed with
     # the next model).
