@@ -161,11 +161,42 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
             _check_same_run(directory, model_dir)
         state = directory / TRAINER_STATE_NAME
         if inputs["log_history"] is None and state.is_file():
-            inputs["log_history"] = read_json(state).get("log_history")
+            inputs["log_history"] = check_log_history(state, read_record(state).get("log_history"))
         for key, name in (("training_args", TRAINING_ARGS_FILE), ("data_stats", DATA_STATS_FILE)):
             if inputs[key] is None and (directory / name).is_file():
-                inputs[key] = read_json(directory / name)
+                inputs[key] = read_record(directory / name)
+        if not isinstance((inputs["data_stats"] or {}).get("language_pair", ""), str):
+            raise ValueError(f"{directory / DATA_STATS_FILE}: 'language_pair' is not a string such as \"en-de\".")
     return inputs
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A JSON object a run recorded, read from `path`; anything else (edited by hand?) refused naming the file."""
+    record = read_json(path)
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a JSON {type(record).__name__}, not an object.")
+    return record
+
+
+# Numbers of the trainer's log that the card reads (`training_summary`, the curves' steps).
+LOGGED_NUMBERS = ("step", "epoch", "loss", "eval_loss", "train_runtime")
+
+
+def check_log_history(path: Path, log_history: Any) -> list[dict[str, Any]] | None:
+    """`trainer_state.json`'s `log_history` if the card can read it: a list of objects whose steps, epochs, losses
+    and runtimes are numbers; else a ValueError naming the file and the entry."""
+    if log_history is None:
+        return None
+    if not isinstance(log_history, list):
+        raise ValueError(f"{path}: 'log_history' is a JSON {type(log_history).__name__}, not a list of log entries.")
+    for index, entry in enumerate(log_history):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: log_history[{index}] is a JSON {type(entry).__name__}, not an object.")
+        for key in LOGGED_NUMBERS:
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+                raise ValueError(f"{path}: log_history[{index}][{key!r}] is {value!r}, not a number.")
+    return log_history
 
 
 def _check_same_run(directory: Path, model_dir: str | Path) -> None:
@@ -542,7 +573,7 @@ def write_model_card(
         inputs["log_history"] = [entry for entry in inputs["log_history"] if entry.get("step", 0) <= step]
     # A converted model's record; a model fine-tuned from one has it in its training record.
     fine_tuned_conversion = (inputs["training_args"] or {}).pop("fairseq_conversion", None)
-    conversion = read_json(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
+    conversion = read_record(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
     conversion = conversion or fine_tuned_conversion
     # The curves are plotted aside and moved in (a rename, in the same directory) with the card: a template that
     # fails leaves nothing written.
@@ -580,11 +611,11 @@ def _render_card_of(
         training_args=inputs["training_args"],
         log_history=inputs["log_history"],
         data_stats=inputs["data_stats"],
-        model_config=read_json(model_dir / "config.json"),
+        model_config=read_record(model_dir / "config.json"),
         num_parameters=count_parameters(model_dir),
         curve_png=CURVES_FILE if with_curves else None,
         conversion=conversion,
-        generation_config=read_json(path) if (path := model_dir / "generation_config.json").is_file() else None,
+        generation_config=read_record(path) if (path := model_dir / "generation_config.json").is_file() else None,
         averaged_checkpoints=averaged_checkpoints,
     )
 
@@ -594,7 +625,7 @@ def _averaged_checkpoints(model_dir: Path) -> list[str]:
     average."""
     if not (model_dir / AVERAGING_RECORD_NAME).is_file():
         return []
-    checkpoints = read_json(model_dir / AVERAGING_RECORD_NAME).get("checkpoints")
+    checkpoints = read_record(model_dir / AVERAGING_RECORD_NAME).get("checkpoints")
     if not isinstance(checkpoints, list) or not checkpoints or not all(isinstance(p, str) for p in checkpoints):
         raise ValueError(f"{model_dir / AVERAGING_RECORD_NAME} does not list the checkpoints averaged.")
     return [Path(path).name for path in checkpoints]
@@ -605,7 +636,7 @@ def _weights_step(model_dir: Path, averaged_checkpoints: Sequence[str]) -> int |
     says; an average's, that of the newest checkpoint averaged. None where nothing says (a model directory of
     another kind)."""
     if (model_dir / TRAINER_STATE_NAME).is_file():
-        step = read_json(model_dir / TRAINER_STATE_NAME).get("global_step")
+        step = read_record(model_dir / TRAINER_STATE_NAME).get("global_step")
         return step if isinstance(step, int) and not isinstance(step, bool) else None
     steps = [CHECKPOINT_RE.match(name) for name in averaged_checkpoints]
     return max(int(match[1]) for match in steps) if steps and all(steps) else None

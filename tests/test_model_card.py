@@ -396,3 +396,26 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         (run / record).write_bytes((card_dir / record).read_bytes())
     final = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
     assert "- steps: 20\n" in final and "average of" not in final
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("training_args.json", [1, 2], r"training_args\.json holds a JSON list, not an object\.$"),
+        ("data_stats.json", "en-de", r"data_stats\.json holds a JSON str, not an object\.$"),
+        ("data_stats.json", {"language_pair": 5}, r"data_stats\.json: 'language_pair' is not a string such as"),
+        ("trainer_state.json", [], r"trainer_state\.json holds a JSON list, not an object\.$"),
+        ("trainer_state.json", {"log_history": {"loss": 1}}, r"'log_history' is a JSON dict, not a list of log"),
+        ("trainer_state.json", {"log_history": [3]}, r"log_history\[0\] is a JSON int, not an object\.$"),
+        ("trainer_state.json", {"log_history": [{"loss": "1.5", "step": 1}]}, r"\['loss'\] is '1\.5', not a number"),
+        ("generation_config.json", [], r"generation_config\.json holds a JSON list, not an object\.$"),
+    ],
+)
+def test_an_edited_training_record_is_refused_naming_the_file(tmp_path, name, content, expected):
+    """A record edited by hand into another shape failed with a TypeError or AttributeError (a traceback from
+    push_to_hub.py, which reports ValueErrors in one line), or, a log_history object, rendered without a word."""
+    write_json(tmp_path / "config.json", tiny_config().to_dict())
+    write_json(tmp_path / name, content)
+    with pytest.raises(ValueError, match=expected) as refused:
+        model_card.write_model_card(tmp_path, repo_id=REPO_ID, card_from=[tmp_path])
+    assert str(tmp_path / name) in str(refused.value) and "\n" not in str(refused.value)
