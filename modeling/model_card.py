@@ -380,13 +380,21 @@ def _decoding_differences(result: dict[str, Any], decoding: dict[str, Any] | Non
     return [f"{name} {result[name]!r}" for name in differing if result[name] != decoding[name]]
 
 
-def result_caveats(result: dict[str, Any], decoding: dict[str, Any] | None = None) -> list[str]:
+def result_caveats(
+    result: dict[str, Any], decoding: dict[str, Any] | None = None, direction: tuple[str, str] | None = None
+) -> list[str]:
     """Why an evaluation result is not this model's score on its whole split, in the card's words (none where it
-    is): scored on part of the split (`evaluate.py --limit`), on the model quantised to int8 (`--int8`), or with
+    is): scored on part of the split (`evaluate.py --limit`), on the model quantised to int8 (`--int8`), with
     decoding other than the model's own `decoding` (`model_decoding`: `--num-beams 1`, or a generation config
-    edited since). Such a result is shown with these words and kept out of the `model-index` metadata, which the
-    Hub reads as the model's own scores on the split."""
+    edited since), or translating the other way than the model's (source, target) `direction` (its training's or
+    conversion's pair). Such a result is shown with these words and kept out of the `model-index` metadata, which
+    the Hub reads as the model's own scores on the split."""
     caveats = []
+    if direction is not None and (result["source_lang"], result["target_lang"]) != direction:
+        caveats.append(
+            f"translation {result['source_lang']} → {result['target_lang']}, not the {' → '.join(direction)} this "
+            "model was made for"
+        )
     scored, limit, split = result["num_sentences"], result.get("limit"), result.get("sentences_in_split")
     # evaluate.py scores min(limit, split): without the split's size (older JSONs), fewer than the limit is all of it
     if limit is not None and (scored < split if split is not None else scored >= limit):
@@ -438,10 +446,13 @@ def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any
 
 
 def _eval_results_metadata(
-    results: Sequence[dict[str, Any]], dataset_name: str | None, decoding: dict[str, Any] | None = None
+    results: Sequence[dict[str, Any]],
+    dataset_name: str | None,
+    decoding: dict[str, Any] | None = None,
+    direction: tuple[str, str] | None = None,
 ) -> list[EvalResult]:
     metadata = []
-    for result in filter(lambda result: not result_caveats(result, decoding), results):
+    for result in filter(lambda result: not result_caveats(result, decoding, direction), results):
         dataset = result.get("dataset") or dataset_name or "unknown"
         pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
         for key, metric_type, metric_name in CARD_METRICS:
@@ -498,11 +509,14 @@ def render_model_card(
     """
     eval_results = [{**result, "dataset": _public(result.get("dataset"))} for result in eval_results]
     first = eval_results[0] if eval_results else {}
+    known = (source_lang, target_lang) if source_lang and target_lang else None  # training's pair, if given
+    if known is None and conversion and conversion.get("source_lang") and conversion.get("target_lang"):
+        known = (conversion["source_lang"], conversion["target_lang"])
     source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = _public(dataset_name or first.get("dataset"))
     decoding = model_decoding(generation_config)
-    metadata = _eval_results_metadata(eval_results, dataset_name, decoding)
+    metadata = _eval_results_metadata(eval_results, dataset_name, decoding, known)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(
         model_name=model_name if metadata else None,
@@ -525,7 +539,7 @@ def render_model_card(
         "dataset_name": dataset_name,
         "example_sentence": _EXAMPLE_SENTENCES.get(source_lang or "", "A sentence to translate."),
         "eval_results": list(eval_results),
-        "eval_caveats": [result_caveats(result, decoding) for result in eval_results],
+        "eval_caveats": [result_caveats(result, decoding, known) for result in eval_results],
         "decoding": describe_decoding(generation_config),
         "metrics": [(key, name) for key, _, name in CARD_METRICS],
         "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],

@@ -2,6 +2,7 @@
 plot."""
 
 import ast
+import json
 import os
 import re
 
@@ -419,3 +420,22 @@ def test_an_edited_training_record_is_refused_naming_the_file(tmp_path, name, co
     with pytest.raises(ValueError, match=expected) as refused:
         model_card.write_model_card(tmp_path, repo_id=REPO_ID, card_from=[tmp_path])
     assert str(tmp_path / name) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_score_of_the_other_direction_is_labelled_and_kept_out_of_model_index(eval_result, converted_fairseq_dir):
+    """`evaluate.py --source-lang de --target-lang en` of an en→de model went into model-index as its de-en score."""
+    reverse = {**eval_result, "split": "reverse", "source_lang": "de", "target_lang": "en"}
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, source_lang="en", target_lang="de", eval_results=[reverse, eval_result]
+    )
+    assert {result.dataset_name for result in card.data.eval_results} == {"synthetic en-de"}
+    assert card.data.language == ["en", "de"]
+    assert (
+        "Scored on translation de → en, not the en → de this model was made for: not this model's score" in card.text
+    )
+    converted = json.loads((converted_fairseq_dir / "fairseq_conversion.json").read_text())  # its pair: en-de
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[reverse], conversion=converted)
+    assert card.data.eval_results is None
+    # nothing recorded of the model's pair: the results' own is the card's
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[reverse])
+    assert {result.dataset_name for result in card.data.eval_results} == {"synthetic de-en"}
