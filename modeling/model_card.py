@@ -497,11 +497,13 @@ def render_model_card(
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
-    `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages and the dataset default to
-    theirs; `conversion` is a converted fairseq model's `fairseq_conversion.json`; `generation_config` the model's
-    `generation_config.json`, whose decoding the card describes (without it, the paper's, which `generate()` then
-    applies) and whose settings an evaluation must have used to reach `model-index`; `averaged_checkpoints` the
-    names of the checkpoints whose average the weights are (`checkpoint_averaging.json`). `license` defaults to this
+    `eval_results` are the JSON dicts written by `scripts/evaluate.py`; the languages default to theirs;
+    `dataset_name` is the training data (`data_stats.json`'s), which the card says the model was trained on and
+    lists in its `datasets` metadata: never an evaluation's dataset; `conversion` is a converted fairseq model's
+    `fairseq_conversion.json`; `generation_config` the model's `generation_config.json`, whose decoding the card
+    describes (without it, the paper's, which `generate()` then applies) and whose settings an evaluation must have
+    used to reach `model-index`; `averaged_checkpoints` the names of the checkpoints whose average the weights are
+    (`checkpoint_averaging.json`). `license` defaults to this
     project's, Apache-2.0, and for a converted fairseq model (or a fine-tune of one) to fairseq's, MIT, under which
     its weights were published. `template_path` is a Jinja2
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
@@ -514,7 +516,7 @@ def render_model_card(
         known = (conversion["source_lang"], conversion["target_lang"])
     source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
-    dataset_name = _public(dataset_name or first.get("dataset"))
+    dataset_name = _public(dataset_name)
     decoding = model_decoding(generation_config)
     metadata = _eval_results_metadata(eval_results, dataset_name, decoding, known)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
@@ -621,6 +623,7 @@ def _render_card_of(
         repo_id=repo_id,
         source_lang=source_lang or None,
         target_lang=target_lang or None,
+        dataset_name=(inputs["data_stats"] or {}).get("dataset"),
         eval_results=inputs["eval_results"],
         training_args=inputs["training_args"],
         log_history=inputs["log_history"],

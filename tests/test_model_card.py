@@ -439,3 +439,24 @@ def test_a_score_of_the_other_direction_is_labelled_and_kept_out_of_model_index(
     # nothing recorded of the model's pair: the results' own is the card's
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[reverse])
     assert {result.dataset_name for result in card.data.eval_results} == {"synthetic de-en"}
+
+
+def test_the_card_says_the_model_was_trained_on_its_training_data_not_an_evaluations(eval_result, tmp_path):
+    """A model trained on local Multi30k files and evaluated on wmt/wmt14: the card said "trained on **wmt/wmt14**"
+    and listed wmt/wmt14 as its training data (`datasets` metadata), taking the first evaluation's dataset."""
+    wmt = {**eval_result, "dataset": "wmt/wmt14", "language_pair": "de-en"}
+    write_json(tmp_path / "model" / "config.json", tiny_config().to_dict())
+    write_json(tmp_path / "eval" / "eval_results_test.json", wmt)
+    write_json(tmp_path / "run" / "data_stats.json", {"dataset": "/home/alice/multi30k", "language_pair": "en-de"})
+    card = model_card.write_model_card(
+        tmp_path / "model", repo_id=REPO_ID, card_from=[tmp_path / "eval", tmp_path / "run"]
+    )
+    text = card.read_text()
+    assert "trained on **multi30k**" in text and "trained on **wmt" not in text
+    metadata = ModelCard(text).data
+    assert metadata.datasets is None and {r.dataset_type for r in metadata.eval_results} == {"wmt/wmt14"}
+    # unrecorded training data: the card names none
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[wmt])
+    assert "trained on" not in card.text.split("## Results")[0] and card.data.datasets is None
+    hub = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="wmt/wmt14", eval_results=[wmt])
+    assert hub.data.datasets == ["wmt/wmt14"] and "trained on **wmt/wmt14**" in hub.text
