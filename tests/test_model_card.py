@@ -460,3 +460,17 @@ def test_the_card_says_the_model_was_trained_on_its_training_data_not_an_evaluat
     assert "trained on" not in card.text.split("## Results")[0] and card.data.datasets is None
     hub = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="wmt/wmt14", eval_results=[wmt])
     assert hub.data.datasets == ["wmt/wmt14"] and "trained on **wmt/wmt14**" in hub.text
+
+
+def test_a_fine_tuned_models_card_says_it_was_fine_tuned_and_that_its_length_is_the_fine_tunings():
+    """A 7-update run fine-tuned for 2: the card said "trained on **data**" and "Training length: steps: 2", and named
+    the model it started from only in the hyperparameter table."""
+    local = {"model_name_or_path": "/runs/base/averaged", "max_steps": 2}
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, dataset_name="data", training_args=local, log_history=LOG_HISTORY
+    )
+    assert "fine-tuned from `averaged` on **data**," in card.text and "trained on **data**" not in card.text
+    assert "Fine-tuning length (from the trainer's log; the training of `averaged` not included):" in card.text
+    trained = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="data", log_history=LOG_HISTORY)
+    assert "trained on **data**," in trained.text and "fine-tuned" not in trained.text.split("## Results")[0]
+    assert "Training length (from the trainer's log):" in trained.text
