@@ -355,9 +355,14 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]:
+    """The hyperparameters the card shows; `num_train_epochs` not where `max_steps` set the length instead (the
+    Trainer ignores it then: a run of 52 epochs showed "num_train_epochs 3.0")."""
     if not training_args:
         return {}
     shown = {key: training_args[key] for key in SHOWN_TRAINING_ARGS if key in training_args}
+    max_steps = shown.get("max_steps")
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+        shown.pop("num_train_epochs", None)
     extras = {k: v for k, v in training_args.items() if k not in _TRAINING_ARGUMENT_FIELDS}
     return {**shown, **_flatten(extras)}
 

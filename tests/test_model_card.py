@@ -474,3 +474,15 @@ def test_a_fine_tuned_models_card_says_it_was_fine_tuned_and_that_its_length_is_
     trained = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="data", log_history=LOG_HISTORY)
     assert "trained on **data**," in trained.text and "fine-tuned" not in trained.text.split("## Results")[0]
     assert "Training length (from the trainer's log):" in trained.text
+
+
+def test_num_train_epochs_is_not_shown_where_max_steps_set_the_length():
+    """The Trainer ignores num_train_epochs when max_steps > 0: a run of 52 epochs had "num_train_epochs | 3.0"."""
+    by_steps = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": 100000, "num_train_epochs": 3.0}
+    )
+    assert "| max_steps | 100000 |" in by_steps.text and "num_train_epochs" not in by_steps.text
+    by_epochs = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": -1, "num_train_epochs": 3.0}
+    )
+    assert "| num_train_epochs | 3.0 |" in by_epochs.text
