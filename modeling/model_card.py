@@ -41,6 +41,7 @@ from .checkpoints import (
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
+    checkpoint_step,
     describe_differences,
     identity_differences,
     read_run_identity,
@@ -499,6 +500,7 @@ def render_model_card(
     conversion: dict[str, Any] | None = None,
     generation_config: dict[str, Any] | None = None,
     averaged_checkpoints: Sequence[str] = (),
+    best_checkpoint: str | None = None,
 ) -> ModelCard:
     """Fill the card template with measured values only, and build its `model-index` metadata.
 
@@ -508,7 +510,8 @@ def render_model_card(
     `fairseq_conversion.json`; `generation_config` the model's `generation_config.json`, whose decoding the card
     describes (without it, the paper's, which `generate()` then applies) and whose settings an evaluation must have
     used to reach `model-index`; `averaged_checkpoints` the names of the checkpoints whose average the weights are
-    (`checkpoint_averaging.json`). `license` defaults to this
+    (`checkpoint_averaging.json`); `best_checkpoint` the checkpoint whose weights the run's final model holds
+    (`load_best_model_at_end`). `license` defaults to this
     project's, Apache-2.0, and for a converted fairseq model (or a fine-tune of one) to fairseq's, MIT, under which
     its weights were published. `template_path` is a Jinja2
     template (default: the package's `templates/model_card.md`) rendered with `StrictUndefined`, so a misspelt
@@ -558,6 +561,8 @@ def render_model_card(
         "conversion": conversion,
         "fine_tuned_from": fine_tuned_from,
         "averaged_checkpoints": list(averaged_checkpoints),
+        "best_checkpoint": best_checkpoint,
+        "metric_for_best_model": (training_args or {}).get("metric_for_best_model"),
         "fairseq_published_bleu": FAIRSEQ_PUBLISHED_BLEU,
     }
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
@@ -589,7 +594,8 @@ def write_model_card(
     model_dir = Path(model_dir)
     inputs = collect_card_inputs(card_from, model_dir)
     averaged = _averaged_checkpoints(model_dir)
-    step = _weights_step(model_dir, averaged)
+    best = _best_checkpoint_loaded(model_dir)
+    step = checkpoint_step(best) if best is not None else _weights_step(model_dir, averaged)
     if step is not None and inputs["log_history"]:  # the weights of an earlier update than the run's last
         inputs["log_history"] = [entry for entry in inputs["log_history"] if entry.get("step", 0) <= step]
     # A converted model's record; a model fine-tuned from one has it in its training record.
@@ -605,7 +611,8 @@ def write_model_card(
                 curves = plot_training_curves(inputs["log_history"], Path(staging) / CURVES_FILE)
             except ValueError:  # a history without losses or BLEU: the card says there are no curves
                 curves = None
-        card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, averaged)
+        weights = {"averaged_checkpoints": averaged, "best_checkpoint": best}
+        card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, weights)
         if curves is not None:
             shutil.move(curves, model_dir / CURVES_FILE)
     return write_text(model_dir / "README.md", str(card))
@@ -618,7 +625,7 @@ def _render_card_of(
     template_path: str | Path | None,
     conversion: dict[str, Any] | None,
     with_curves: bool,
-    averaged_checkpoints: Sequence[str],
+    weights: dict[str, Any],
 ) -> ModelCard:
     # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
     source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
@@ -638,8 +645,24 @@ def _render_card_of(
         curve_png=CURVES_FILE if with_curves else None,
         conversion=conversion,
         generation_config=read_record(path) if (path := model_dir / "generation_config.json").is_file() else None,
-        averaged_checkpoints=averaged_checkpoints,
+        **weights,
     )
+
+
+def _best_checkpoint_loaded(model_dir: Path) -> str | None:
+    """The name of the checkpoint whose weights a run's final model holds under `load_best_model_at_end` (its
+    `trainer_state.json`'s `best_model_checkpoint`), where that is not the last update: the Trainer loads the best
+    checkpoint before saving the final model. None for a checkpoint itself, which holds its own weights."""
+    state_path, args_path = model_dir / TRAINER_STATE_NAME, model_dir / TRAINING_ARGS_FILE
+    if CHECKPOINT_RE.match(model_dir.resolve().name) or not (state_path.is_file() and args_path.is_file()):
+        return None
+    if read_record(args_path).get("load_best_model_at_end") is not True:
+        return None
+    state = read_record(state_path)
+    best = state.get("best_model_checkpoint")
+    if not isinstance(best, str) or not CHECKPOINT_RE.match(Path(best).name):
+        return None
+    return Path(best).name if checkpoint_step(best) != state.get("global_step") else None
 
 
 def _averaged_checkpoints(model_dir: Path) -> list[str]:

@@ -486,3 +486,24 @@ def test_num_train_epochs_is_not_shown_where_max_steps_set_the_length():
         model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": -1, "num_train_epochs": 3.0}
     )
     assert "| num_train_epochs | 3.0 |" in by_epochs.text
+
+
+def test_the_card_of_a_run_that_loaded_its_best_checkpoint_describes_that_checkpoint(card_dir, tmp_path):
+    """Under load_best_model_at_end the final model holds its best checkpoint's weights: the card gave the last
+    update's length, loss and curves."""
+    run = tmp_path / "run"
+    write_json(run / "config.json", tiny_config().to_dict())
+    state = {"global_step": 20, "best_model_checkpoint": str(run / "checkpoint-10"), "log_history": LOG_HISTORY}
+    write_json(run / "trainer_state.json", state)
+    args = {"load_best_model_at_end": True, "metric_for_best_model": "loss", "max_steps": 20}
+    write_json(run / "training_args.json", args)
+    card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "These weights are those of `checkpoint-10`, the run's best checkpoint by\n`loss`, which training" in card
+    assert "- steps: 10\n" in card and "- steps: 20" not in card
+    write_json(run / "training_args.json", {**args, "load_best_model_at_end": False})  # the last update's weights
+    card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "- steps: 20\n" in card and "best checkpoint" not in card
+    write_json(run / "training_args.json", args)
+    write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "checkpoint-20")})
+    card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "- steps: 20\n" in card and "best checkpoint" not in card, "the best is the last"
