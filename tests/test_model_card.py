@@ -97,6 +97,11 @@ def test_a_score_of_other_decoding_than_the_models_is_labelled_and_kept_out_of_m
         in (paragraphs["greedy"])
     )
     assert "Scored on" not in paragraphs["test"]
+    assert "beam 4, GNMT length penalty 0.6." in paragraphs["test"], "the penalty's form: GNMT or score / length^α"
+    fairseq = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, eval_results=[{**beam, "length_penalty_type": "transformers"}]
+    )
+    assert "beam 4, length penalty 0.6 (score / length^α)." in fairseq.text
     # the generation config changed after the evaluation: the beam-4 score is no longer what the model does
     edited = render_model_card(
         model_name="tiny",
