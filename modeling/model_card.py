@@ -148,8 +148,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
                 current_weights = weights_record(model_dir) if current_weights is None else current_weights
                 if result["model_weights"] != current_weights:
                     raise ValueError(
-                        f"{path} scored other weights than {model_dir} holds now (converted or trained again "
-                        "since): evaluate it again."
+                        f"{path} scored other weights than {model_dir} holds now (trained, averaged or converted "
+                        "again since): evaluate it again."
                     )
             elif model_dir is not None and _scored_dir(result) is not None and _weights_written_after(model_dir, path):
                 # a result of scripts/evaluate.py before 2026-12-03: the model directory it scored, not the weights

@@ -302,8 +302,9 @@ def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, mon
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 2
     assert len(hashed) == 1, "the model's weights hashed once for both results"
     (tmp_path / "model" / "model.safetensors").write_bytes(b"converted again")  # the same path, other weights
-    with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
+    with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now") as e:
         collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
+    assert "(trained, averaged or converted again since): evaluate it again." in str(e.value), "an average, too"
 
 
 def test_a_copied_run_shows_the_scores_its_weights_got_where_they_were_evaluated(tmp_path, eval_result):
