@@ -17,6 +17,7 @@ the same where a launcher such as torchrun turns the workers' 75 into its own 1)
 """
 
 import argparse
+import atexit
 import logging
 import os
 import signal
@@ -102,12 +103,26 @@ def exit_now_on_signal(code: int) -> None:
         signal.signal(sig, lambda *_: os._exit(code))
 
 
-def ignore_signals_once_finished() -> None:
-    """After the run finished, a signal (a scheduler's at the end of the job) has nothing left to stop: ignored, the
-    process ends as it would have, with code 0. Else it killed the finished run while the interpreter shut down
-    (about a second), by the signal's default action (143 for SIGTERM), which a requeue loop takes for a failure."""
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
+    """After the run finished, a signal (a scheduler's at the end of the job) has nothing left to stop: ignored for
+    the rest of `main()` and again from `atexit` on, through the interpreter's shutdown (about a second, all of it
+    after the atexit callbacks), so that the process ends as it would have, with code 0. Else it killed the finished
+    run by the signal's default action (143 for SIGTERM), which a requeue loop takes for a failure.
+
+    Returns the handlers it replaced, which `main()` puts back as it returns: a caller that goes on (IPython's
+    `%run`, a test) kept the signals ignored, and its next run installed no handler for them, since a signal the
+    process ignores stays ignored (`PreemptionCallback`): a scheduler's SIGTERM and Ctrl-C were lost."""
+    atexit.register(_ignore_signals)
+    return _ignore_signals()
+
+
+def _ignore_signals() -> dict[signal.Signals, typing.Any]:
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in PREEMPTION_SIGNALS}
+
+
+def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def die_of(received: signal.Signals) -> None:
@@ -128,9 +143,10 @@ def main() -> None:
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
     preempted = failure = crash = None
     interrupted = False
+    handlers = {}  # those in place before the run finished
     try:
         output_dir = train(model_args, data_args, training_args)
-        ignore_signals_once_finished()
+        handlers = ignore_signals_once_finished()
     except TrainingPreempted as stop:
         exit_now_on_signal(EXIT_PREEMPTED)
         preempted = str(stop)
@@ -153,6 +169,7 @@ def main() -> None:
         log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
         sys.exit(EXIT_PREEMPTED)
     log.info("Model, tokenizer and generation config saved to %s", output_dir)
+    restore_signals(handlers)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 push at the end of training, with this project's card, through the local Hub look-alike tests/hub_server.py;
 the token checked before training and kept out of every record)."""
 
+import atexit
 import contextlib
 import importlib.util
 import json
@@ -522,20 +523,30 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
     """A scheduler's SIGTERM at the end of a job, once `train` has returned: it killed the finished run while the
     interpreter shut down (about a second measured), exit 143 and no preempted.json, which the README's requeue
-    loop reports as a failure. Here the handler before the script's stands for that default action."""
+    loop reports as a failure. Here the handler before the script's stands for that default action.
+
+    A caller that goes on after `main()` (IPython's `%run`, this test session) gets its handlers back: left
+    ignored, the signal tests after this one found SIGTERM ignored, and their runs' preemption handlers were not
+    installed. They are ignored again at exit, before the interpreter's shutdown."""
     script = load_train_script()
-    received = []
+    received, at_exit = [], []
     monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
     monkeypatch.setattr(script, "train", lambda *arguments: str(tmp_path))
     monkeypatch.setattr(script, "leave_process_group", lambda: os.kill(os.getpid(), signal.SIGTERM))
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in PREEMPTION_SIGNALS}
+    monkeypatch.setattr(atexit, "register", at_exit.append)
+    record = lambda signum, frame: received.append(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
     try:
         script.main()
         time.sleep(0.05)  # a handler runs between bytecodes: the signal has arrived
+        assert received == [], "the finished run ends with code 0"
+        assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS), "the caller's handlers are back"
+        for callback in at_exit:
+            callback()
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS), "ignored at exit"
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    assert received == [], "the finished run ends with code 0"
 
 
 class Trainer:
