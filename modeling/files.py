@@ -427,6 +427,7 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
             raise UnwritableError(
                 errno.ENOTDIR, f"cannot write {_named(path, written)}: {existing} is a file, not a directory"
             )
+        check_deletable(path)  # another user's `.partial` / `.old` left beside it
         return
     if not path.is_dir():
         raise FileExistsError(f"{path} exists and is not a directory.")

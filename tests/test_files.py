@@ -698,3 +698,22 @@ def test_iter_lines_reads_standard_input_as_it_reads_files(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("grün\n".encode("latin-1")), encoding="utf-8"))
     with pytest.raises(ValueError, match=r"^<stdin>:1: not valid UTF-8"):
         list(iter_lines("-"))
+
+
+def test_the_early_check_refuses_another_users_leftover_beside_a_directory_not_there(tmp_path, monkeypatch):
+    """train.py's averaged/ absent, but `.averaged.old` (or `averaged.partial`) a colleague's killed average left:
+    `check_replaceable` let the run train, and the average after training was refused on the leftover."""
+    target, access = tmp_path / "averaged", os.access
+    for leftover in (tmp_path / ".averaged.old", tmp_path / "averaged.partial"):
+        leftover.mkdir()
+        (leftover / "model.safetensors").write_text("theirs")
+
+        def as_another_user(path, mode, *, theirs=leftover, **kwargs):  # tests run as root, whom nothing stops
+            return Path(path) != theirs and access(path, mode, **kwargs)
+
+        monkeypatch.setattr(files_module.os, "access", as_another_user)
+        with pytest.raises(UnwritableError, match=rf"may not delete what {re.escape(str(leftover))} holds"):
+            check_replaceable(target, "averaging.json", "an average")
+        monkeypatch.undo()
+        shutil.rmtree(leftover)
+    check_replaceable(target, "averaging.json", "an average")
