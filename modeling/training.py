@@ -794,9 +794,11 @@ def run_identity(
     vocab_size: int | None,
     *,
     data: dict[str, Any] | None = None,
+    conversion: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What makes checkpoints part of one run (see `modeling.checkpoints`); `data`: `_data_description` of
-    `data_args`, when already computed."""
+    `data_args`, when already computed; `conversion`: the `_conversion_record` of the model fine-tuned, which
+    travels with the run's every checkpoint and average, so that a fine-tune of them finds what they came from."""
     trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
     local_model = model_args.model_name_or_path is not None and os.path.isdir(model_args.model_name_or_path)
     identity = {
@@ -811,8 +813,7 @@ def run_identity(
         "model_revision": model_args.model_revision,
         # A directory's weights identify it wherever it is moved; a Hub repo is its name (and revision).
         "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
-        # travels with every checkpoint and average: a fine-tune of this run's model finds what it came from
-        "fairseq_conversion": _conversion_record(model_args),
+        "fairseq_conversion": conversion,
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
@@ -825,8 +826,10 @@ def _write_run_records(
     cleaning: dict[str, int],
     *,
     hub_model_id: str | None = None,
+    conversion: dict[str, Any] | None = None,
 ) -> None:
-    """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.model_card`) reads.
+    """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.model_card`) reads;
+    `conversion`: the `_conversion_record` of the model fine-tuned.
 
     `TrainingArguments.to_dict` writes every `*_token` field as a placeholder (`"<HUB_TOKEN>"`), never its value.
     `hub_model_id` is the repo of a push at the end of training, which the trainer's own arguments don't request.
@@ -850,7 +853,6 @@ def _write_run_records(
         run["max_tokens_per_device_given"] = trainer.max_tokens_limit
     if name is not None and not os.path.isdir(name):
         run["base_model"] = name  # a Hub repo: the card links it
-    conversion = _conversion_record(model_args)
     if conversion is not None:  # the card says what the fine-tuned model came from, and its fairseq tokenizer
         run["fairseq_conversion"] = conversion
     write_json(Path(args.output_dir) / TRAINING_ARGS_FILE, {**shown, **run})
@@ -1026,7 +1028,10 @@ def _prepare_run(
     _match_vocabulary(model, tokenizer, model_args)
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).
-    identity = run_identity(model, tokenizer, model_args, data_args, training_args, vocab_size, data=data)
+    conversion = _conversion_record(model_args)  # read once: a Hub model's is a request
+    identity = run_identity(
+        model, tokenizer, model_args, data_args, training_args, vocab_size, data=data, conversion=conversion
+    )
     _check_same_run(identity, output_dir, checkpoint)
     if training_args.should_save:
         write_json(output_dir / RUN_IDENTITY_FILE, identity)
@@ -1111,7 +1116,15 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 if checkpoint is not None:
                     _warn_of_another_training_set(output_dir, text["train"])
                 hub_model_id = hub.repo_id if hub else None
-                _write_run_records(trainer, model_args, data_args, text, cleaning, hub_model_id=hub_model_id)
+                _write_run_records(
+                    trainer,
+                    model_args,
+                    data_args,
+                    text,
+                    cleaning,
+                    hub_model_id=hub_model_id,
+                    conversion=identity["fairseq_conversion"],
+                )
             agreed = preemption.agreed(training_args.device)
             if agreed is not None:  # a signal while the trainer was being made: stop before the first update
                 step = saved_update(checkpoint) if checkpoint else 0
