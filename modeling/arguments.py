@@ -121,8 +121,9 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         setattr(self, asked, True)
         if self.should_log:  # said before the scripts' logging is set up: a warning is printed all the same
             logger.warning(
-                "Training with %s autocast, as accelerate launch's config asks (ACCELERATE_MIXED_PRECISION=%s): "
-                "recorded as %s: true (for float32: accelerate launch --mixed_precision no)",
+                "Training with %s autocast, as ACCELERATE_MIXED_PRECISION=%s asks (set by accelerate launch from its "
+                "config, or in the environment): recorded as %s: true (for float32: accelerate launch "
+                "--mixed_precision no, or unset the variable)",
                 asked,
                 asked,
                 asked,

@@ -107,7 +107,7 @@ def test_the_precision_accelerate_launch_passes_on_is_what_the_arguments_record(
     args = training_args(tmp_path)
     assert (args.mixed_precision, args.bf16, args.fp16) == ("bf16", True, False)
     assert (args.to_dict()["bf16"], args.to_dict()["fp16"]) == (True, False)
-    assert "Training with bf16 autocast, as accelerate launch's config asks" in caplog.text
+    assert "Training with bf16 autocast, as ACCELERATE_MIXED_PRECISION=bf16 asks" in caplog.text
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # accelerate trains float32 on a CPU
     assert (training_args(tmp_path).fp16, training_args(tmp_path).mixed_precision) == (False, "fp16")
     given = training_args(tmp_path, bf16=True)  # the arguments' own choice wins, as in the Trainer
