@@ -537,6 +537,15 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
 
 
+def killed_translation(file_to_translate, tokenizer, destination, monkeypatch) -> Path:
+    """The partial translation a `translate_file` into `destination` killed after its second chunk leaves."""
+    source, _, model, _ = file_to_translate
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    return partial_translation_path(destination)
+
+
 def test_another_users_partial_translation_is_refused_while_it_runs_and_resumed_once_killed(
     file_to_translate, tokenizer, tmp_path, monkeypatch
 ):
@@ -545,10 +554,7 @@ def test_another_users_partial_translation_is_refused_while_it_runs_and_resumed_
     were `Permission denied`."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
-    partial = partial_translation_path(destination)
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    partial = killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
     theirs = partial.stat().st_ino
 
     def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
@@ -575,10 +581,7 @@ def test_another_users_partial_translation_in_a_sticky_directory_is_refused_in_o
     appended to nor replaced by this user's copy. The copy's rename failed, naming its temporary file."""
     source, _, model, _ = file_to_translate
     destination = tmp_path / "news.de"
-    partial = partial_translation_path(destination)
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    partial = killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
     theirs = partial.read_bytes()
 
     def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops

@@ -94,42 +94,33 @@ def test_an_unwritable_output_directory_is_named_before_the_bpe_trains(corpus, t
     assert exit_info.value.code == f"error: cannot write {written}: {tmp_path / 'bpe'} is a file, not a directory"
 
 
-def test_a_model_directory_keeps_its_tokenizer(corpus, tmp_path, monkeypatch):
-    """Before, `--output-dir MODEL` replaced the tokenizer the model was trained with: it then translated nonsense."""
-    (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "tokenizer.json").write_text("the model's own")
-    argv = ["train_tokenizer.py", "--train-files", str(tmp_path / "train.en"), "--vocab-size", "90"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(model)])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
-    assert exit_info.value.code == (
-        f"error: {model} holds a model (config.json): a new tokenizer there would replace the one it was trained "
-        "with; write the tokenizer into another directory"
-    )
-    assert (model / "tokenizer.json").read_text() == "the model's own"
+TRAINED_WITH = "a new tokenizer there would replace the one it was trained with"
+TRAINS_WITH = "a new tokenizer there would replace the one it trains with"
 
 
-@pytest.mark.parametrize("record", ["run_identity.json", "checkpoint-200"])
-def test_a_training_runs_directory_keeps_its_tokenizer(record, corpus, tmp_path, monkeypatch):
-    """A run still training has no config.json at its top yet: its BPE was replaced, and its requeue refused its
-    own directory as "written by a different run" (tokenizer), offering only --overwrite_output_dir."""
+@pytest.mark.parametrize(
+    ("record", "holds"),
+    [
+        ("config.json", f"a model (config.json): {TRAINED_WITH}"),
+        ("run_identity.json", f"a training run (run_identity.json): {TRAINS_WITH}"),
+        ("checkpoint-200", f"a training run (checkpoint-200): {TRAINS_WITH}"),
+    ],
+)
+def test_a_model_or_training_runs_directory_keeps_its_tokenizer(record, holds, corpus, tmp_path, monkeypatch):
+    """Before, `--output-dir MODEL` replaced the tokenizer the model was trained with: it then translated nonsense.
+    A run still training has no config.json at its top yet: its BPE was replaced, and its requeue refused its own
+    directory as "written by a different run" (tokenizer), offering only --overwrite_output_dir."""
     (tmp_path / "train.en").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    run = tmp_path / "run"
-    run.mkdir()
+    directory = tmp_path / "model"
+    directory.mkdir()
     if record.startswith("checkpoint-"):
-        (run / record).mkdir()
+        (directory / record).mkdir()
     else:
-        (run / record).write_text("{}")
-    (run / "tokenizer.json").write_text("the run's own")
+        (directory / record).write_text("{}")
+    (directory / "tokenizer.json").write_text("its own")
     argv = ["train_tokenizer.py", "--train-files", str(tmp_path / "train.en"), "--vocab-size", "90"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(run)])
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(directory)])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO_ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
-    assert exit_info.value.code == (
-        f"error: {run} holds a training run ({record}): a new tokenizer there would replace the one it trains with; "
-        "write the tokenizer into another directory"
-    )
-    assert (run / "tokenizer.json").read_text() == "the run's own"
+    assert exit_info.value.code == f"error: {directory} holds {holds}; write the tokenizer into another directory"
+    assert (directory / "tokenizer.json").read_text() == "its own"
