@@ -432,7 +432,7 @@ def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any
     `generate()` applies to a checkpoint saved without one): whether it is the paper's, whether its length penalty
     is the GNMT form, and its settings in words, e.g. "beam 4, GNMT length penalty 0.6, max length source + 50"."""
     settings = model_decoding(generation_config) or PAPER_DECODING
-    gnmt = settings["length_penalty_type"] in (None, "gnmt")  # None: generate()'s default, the GNMT form
+    gnmt = settings["length_penalty_type"] == "gnmt"  # unset: generate() ranks by score / length^α, transformers'
     length_penalty = settings["length_penalty"] if settings["length_penalty"] is not None else 1.0  # transformers'
     words = [
         f"beam {settings['num_beams'] or 1}",

@@ -5,13 +5,15 @@ import ast
 import json
 import os
 import re
+from unittest import mock
 
 import pytest
 from helpers import LOG_HISTORY, tiny_config, tiny_model, tiny_tokenizer
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
+from transformers import GenerationConfig
 
-from modeling import export, model_card
+from modeling import export, generation_transformer, model_card
 from modeling.checkpoints import weights_record
 from modeling.files import write_json
 from modeling.model_card import (
@@ -138,6 +140,21 @@ def test_the_card_describes_the_decoding_its_generation_config_holds():
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=plain)
     assert "beam search with the GNMT length penalty" not in card.text
     assert "# generation_config.json holds its decoding: beam 4, score / length^α length penalty 0.6." in card.text
+
+
+def test_a_generation_config_without_the_penalty_form_is_described_as_the_form_generate_applies():
+    """A generation_config.json that leaves `length_penalty_type` out (older, or written by hand) was described as
+    "GNMT length penalty 0.6", while generate() then ranks by score / length^α, the library's form."""
+    unset = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "length_penalty_type"}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=unset)
+    assert "GNMT" not in card.text.split("## Deploy")[0] and "beam search with the" not in card.text
+    expected = "# generation_config.json holds its decoding: beam 4, score / length^α length penalty 0.6, max length"
+    assert expected in card.text
+    model, tokenizer = tiny_model(96), tiny_tokenizer()
+    model.generation_config = GenerationConfig(**{k: v for k, v in unset.items() if k != "transformers_version"})
+    sources = tokenizer(["a b c d", "a"], return_tensors="pt", padding=True)
+    with mock.patch.object(generation_transformer, "GNMTLengthPenalty", side_effect=AssertionError("GNMT")):
+        model.generate(**sources)  # the library's form: the GNMT penalty is never built
 
 
 def test_an_evaluation_json_whose_int8_flag_is_not_a_boolean_is_refused(eval_result, tmp_path):
