@@ -451,6 +451,14 @@ def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any
     return {"paper": paper, "gnmt": gnmt, "words": ", ".join(words)}
 
 
+def _conversion_decoding_changed(conversion: dict[str, Any] | None, generation_config: dict[str, Any] | None) -> bool:
+    """Whether the model's `generation_config.json` no longer holds the fairseq decoding its conversion wrote there
+    (`fairseq_conversion.json`'s `decoding`): edited since, it is what `generate()` does, not fairseq's command."""
+    if not conversion or generation_config is None:
+        return False
+    return any(generation_config.get(name) != value for name, value in conversion["decoding"].items())
+
+
 def _eval_results_metadata(
     results: Sequence[dict[str, Any]],
     dataset_name: str | None,
@@ -559,6 +567,7 @@ def render_model_card(
         "data_stats": {key: _public(value) for key, value in _flatten(data_stats or {}).items()},
         "curve_png": curve_png,
         "conversion": conversion,
+        "conversion_decoding_changed": _conversion_decoding_changed(conversion, generation_config),
         "fine_tuned_from": fine_tuned_from,
         "averaged_checkpoints": list(averaged_checkpoints),
         "best_checkpoint": best_checkpoint,

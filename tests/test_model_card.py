@@ -223,6 +223,28 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper
 
 
+def test_a_converted_model_whose_generation_config_was_edited_says_what_it_holds_now(converted_fairseq_dir, tmp_path):
+    """The conversion's record said "generation_config.json holds what fairseq-interactive --beam 4 does: beam 4" of
+    a model whose generation config now says beam 5, beside a beam-4 score labelled "other decoding than its
+    generation_config.json's"."""
+    import shutil
+
+    from modeling.model_card import write_model_card
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(converted_fairseq_dir, model_dir)
+    unchanged = write_model_card(model_dir, repo_id=REPO_ID).read_text()
+    assert "`generation_config.json` holds what" in unchanged
+    assert "# generation_config.json holds fairseq's decoding" in unchanged and "edited since" not in unchanged
+    generation_config = json.loads((model_dir / "generation_config.json").read_text())
+    write_json(model_dir / "generation_config.json", {**generation_config, "num_beams": 5})
+    card = write_model_card(model_dir, repo_id=REPO_ID).read_text()
+    assert "`generation_config.json` holds what" not in card
+    assert "The conversion wrote into\n`generation_config.json` what `fairseq-interactive" in card
+    assert "kept; it was edited since, and holds: beam 5, score / length^α length penalty 0.6," in card
+    assert "# generation_config.json holds its decoding: beam 5, score / length^α length penalty 0.6" in card
+
+
 def test_a_fine_tuned_models_card_names_its_base_model_as_training_recorded_it():
     from_hub = {"model_name_or_path": "vaswani/tiny-en-de", "base_model": "vaswani/tiny-en-de"}
     fine_tuned = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args=from_hub)
