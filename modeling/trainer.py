@@ -712,7 +712,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             protected.add(Path(self.state.best_model_checkpoint).resolve())
         # Another user's checkpoint (a run resumed from a colleague's, written under a umask of 022) cannot be
         # deleted: logged as deleted, it stayed as `.checkpoint-N.deleting`, removed again, in vain, at every save.
-        for checkpoint in [path for path in complete if undeletable(path) is not None]:
+        for checkpoint in list(complete):
+            blocked = undeletable(checkpoint)
+            if blocked is None:
+                continue
             complete.remove(checkpoint)
             if checkpoint not in self._kept_undeletable:
                 self._kept_undeletable.add(checkpoint)
@@ -721,7 +724,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                     "user's files)",
                     checkpoint,
                     limit,
-                    undeletable(checkpoint),
+                    blocked,
                 )
         excess = len(complete) - max(limit, len(protected & {path.resolve() for path in complete}))
         for checkpoint in complete:
