@@ -368,7 +368,7 @@ def sole_writer(path: str | os.PathLike) -> Iterator[None]:
     with ExitStack() as stack:
         while path.parent.is_dir():  # else nothing to guard (a push of a path that does not exist fails next)
             try:
-                handle = stack.enter_context(_open_lock_file(lock))
+                handle = stack.enter_context(open_lock_file(lock))
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise UnwritableError(
@@ -385,14 +385,16 @@ def sole_writer(path: str | os.PathLike) -> Iterator[None]:
         yield
 
 
-def _open_lock_file(lock: Path) -> IO:
-    """`lock` opened to be locked, created if absent. Another user's lock file (0644 under a umask of 022, in a
-    directory a group shares) cannot be opened for writing; `flock` takes a lock through a read-only handle too,
-    so it is opened for reading: the second writer is refused as with one's own, not let through with a warning."""
+def open_lock_file(lock: Path, mode: str = "a") -> IO[str]:
+    """`lock` opened to be locked (`mode`: "a", or "a+" to read its holder too), created if absent. Another user's
+    lock file (0644 under a umask of 022, in a directory a group shares) cannot be opened for writing; `flock` takes
+    a lock through a read-only handle too, so it is opened for reading: the second writer is refused as with one's
+    own, not let through with a warning. Absent then (an unwritable directory, or removed meanwhile): the
+    FileNotFoundError is the caller's."""
     try:
-        return open(lock, "a")
+        return open(lock, mode, encoding="utf-8")
     except PermissionError:
-        return open(lock)  # absent (an unwritable directory): the OSError of the caller, unguarded
+        return open(lock, encoding="utf-8")
 
 
 def _remove_lock_file(lock: Path) -> None:

@@ -87,7 +87,7 @@ from .data import (
     split_source,
     tokenize_parallel_dataset,
 )
-from .files import check_replaceable, check_writable, is_open_as, write_files_into, write_json
+from .files import check_replaceable, check_writable, is_open_as, open_lock_file, write_files_into, write_json
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
@@ -219,12 +219,11 @@ def _locked_for_training(output_dir: Path) -> IO[str]:
     lock = output_dir / TRAINING_LOCK_FILE
     while True:
         try:
-            handle = open(lock, "a+", encoding="utf-8")
-        except PermissionError:  # another user's
-            try:
-                handle = open(lock, encoding="utf-8")
-            except FileNotFoundError:  # removed meanwhile by another process doing the same
-                continue
+            handle = open_lock_file(lock, "a+")
+        except FileNotFoundError:
+            if not output_dir.is_dir():
+                raise
+            continue  # another user's, removed meanwhile by another process doing the same
         try:
             _lock_for_training(handle, output_dir)
         except BaseException:

@@ -31,6 +31,7 @@ from helpers import (
 )
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+import modeling.files as files_module
 from modeling import TransformerConfig, TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
@@ -436,7 +437,7 @@ def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_end
         fcntl.flock(their_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         their_run.write(theirs)
         their_run.flush()
-        monkeypatch.setattr(training, "open", as_another_user, raising=False)
+        monkeypatch.setattr(files_module, "open", as_another_user, raising=False)  # where the lock is opened
         with pytest.raises(OutputDirectoryInUseError, match=r"in use by another training run \(pid 4242 on node-7"):
             with training.training_lock(tiny_run_args(run)):
                 pass
@@ -468,7 +469,7 @@ def test_another_users_training_lock_in_a_sticky_directory_is_held_read_only(tmp
             raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
         unlink(path, missing_ok=missing_ok)
 
-    monkeypatch.setattr(training, "open", as_another_user, raising=False)
+    monkeypatch.setattr(files_module, "open", as_another_user, raising=False)  # where the lock is opened
     monkeypatch.setattr(Path, "unlink", sticky)
     with caplog.at_level(logging.WARNING, logger="modeling.training"):
         with training.training_lock(tiny_run_args(run)):
