@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
-from transformers import TrainingArguments
+from transformers import GenerationConfig, TrainingArguments
 
 from .averaging import AVERAGING_RECORD_NAME
 from .checkpoints import (
@@ -50,6 +50,7 @@ from .checkpoints import (
 )
 from .evaluation import DECODING_SETTINGS
 from .files import atomic_path, write_text
+from .generation_transformer import set_paper_decoding
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
@@ -416,22 +417,20 @@ def result_caveats(
     return caveats
 
 
-# Sec. 6.1's decoding, as `set_paper_decoding` writes it and `generate()` applies it without a generation config.
-PAPER_DECODING = {
-    "num_beams": 4,
-    "length_penalty": 0.6,
-    "early_stopping": True,
-    "length_penalty_type": "gnmt",
-    "max_length_offset": 50,
-}
-PAPER_DECODING |= {name: None for name in DECODING_SETTINGS if name not in PAPER_DECODING}
+def _paper_decoding() -> dict[str, Any]:
+    """Sec. 6.1's decoding, as `set_paper_decoding` writes it and `generate()` applies it without a generation
+    config, in `model_decoding`'s form."""
+    generation_config = GenerationConfig()
+    set_paper_decoding(generation_config)
+    return model_decoding(generation_config.to_dict())
 
 
 def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any]:
     """What the card says of the model's decoding, from its `generation_config.json` (None: the paper's, which
     `generate()` applies to a checkpoint saved without one): whether it is the paper's, whether its length penalty
     is the GNMT form, and its settings in words, e.g. "beam 4, GNMT length penalty 0.6, max length source + 50"."""
-    settings = model_decoding(generation_config) or PAPER_DECODING
+    paper_decoding = _paper_decoding()
+    settings = model_decoding(generation_config) or paper_decoding
     gnmt = settings["length_penalty_type"] == "gnmt"  # unset: generate() ranks by score / length^α, transformers'
     length_penalty = settings["length_penalty"] if settings["length_penalty"] is not None else 1.0  # transformers'
     words = [
@@ -447,7 +446,7 @@ def describe_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any
     max_length = (generation_config or {}).get("max_length")  # transformers' default (20) applies only when set
     if max_length is not None:
         words.append(f"at most {max_length} tokens in all")
-    paper = max_length is None and settings == PAPER_DECODING
+    paper = max_length is None and settings == paper_decoding
     return {"paper": paper, "gnmt": gnmt, "words": ", ".join(words)}
 
 
