@@ -132,11 +132,11 @@ def read_json(path: Path) -> dict[str, Any]:
 def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path | None = None) -> dict[str, Any]:
     """Gather evaluation results, trainer log history, training arguments and data statistics.
 
-    Evaluation results accumulate over all directories; for the other files the first directory that has one
-    wins. Missing files simply leave their entry empty: the card then says the item was not measured. Each
-    evaluation JSON is checked (`check_eval_result`), and with `model_dir` one that scored another local model
-    directory, or weights `model_dir` no longer holds, is refused; so are training records of another run than
-    `model_dir`'s (`run_identity.json`).
+    Evaluation results accumulate over all directories, each distinct result once; for the other files the first
+    directory that has one wins. Missing files simply leave their entry empty: the card then says the item was not
+    measured. Each evaluation JSON is checked (`check_eval_result`), and with `model_dir` one that scored another
+    local model directory, or weights `model_dir` no longer holds, is refused; so are training records of another
+    run than `model_dir`'s (`run_identity.json`).
     """
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
     current_weights = None  # model_dir's weight files, hashed once for every result that records its own
@@ -158,7 +158,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
                     f"{path} does not record the weights it scored, and {model_dir}'s weights were written after it "
                     "(trained again or averaged since?): evaluate it again."
                 )
-            inputs["eval_results"].append(result)
+            if result not in inputs["eval_results"]:  # the same file copied into two of the directories
+                inputs["eval_results"].append(result)
         if model_dir is not None and any((directory / name).is_file() for name in TRAINING_RECORDS):
             _check_same_run(directory, model_dir)
         state = directory / TRAINER_STATE_NAME

@@ -318,6 +318,24 @@ def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval
     assert "\n" not in str(error.value)
 
 
+def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result):
+    """`--card-from runs/x runs/x/averaged` where evaluate.py's JSON was copied into both: the card listed the
+    same scores twice, and model-index held every metric twice."""
+    greedy = {**eval_result, "split": "validation", "num_beams": 1}
+    for directory in ("run", "run/averaged"):
+        write_json(tmp_path / directory / "eval_results_test.json", eval_result)
+    write_json(tmp_path / "run" / "eval_results_validation.json", greedy)
+    results = collect_card_inputs([tmp_path / "run", tmp_path / "run" / "averaged"])["eval_results"]
+    assert results == [eval_result, greedy]
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=results)
+    sacrebleu = [
+        (r.dataset_split, r.metric_value)
+        for r in ModelCard(str(card)).data.eval_results
+        if r.metric_name == "sacreBLEU"
+    ]
+    assert sacrebleu == [("test", round(eval_result["sacrebleu"], 2)), ("validation", round(greedy["sacrebleu"], 2))]
+
+
 def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
     (tmp_path / "model").mkdir()
     (tmp_path / "other").mkdir()
@@ -335,7 +353,7 @@ def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, mon
     (tmp_path / "model" / "model.safetensors").write_bytes(b"the weights evaluated")
     scored = {**eval_result, "model": str(tmp_path / "model"), "model_weights": weights_record(tmp_path / "model")}
     write_json(tmp_path / "eval" / "eval_results_test.json", scored)
-    write_json(tmp_path / "eval" / "eval_results_valid.json", scored)
+    write_json(tmp_path / "eval" / "eval_results_valid.json", {**scored, "split": "valid"})
     hashed = []
     monkeypatch.setattr(model_card, "weights_record", lambda directory: hashed.append(1) or weights_record(directory))
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 2
