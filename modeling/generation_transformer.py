@@ -61,6 +61,15 @@ PAPER_DECODING_FIELDS = ("length_penalty_type", "max_length_offset")
 FAIRSEQ_DECODING_FIELDS = ("max_length_a", "max_length_b", "forced_eos_keeps_log_prob", "beam_finalization")
 # Generation config fields of this model (not transformers'): generate() takes them as keyword arguments too.
 MODEL_DECODING_FIELDS = PAPER_DECODING_FIELDS + FAIRSEQ_DECODING_FIELDS
+# What generate() takes for a field of this model's that neither the call nor a generation config sets.
+MODEL_DECODING_DEFAULTS = {
+    "length_penalty_type": "transformers",
+    "max_length_offset": None,
+    "max_length_a": None,
+    "max_length_b": None,
+    "forced_eos_keeps_log_prob": False,
+    "beam_finalization": "best",
+}
 # fairseq's defaults for --max-len-a / --max-len-b, taken by the one of the two that is not set.
 FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B = 0, 200
 # The beam_finalization of the beam search under way, for `_update_finished_beams`, which both loops call without
@@ -68,6 +77,13 @@ FAIRSEQ_MAX_LEN_A, FAIRSEQ_MAX_LEN_B = 0, 200
 _BEAM_FINALIZATION: contextvars.ContextVar[str] = contextvars.ContextVar("beam_finalization", default="best")
 
 logger = logging.get_logger(__name__)
+
+
+def unset_decoding_defaults() -> dict[str, Any]:
+    """What generate() takes for each decoding field that neither its call nor the generation config sets:
+    transformers' defaults (`GenerationConfig._get_default_generation_params`, which generate() itself applies),
+    and this model's for its own fields."""
+    return {**GenerationConfig._get_default_generation_params(), **MODEL_DECODING_DEFAULTS}
 
 
 def set_paper_decoding(generation_config: GenerationConfig) -> None:
@@ -224,16 +240,16 @@ def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
         raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
-    penalty_type = setting("length_penalty_type", "transformers")
+    penalty_type = setting("length_penalty_type", MODEL_DECODING_DEFAULTS["length_penalty_type"])
     if penalty_type not in LENGTH_PENALTY_TYPES:
         raise ValueError(f"Unknown length_penalty_type {penalty_type!r}; expected one of {LENGTH_PENALTY_TYPES}.")
-    finalization = setting("beam_finalization", "best")
+    finalization = setting("beam_finalization", MODEL_DECODING_DEFAULTS["beam_finalization"])
     if finalization not in BEAM_FINALIZATIONS:
         raise ValueError(f"Unknown beam_finalization {finalization!r}; expected one of {BEAM_FINALIZATIONS}.")
-    keep_eos_score = setting("forced_eos_keeps_log_prob", False)
+    keep_eos_score = setting("forced_eos_keeps_log_prob", MODEL_DECODING_DEFAULTS["forced_eos_keeps_log_prob"])
     if not isinstance(keep_eos_score, bool):
         raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
-    offset = setting("max_length_offset", None)
+    offset = setting("max_length_offset", MODEL_DECODING_DEFAULTS["max_length_offset"])
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
         # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
         raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
@@ -316,7 +332,9 @@ class TransformerGenerationMixin(GenerationMixin):
             return default
 
         keep_eos_score, offset = _checked_decoding_settings(setting)
-        fairseq_limit = self._fairseq_max_length(setting("max_length_a", None), setting("max_length_b", None))
+        fairseq_limit = self._fairseq_max_length(
+            *(setting(name, MODEL_DECODING_DEFAULTS[name]) for name in ("max_length_a", "max_length_b"))
+        )
         max_lengths = self._sentence_max_lengths(inputs, kwargs, offset, fairseq_limit)  # (B,) or None
         if max_lengths is not None:
             eos_token_id = setting("eos_token_id", self.config.eos_token_id)
@@ -523,10 +541,13 @@ class TransformerGenerationMixin(GenerationMixin):
     def _beam_search(
         self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
     ):
-        if getattr(generation_config, "length_penalty_type", "transformers") == "gnmt":
+        penalty_type = getattr(generation_config, "length_penalty_type", None)
+        if (penalty_type or MODEL_DECODING_DEFAULTS["length_penalty_type"]) == "gnmt":
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
-        finalization = _BEAM_FINALIZATION.set(getattr(generation_config, "beam_finalization", None) or "best")
+        finalization = _BEAM_FINALIZATION.set(
+            getattr(generation_config, "beam_finalization", None) or MODEL_DECODING_DEFAULTS["beam_finalization"]
+        )
         try:
             if not self._can_decode_with_static_cache(
                 input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs

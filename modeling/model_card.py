@@ -50,7 +50,7 @@ from .checkpoints import (
 )
 from .evaluation import DECODING_SETTINGS
 from .files import atomic_path, write_text
-from .generation_transformer import set_paper_decoding
+from .generation_transformer import set_paper_decoding, unset_decoding_defaults
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 EVAL_RESULTS_GLOB = "eval_results_*.json"
@@ -380,12 +380,18 @@ def model_decoding(generation_config: dict[str, Any] | None) -> dict[str, Any] |
 
 
 def _decoding_differences(result: dict[str, Any], decoding: dict[str, Any] | None) -> list[str]:
-    """`name value` of each decoding setting of `result` other than the model's own (`decoding`); one the model
-    leaves unset is not compared (`generate()`'s default: what `--num-beams 1` asks of a greedy model)."""
+    """`name value` of each decoding setting of `result` other than the model's own (`decoding`). A field left
+    unset on either side is what `generate()` takes then (`unset_decoding_defaults`): `--num-beams 1` on a model
+    that leaves num_beams unset is its own greedy decoding, `--num-beams 4` on it is not."""
     if decoding is None:
         return []
-    differing = [name for name in DECODING_SETTINGS if name in result and decoding[name] is not None]
-    return [f"{name} {result[name]!r}" for name in differing if result[name] != decoding[name]]
+    defaults = unset_decoding_defaults()
+
+    def effective(settings: dict[str, Any], name: str) -> Any:
+        return defaults.get(name) if settings[name] is None else settings[name]
+
+    differing = [name for name in DECODING_SETTINGS if name in result]
+    return [f"{name} {result[name]!r}" for name in differing if effective(result, name) != effective(decoding, name)]
 
 
 def result_caveats(
@@ -533,7 +539,7 @@ def render_model_card(
     source_lang = source_lang or first.get("source_lang") or (conversion or {}).get("source_lang")
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = _public(dataset_name)
-    decoding = model_decoding(generation_config)
+    decoding = model_decoding(generation_config) or _paper_decoding()  # without the file, generate() does the paper's
     metadata = _eval_results_metadata(eval_results, dataset_name, decoding, known)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(

@@ -118,6 +118,12 @@ def test_a_score_of_other_decoding_than_the_models_is_labelled_and_kept_out_of_m
         model_name="tiny", repo_id=REPO_ID, eval_results=[greedy], generation_config=greedy_model
     )
     assert {result.dataset_split for result in listed.data.eval_results} == {"greedy"}
+    # ... and a beam-4 score of that model is not what its generate() does (unset was not compared at all)
+    unset = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[beam], generation_config=greedy_model)
+    assert unset.data.eval_results is None and "(num_beams 4)" in unset.text
+    # without generation_config.json, generate() decodes as the paper: the greedy score is not the model's
+    no_file = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[beam, greedy])
+    assert {result.dataset_split for result in no_file.data.eval_results} == {"test"}
 
 
 def test_the_card_describes_the_decoding_its_generation_config_holds():
@@ -321,19 +327,19 @@ def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval
 def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result):
     """`--card-from runs/x runs/x/averaged` where evaluate.py's JSON was copied into both: the card listed the
     same scores twice, and model-index held every metric twice."""
-    greedy = {**eval_result, "split": "validation", "num_beams": 1}
+    validation = {**eval_result, "split": "validation", "sacrebleu": 12.5}
     for directory in ("run", "run/averaged"):
         write_json(tmp_path / directory / "eval_results_test.json", eval_result)
-    write_json(tmp_path / "run" / "eval_results_validation.json", greedy)
+    write_json(tmp_path / "run" / "eval_results_validation.json", validation)
     results = collect_card_inputs([tmp_path / "run", tmp_path / "run" / "averaged"])["eval_results"]
-    assert results == [eval_result, greedy]
+    assert results == [eval_result, validation]
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=results)
     sacrebleu = [
         (r.dataset_split, r.metric_value)
         for r in ModelCard(str(card)).data.eval_results
         if r.metric_name == "sacreBLEU"
     ]
-    assert sacrebleu == [("test", round(eval_result["sacrebleu"], 2)), ("validation", round(greedy["sacrebleu"], 2))]
+    assert sacrebleu == [("test", round(eval_result["sacrebleu"], 2)), ("validation", 12.5)]
 
 
 def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
