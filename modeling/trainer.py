@@ -220,6 +220,17 @@ def _checkpoint_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None
     return {"processes": processes, "micro_batches_per_update": micro_batches, "max_tokens_per_device": max_tokens}
 
 
+def _precision(arguments: dict[str, Any]) -> str:
+    """The precision a run's training arguments ask of its updates: bf16 or fp16 mixed precision, else fp32."""
+    return (
+        "bf16 mixed precision"
+        if arguments.get("bf16")
+        else "fp16 mixed precision"
+        if arguments.get("fp16")
+        else "fp32"
+    )
+
+
 def _describe_batching(batching: dict[str, int]) -> str:
     return (
         f"{batching['processes']} process(es) × {batching['micro_batches_per_update']} micro-batch(es) per update "
@@ -519,6 +530,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         (but for the repeats closing an epoch); on another number of processes with micro-batches fixed by the
         arguments, other updates are refused (saying what keeps them); otherwise a warning, since the Trainer then
         skips a count of the new batches, not the data already seen. `total` is the run's number of updates."""
+        self._warn_of_another_precision(checkpoint)
         given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
         if scheduler.is_file():
@@ -556,6 +568,23 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 checkpoint,
                 _describe_batching(batching),
                 _describe_batching(saved_batching),
+            )
+
+    def _warn_of_another_precision(self, checkpoint: Path) -> None:
+        """A resume in another precision than the checkpoint's updates so far (`--bf16`, `--fp16`, or neither) is
+        allowed, since a run may move to other hardware; said, since from here on the run's records
+        (training_args.json, the model card) name the new precision only."""
+        saved = saved_training_arguments(checkpoint)
+        if saved is None:
+            return
+        before, now = _precision(saved), _precision(vars(self.args))
+        if before != now:
+            logger.warning(
+                "Resuming %s in %s, where its updates so far were in %s: the run's records will say %s only",
+                checkpoint,
+                now,
+                before,
+                now,
             )
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

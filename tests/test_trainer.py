@@ -579,6 +579,25 @@ def test_resuming_with_other_batches_says_that_the_data_position_moves(tmp_path,
     assert "other batches" not in caplog.text
 
 
+def test_resuming_in_another_precision_says_that_the_records_name_the_new_one(tmp_path, caplog):
+    """fp32 updates resumed with --bf16 (a run moved to other hardware): allowed, but the run's training_args.json
+    and card then say bf16 of the whole run, which nothing said."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=4, bf16=True).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-3")
+        )
+    assert f"Resuming {tmp_path / 'checkpoint-3'} in bf16 mixed precision, where its updates so far were in fp32" in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):  # the same precision: nothing to say
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=5, bf16=True).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-4")
+        )
+    assert "Resuming" not in caplog.text
+
+
 def trained_as(checkpoint: Path, **batching) -> None:
     """Make `checkpoint`'s marker say it was trained with other batching (another number of processes, say)."""
     marker = checkpoint / "checkpoint_complete.json"
