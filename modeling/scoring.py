@@ -2,8 +2,10 @@
 
 Three BLEU numbers circulate for the same outputs, and they are not comparable with each other:
 
-- **sacreBLEU** (`sacrebleu`): cased, on detokenised text, sacreBLEU's own `13a` tokenisation. The only one of
-  the three that is reproducible across papers; always report its signature with it.
+- **sacreBLEU** (`sacrebleu`): cased, on detokenised text, with the tokenisation sacreBLEU itself chooses for the
+  target language: `zh` into Chinese, `ja-mecab` into Japanese and `ko-mecab` into Korean (both need an extra
+  package, `sacrebleu[ja]` / `sacrebleu[ko]`, that this project does not install), `13a` otherwise. The only one
+  of the three that is reproducible across papers; always report its signature with it.
 - **Paper BLEU** (`paper_bleu`): what Table 2 of Vaswani et al. (2017) reports, as tensor2tensor's
   `get_ende_bleu.sh` computed it in 2017: Moses tokenisation of hypothesis and reference (no punctuation
   normalisation: the script added it in 2018, and then to the hypotheses only), every hyphenated compound `a-b`
@@ -14,15 +16,103 @@ Three BLEU numbers circulate for the same outputs, and they are not comparable w
   number most Multi30k papers report.
 
 `multi-bleu.perl` neither smooths nor re-tokenises, so the two tokenised scores use sacreBLEU with
-`tokenize="none"` and `smooth_method="none"`, which computes the same corpus statistic.
+`tokenize="none"` and `smooth_method="none"`, which computes the same corpus statistic. Into a language written
+without spaces between words (Chinese, Japanese, Thai, ...) Moses splits off punctuation only, so its "tokens" are
+whole clauses and the two tokenised scores would count clauses matched verbatim: they are not computed there
+(None, and a signature that says why).
+
+Language codes are read as the scorers know them (`scoring_language`): "zh-CN", "zh_Hans", "ZH", "zho_Hans" and
+"cmn" are all Chinese, "deu_Latn" is German (compounds split), and so on.
 """
 
+import logging
 import re
 from functools import lru_cache
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+logger = logging.getLogger(__name__)
+
+# ISO 639-2 and 639-3 codes (FLORES-200 and NLLB name languages so: "zho_Hans", "deu_Latn") of the languages that
+# sacreBLEU or Moses score their own way, by the ISO 639-1 code those tools know them by; under another code they
+# would be scored silently as an unknown language (13a and Moses' generic rules, German without compound splitting).
+_ISO_639_1 = {
+    **dict.fromkeys(("zho", "chi", "cmn"), "zh"),
+    "jpn": "ja",
+    "kor": "ko",
+    **dict.fromkeys(("deu", "ger"), "de"),
+    "eng": "en",
+    **dict.fromkeys(("fra", "fre"), "fr"),
+    "ita": "it",
+    "fin": "fi",
+    "swe": "sv",
+    **dict.fromkeys(("ces", "cze"), "cs"),
+    **dict.fromkeys(("ell", "gre"), "el"),
+    "spa": "es",
+    "est": "et",
+    "gle": "ga",
+    "hun": "hu",
+    **dict.fromkeys(("isl", "ice"), "is"),
+    "lit": "lt",
+    "lav": "lv",
+    **dict.fromkeys(("nld", "dut"), "nl"),
+    "pol": "pl",
+    "por": "pt",
+    **dict.fromkeys(("ron", "rum"), "ro"),
+    "rus": "ru",
+    **dict.fromkeys(("slk", "slo"), "sk"),
+    "slv": "sl",
+    "cat": "ca",
+    "som": "so",
+    "asm": "as",
+    "ben": "bn",
+    "guj": "gu",
+    "hin": "hi",
+    "kan": "kn",
+    "mal": "ml",
+    "mar": "mr",
+    **dict.fromkeys(("ori", "ory"), "or"),
+    "pan": "pa",
+    "tam": "ta",
+    "tel": "te",
+    "tha": "th",
+    "lao": "lo",
+    "khm": "km",
+    **dict.fromkeys(("mya", "bur"), "my"),
+    **dict.fromkeys(("bod", "tib"), "bo"),
+}
+# Languages written without spaces between words (ISO 639-1), in which Moses tokenisation finds no words.
+UNSEGMENTED_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "km", "my", "bo"})
+
+
+def scoring_language(code: str) -> str:
+    """The language of `code` as sacreBLEU and Moses know it: its primary subtag, lowercased ("zh-CN", "zh_Hans",
+    "ZH" → "zh"), a 639-2/3 code of a language they score their own way as its 639-1 code ("zho_Hans", "cmn" →
+    "zh"). Other codes are returned lowercased, for the language-independent rules."""
+    primary = re.split(r"[-_]", code.strip(), maxsplit=1)[0].lower()
+    return _ISO_639_1.get(primary, primary)
+
+
+def check_scorable(target_lang: str) -> None:
+    """Refuse in one line a target language whose sacreBLEU tokeniser needs a package that is not installed
+    (MeCab, into Japanese and Korean), before anything is translated: sacreBLEU's own error comes after, in
+    several lines, and 13a in its place would count whole clauses as words."""
+    _sacrebleu_metric(target_lang)
+
+
+def _sacrebleu_metric(target_lang: str) -> BLEU:
+    language = scoring_language(target_lang)
+    try:
+        return BLEU(trg_lang=language)
+    except (ImportError, RuntimeError) as error:  # sacreBLEU's own message spans several lines
+        tokenizer = BLEU._TOKENIZER_MAP.get(language, BLEU.TOKENIZER_DEFAULT)
+        raise ValueError(
+            f"BLEU into {target_lang!r} uses sacreBLEU's {tokenizer!r} tokeniser, which needs packages that are not "
+            f"installed: pip install 'sacrebleu[{language}]'"
+        ) from error
+
 
 # `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'` from tensor2tensor's get_ende_bleu.sh. Python's re.sub
 # scans left to right without overlaps, like Perl's s///g: "a-b-c" becomes "a ##AT##-##AT## b-c" in both.
@@ -59,36 +149,53 @@ def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str
     chrF.
 
     `hypotheses` and `references` are detokenised sentences in the same order. Scores are on the 0-100
-    scale; each comes with the signature that tells how it was computed.
+    scale; each comes with the signature that tells how it was computed. Into a language written without spaces
+    between words the two tokenised scores are None, their signatures saying why.
     """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: they must pair up.")
     if not hypotheses:
         raise ValueError("Nothing to score: no hypotheses were given.")
 
-    sacrebleu_metric, chrf_metric = BLEU(), CHRF()
+    language = scoring_language(target_lang)
+    sacrebleu_metric, chrf_metric = _sacrebleu_metric(target_lang), CHRF()
     sacrebleu_score = sacrebleu_metric.corpus_score(hypotheses, [references])
     chrf_score = chrf_metric.corpus_score(hypotheses, [references])
-
-    hyp_tok = [moses_tokenize(h, target_lang) for h in hypotheses]
-    ref_tok = [moses_tokenize(r, target_lang) for r in references]
-    # get_ende_bleu.sh as of 2017: tokenised, not normalised; compounds split into German.
-    split = split_compounds if target_lang == "de" else str
-    paper_hyp = [split(moses_tokenize(h, target_lang, normalize=False)) for h in hypotheses]
-    paper_ref = [split(moses_tokenize(r, target_lang, normalize=False)) for r in references]
-    paper_bleu, paper_signature = _tokenized_bleu(paper_hyp, paper_ref, lowercase=False)
-    steps = "unnormalized|compound-split:atat|" if target_lang == "de" else "unnormalized|"
-    lc_bleu, lc_signature = _tokenized_bleu(hyp_tok, ref_tok, lowercase=True)
-
-    return {
+    scores = {
         "num_sentences": len(hypotheses),
         "sacrebleu": sacrebleu_score.score,
         "sacrebleu_signature": str(sacrebleu_metric.get_signature()),
         "sacrebleu_details": str(sacrebleu_score),
+    }
+    if language in UNSEGMENTED_LANGUAGES:
+        if sacrebleu_metric.tokenizer_signature == BLEU.TOKENIZER_DEFAULT:
+            logger.warning(
+                "sacreBLEU has no tokeniser for %r, written without spaces between words: its 13a BLEU counts whole "
+                "clauses as words; chrF is the score to compare",
+                target_lang,
+            )
+        refused = f"not computed: Moses tokenisation finds no words in {language} (no spaces between words)"
+        scores |= {key: None for key in ("paper_bleu", "tokenized_bleu_lc")}
+        scores |= {f"{key}_signature": refused for key in ("paper_bleu", "tokenized_bleu_lc")}
+    else:
+        scores |= _moses_scores(hypotheses, references, language)
+    return scores | {"chrf": chrf_score.score, "chrf_signature": str(chrf_metric.get_signature())}
+
+
+def _moses_scores(hypotheses: list[str], references: list[str], language: str) -> dict[str, Any]:
+    """The paper's tokenised BLEU and lowercased tokenised BLEU, with their signatures."""
+    hyp_tok = [moses_tokenize(h, language) for h in hypotheses]
+    ref_tok = [moses_tokenize(r, language) for r in references]
+    # get_ende_bleu.sh as of 2017: tokenised, not normalised; compounds split into German.
+    split = split_compounds if language == "de" else str
+    paper_hyp = [split(moses_tokenize(h, language, normalize=False)) for h in hypotheses]
+    paper_ref = [split(moses_tokenize(r, language, normalize=False)) for r in references]
+    paper_bleu, paper_signature = _tokenized_bleu(paper_hyp, paper_ref, lowercase=False)
+    steps = "unnormalized|compound-split:atat|" if language == "de" else "unnormalized|"
+    lc_bleu, lc_signature = _tokenized_bleu(hyp_tok, ref_tok, lowercase=True)
+    return {
         "paper_bleu": paper_bleu,
-        "paper_bleu_signature": f"moses-tok:{target_lang}|{steps}{paper_signature}",
+        "paper_bleu_signature": f"moses-tok:{language}|{steps}{paper_signature}",
         "tokenized_bleu_lc": lc_bleu,
-        "tokenized_bleu_lc_signature": f"moses-tok:{target_lang}|{lc_signature}",
-        "chrf": chrf_score.score,
-        "chrf_signature": str(chrf_metric.get_signature()),
+        "tokenized_bleu_lc_signature": f"moses-tok:{language}|{lc_signature}",
     }

@@ -88,7 +88,7 @@ from .files import (
     write_text,
 )
 from .schedule import check_warmup_steps, noam_learning_rate, noam_scheduler
-from .scoring import corpus_scores
+from .scoring import UNSEGMENTED_LANGUAGES, corpus_scores, scoring_language
 
 logger = logging.getLogger(__name__)
 
@@ -248,14 +248,22 @@ def check_sharding(args: TranslationTrainingArguments, num_processes: int) -> No
         )
 
 
-def evaluation_metrics(bleu: bool) -> frozenset[str]:
-    """The metrics `TokenBudgetSeq2SeqTrainer.evaluate` reports, with (`bleu`) or without a BLEU sample: what
-    `metric_for_best_model` may name."""
+def evaluation_metrics(bleu: bool, target_lang: str | None = None) -> frozenset[str]:
+    """The metrics `TokenBudgetSeq2SeqTrainer.evaluate` reports, with (`bleu`) or without a BLEU sample into
+    `target_lang`: what `metric_for_best_model` may name."""
     timing = ("runtime", "samples_per_second", "steps_per_second")
     names = {f"eval_{name}" for name in ("loss", *timing)}
     if bleu:
-        names |= {f"eval_sample_{name}" for name in ("loss", *timing, *BLEU_METRICS)}
+        scored = [name for name in BLEU_METRICS if name not in _unscored_metrics(target_lang)]
+        names |= {f"eval_sample_{name}" for name in ("loss", *timing, *scored)}
     return frozenset(names)
+
+
+def _unscored_metrics(target_lang: str | None) -> tuple[str, ...]:
+    """The `BLEU_METRICS` that `bleu_metrics` leaves out into `target_lang`: the paper's tokenised BLEU into a
+    language written without spaces between words (`corpus_scores` does not compute it there)."""
+    unsegmented = target_lang is not None and scoring_language(target_lang) in UNSEGMENTED_LANGUAGES
+    return ("paper_bleu",) if unsegmented else ()
 
 
 def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:
@@ -1028,14 +1036,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
 
 def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callable[[EvalPrediction], dict]:
-    """`compute_metrics` for `Seq2SeqTrainer`: sacreBLEU, the paper's tokenised BLEU and chrF of the generations,
-    and the number of sentences scored.
+    """`compute_metrics` for `Seq2SeqTrainer`: sacreBLEU, the paper's tokenised BLEU (not into a language written
+    without spaces between words) and chrF of the generations, and the number of sentences scored.
 
     References are the decoded labels: the detokenised target up to the BPE's unknown characters, good enough to
     follow training; final scores come from `modeling.evaluation` on the raw text. Rows whose labels are all -100
     are padding added to gather batches of unequal sizes (see `TokenBudgetSeq2SeqTrainer.prediction_step`).
     """
     pad = tokenizer.pad_token_id
+    unscored = _unscored_metrics(target_lang)
 
     def compute(prediction: EvalPrediction) -> dict[str, float]:
         real = (prediction.label_ids != -100).any(axis=1)
@@ -1045,11 +1054,13 @@ def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callab
         hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
         references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         scores = corpus_scores(hypotheses, references, target_lang)
-        return {
+        metrics = {
             "bleu": scores["sacrebleu"],
             "paper_bleu": scores["paper_bleu"],
             "chrf": scores["chrf"],
             "sentences": len(hypotheses),
         }
+        # Not logged as None: the log's curves and metric_for_best_model take numbers.
+        return {name: value for name, value in metrics.items() if name not in unscored}
 
     return compute

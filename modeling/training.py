@@ -99,6 +99,7 @@ from .hub_client import (
 from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
+from .scoring import check_scorable
 from .tokenization import VOCAB_MULTIPLE, check_vocab_size, iter_corpus_text, round_up, train_shared_bpe
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, evaluation_metrics
@@ -653,8 +654,13 @@ def _check_evaluation(
             f"BLEU on {sample} validation sentences (--bleu_sample_size) needs --predict_with_generate; or give "
             "--bleu_sample_size 0 to evaluate the loss alone"
         )
+    if sample > 0:  # BLEU into Japanese or Korean needs MeCab
+        try:
+            check_scorable(data_args.target_lang)
+        except ValueError as error:
+            raise ValueError(f"{error}; or give --bleu_sample_size 0 to evaluate the loss alone") from error
     metric = training_args.metric_for_best_model
-    reported = evaluation_metrics(bleu=sample > 0)
+    reported = evaluation_metrics(bleu=sample > 0, target_lang=data_args.target_lang)
     if metric is not None and (metric if metric.startswith("eval_") else f"eval_{metric}") not in reported:
         raise ValueError(
             f"--metric_for_best_model {metric}: this run's evaluations report {', '.join(sorted(reported))}"

@@ -26,6 +26,7 @@ from modeling.data import (
 from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
+from modeling.scoring import check_scorable
 from modeling.translation import TranslationInProgressError, check_workers
 
 SCORE_LINES = (
@@ -68,6 +69,7 @@ def main() -> None:
     log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     try:
+        check_scorable(args.target_lang)  # before the translating, not after it
         model, tokenizer, scored = load_scored_model(
             args.model, revision=args.revision, device="cpu" if args.int8 else None
         )
@@ -146,7 +148,8 @@ def main() -> None:
 
     print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
     for key, name, signature in SCORE_LINES:
-        print(f"{name:>42}: {metrics[key]:6.2f}  {metrics[signature]}")
+        score = "  n/a " if metrics[key] is None else f"{metrics[key]:6.2f}"  # a tokenised BLEU into Chinese, ...
+        print(f"{name:>42}: {score}  {metrics[signature]}")
     if hypotheses_path:
         print(f"Wrote {hypotheses_path}")
     if metrics_path:

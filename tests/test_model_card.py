@@ -23,6 +23,7 @@ from modeling.model_card import (
     render_model_card,
     training_summary,
 )
+from modeling.scoring import corpus_scores
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -46,6 +47,24 @@ def test_card_metadata_has_the_bleu_results_in_model_index(eval_result):
     assert f"{eval_result['sacrebleu']:.2f}" in card.text
     assert "@inproceedings{vaswani2017attention" in card.text
     assert f'from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
+
+
+def test_a_card_of_a_chinese_evaluation_gives_the_scores_sacrebleu_computed_and_says_why_the_others_are_not():
+    references = ["女人吃红球。", "男人喜欢水。", "小狗看见一个红球，很高兴。"]
+    hypotheses = ["女人吃红球。", "男人喜欢吃水。", "小狗看见红球，很高兴。"]
+    scores = corpus_scores(hypotheses, references, "zh")
+    result = {"split": "test", "dataset": "synthetic", "source_lang": "en", "target_lang": "zh", **scores}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[result])
+    assert card_metadata_errors(str(card)) == []
+    data = ModelCard(str(card)).data
+    assert data.language == ["en", "zh"]
+    assert [(r.metric_name, r.metric_config) for r in data.eval_results] == [
+        ("sacreBLEU", scores["sacrebleu_signature"]),
+        ("chrF", scores["chrf_signature"]),
+    ]
+    assert "|tok:zh|" in scores["sacrebleu_signature"] and "`13a`" not in card.text
+    refused = "| not measured | `not computed: Moses tokenisation finds no words in zh (no spaces between words)` |"
+    assert f"| BLEU (tokenised as in the paper) {refused}" in card.text
 
 
 def test_a_score_on_part_of_the_split_or_of_the_int8_model_is_labelled_and_kept_out_of_model_index(eval_result):

@@ -1,11 +1,18 @@
 """Tests of modeling/scoring.py: sacreBLEU, the paper's tokenised BLEU (compounds split into German), lowercased
 BLEU and chrF."""
 
+import importlib.util
+import logging
 import math
 
 import pytest
+from sacrebleu.metrics import BLEU
 
-from modeling.scoring import corpus_scores, moses_tokenize, split_compounds
+from modeling.scoring import check_scorable, corpus_scores, moses_tokenize, scoring_language, split_compounds
+
+# Made-up Chinese: the hypotheses miss a word, add one, use another.
+CHINESE_REFERENCES = ["女人吃红球。", "男人喜欢水。", "小狗看见一个红球，很高兴。", "孩子在大房子里喝水。"]
+CHINESE_HYPOTHESES = ["女人吃红球。", "男人喜欢吃水。", "小狗看见红球，很高兴。", "孩子在房子里喝水。"]
 
 
 def test_split_compounds_matches_the_perl_one_liner():
@@ -84,3 +91,61 @@ def test_mismatched_or_empty_inputs_are_refused():
         corpus_scores(["a", "b"], ["a"], "en")
     with pytest.raises(ValueError, match="Nothing to score"):
         corpus_scores([], [], "en")
+
+
+@pytest.mark.parametrize("code", ["zh", "zh-CN", "zh_Hans", "ZH", "zho_Hans", "cmn"])
+def test_chinese_is_scored_with_sacrebleus_chinese_tokenisation_whatever_the_code_s_spelling(code):
+    """sacreBLEU picks its `zh` tokeniser for Chinese; 13a left each clause one word (BLEU 0 for near-matches)."""
+    scores = corpus_scores(CHINESE_HYPOTHESES, CHINESE_REFERENCES, code)
+    expected = BLEU(tokenize="zh").corpus_score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES]).score
+    assert scores["sacrebleu"] == pytest.approx(expected) and scores["sacrebleu"] > 40
+    assert "|tok:zh|" in scores["sacrebleu_signature"]
+
+
+@pytest.mark.parametrize(
+    ("code", "references"),
+    [("zh", CHINESE_REFERENCES), ("zho_Hans", CHINESE_REFERENCES), ("th", ["ผู้หญิงกินน้ำ", "ผู้ชายชอบน้ำ"])],
+)
+def test_tokenised_bleu_is_not_computed_into_languages_without_spaces_between_words(code, references):
+    """Moses splits off punctuation only there: its "tokens" are whole clauses, matched or not as a whole."""
+    scores = corpus_scores(references, references, code)
+    for key in ("paper_bleu", "tokenized_bleu_lc"):
+        assert scores[key] is None
+        assert scores[f"{key}_signature"].startswith("not computed: Moses tokenisation finds no words in")
+    assert scores["chrf"] == pytest.approx(100.0)
+
+
+def test_sacrebleu_into_thai_warns_that_13a_counts_clauses_as_words(caplog):
+    with caplog.at_level(logging.WARNING, logger="modeling.scoring"):
+        scores = corpus_scores(["ผู้หญิงกินน้ำ"], ["ผู้ชายกินน้ำ"], "th")
+    assert "|tok:13a|" in scores["sacrebleu_signature"]
+    assert "no tokeniser for 'th'" in caplog.text and "chrF" in caplog.text
+
+
+@pytest.mark.parametrize("code", ["deu_Latn", "de-DE", "DE", "ger"])
+def test_german_under_another_code_is_scored_as_german(code):
+    hyp, ref = ["Das ist ein rich-text Format."], ["Das ist ein rich-text Buch."]
+    german = corpus_scores(hyp, ref, "de")
+    assert corpus_scores(hyp, ref, code) == german, "compounds split, Moses' German rules"
+
+
+def test_scoring_language_reads_bcp47_flores_and_iso_639_3_codes():
+    assert [scoring_language(code) for code in ("pt-BR", "sr_Latn", "fra_Latn", "jpn_Jpan", "arb_Arab")] == [
+        "pt",
+        "sr",
+        "fr",
+        "ja",
+        "arb",  # no 639-1 mapping needed: scored with the language-independent rules either way
+    ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacreBLEU's MeCab extra is installed")
+@pytest.mark.parametrize(("code", "extra"), [("ja", "ja"), ("jpn_Jpan", "ja"), ("ko", "ko")])
+def test_japanese_and_korean_without_mecab_are_refused_in_one_line(code, extra):
+    """sacreBLEU scores them with MeCab (an extra this project does not install): 13a instead would be a wrong
+    number, and sacreBLEU's own error spans several lines."""
+    for call in (lambda: check_scorable(code), lambda: corpus_scores(["a"], ["a"], code)):
+        with pytest.raises(ValueError) as error:
+            call()
+        message = str(error.value)
+        assert "\n" not in message and f"pip install 'sacrebleu[{extra}]'" in message and repr(code) in message

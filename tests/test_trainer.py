@@ -799,18 +799,23 @@ def test_a_run_preempted_at_an_evaluation_resumes_with_the_losses_of_the_uninter
         assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
-def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_name(tmp_path):
-    """`training` refuses a metric_for_best_model outside `evaluation_metrics` before any work."""
+@pytest.mark.parametrize("target_lang", ["de", "zh"])
+def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_name(tmp_path, target_lang):
+    """`training` refuses a metric_for_best_model outside `evaluation_metrics` before any work. Into Chinese, no
+    tokenised BLEU is computed (`corpus_scores`): none is logged, rather than a None the curves cannot plot."""
     tokenizer = word_tokenizer()
     dataset = copy_dataset([4, 5, 6, 7] * 2, len(tokenizer), seed=5)
     evaluation = {"eval_strategy": "steps", "eval_steps": 1, "predict_with_generate": True}
     args = training_args(tmp_path, max_steps=1, warmup_steps=1, max_tokens_per_device=24, **evaluation)
-    scoring = {"bleu_dataset": dataset, "compute_metrics": bleu_metrics(tokenizer, "de")}
+    scoring = {"bleu_dataset": dataset, "compute_metrics": bleu_metrics(tokenizer, target_lang)}
     for bleu, extra in ((False, {}), (True, scoring)):
         trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), eval_dataset=dataset, **extra)
         trainer.train()
-        reported = {name for entry in trainer.state.log_history for name in entry if name.startswith("eval_")}
-        assert reported == evaluation_metrics(bleu=bleu)
+        entries = [entry for entry in trainer.state.log_history if any(name.startswith("eval_") for name in entry)]
+        reported = {name for entry in entries for name in entry if name.startswith("eval_")}
+        assert reported == evaluation_metrics(bleu=bleu, target_lang=target_lang)
+        assert all(value is not None for entry in entries for value in entry.values())
+    assert ("eval_sample_paper_bleu" in reported) == (target_lang == "de")
 
 
 def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_path):

@@ -3,6 +3,7 @@
 import dataclasses
 import errno
 import fcntl
+import importlib.util
 import io
 import json
 import logging
@@ -827,6 +828,28 @@ def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_befo
         monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64, **bleu_sample)
+    run_args = tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2, **settings)
+    with pytest.raises(ValueError, match=refusal):
+        train(ModelArguments(preset="tiny", **TINY), data, run_args)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("target_lang", "settings", "refusal"),
+    [
+        ("zh-CN", {"metric_for_best_model": "sample_paper_bleu"}, r"^--metric_for_best_model sample_paper_bleu: "),
+        pytest.param(
+            "ja",
+            {},
+            r"^BLEU into 'ja' uses sacreBLEU's 'ja-mecab' tokeniser.*sacrebleu\[ja\]'; or give --bleu_sample_size 0",
+            marks=pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="MeCab is installed"),
+        ),
+    ],
+)
+def test_bleu_a_target_language_cannot_have_is_refused_before_any_work(tmp_path, target_lang, settings, refusal):
+    """No tokenised BLEU into Chinese (`corpus_scores`), no BLEU into Japanese without MeCab: the first evaluation
+    failed on them, after the BPE was trained."""
+    data = DataArguments(data_dir=str(tmp_path / "data"), source_lang="en", target_lang=target_lang, vocab_size=64)
     run_args = tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2, **settings)
     with pytest.raises(ValueError, match=refusal):
         train(ModelArguments(preset="tiny", **TINY), data, run_args)

@@ -1,5 +1,6 @@
 """scripts/evaluate.py end to end on a tiny checkpoint, in this process (`helpers.run_script`)."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -37,6 +38,40 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
     rescored = corpus_scores(hypotheses, references, "de")
     for key in ("sacrebleu", "paper_bleu", "tokenized_bleu_lc", "chrf"):
         assert metrics[key] == pytest.approx(rescored[key])
+
+
+def test_evaluation_into_chinese_scores_characters_and_says_why_tokenised_bleu_is_not_given(
+    tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """sacreBLEU's Chinese tokenisation (13a made each clause one word), no Moses-tokenised BLEU (it finds no words
+    in Chinese): "n/a" with the reason, where the script crashed on formatting None."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "test.en").write_text("The dog eats the apple.\nA man likes the water.\n", encoding="utf-8")
+    (data_dir / "test.zh").write_text("狗吃苹果。\n男人喜欢水。\n", encoding="utf-8")
+    common = ["--model", tiny_checkpoint[0], "--data-dir", data_dir, "--source-lang", "en", "--target-lang", "zh"]
+    run_script("evaluate.py", *common, "--output-dir", tmp_path / "eval", monkeypatch=monkeypatch)
+    printed = capsys.readouterr().out
+    metrics = json.loads((tmp_path / "eval" / "eval_results_test.json").read_text())
+    assert "|tok:zh|" in metrics["sacrebleu_signature"]
+    assert metrics["paper_bleu"] is None and metrics["tokenized_bleu_lc"] is None
+    assert "BLEU, tokenised as in the paper:   n/a   not computed: Moses tokenisation finds no words in zh" in printed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacreBLEU's MeCab extra is installed")
+def test_evaluation_into_japanese_without_mecab_is_refused_before_translating(
+    tiny_checkpoint, eval_data_dir, monkeypatch
+):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("translated although it could not be scored")
+
+    monkeypatch.setattr(evaluation, "load_scored_model", not_reached)
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "ja"]
+    message = script_error("evaluate.py", *common, monkeypatch=monkeypatch)
+    assert message == (
+        "error: BLEU into 'ja' uses sacreBLEU's 'ja-mecab' tokeniser, which needs packages that are not installed: "
+        "pip install 'sacrebleu[ja]'"
+    )
 
 
 def test_a_limited_evaluation_records_the_split_it_was_cut_from(tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch):
