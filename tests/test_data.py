@@ -432,6 +432,33 @@ def test_each_cleaning_rule_is_counted_and_logged(caplog):
     assert counts["test"] == {"total": 8, "empty": 3, "too_long": 0, "ratio": 0, "kept": 5}
 
 
+@pytest.mark.parametrize(
+    ("language", "target"),
+    [
+        ("zh", "小狗看见一个红球，很高兴。"),
+        ("ja", "小さい犬は赤いボールを見る。"),
+        ("th", "สุนัขตัวเล็กเห็นลูกบอลสีแดง"),
+        ("zh", "我用 iPhone 拍了照片。"),  # a Latin word inside: three "words"
+    ],
+)
+def test_the_length_ratio_rule_keeps_pairs_with_a_side_written_without_spaces_between_words(language, target, caplog):
+    """Such a sentence is one "word" (or a few) however long: the rule removed nearly every pair of an
+    English-Chinese corpus, the short sentences alone left to train on, with no more than an INFO line."""
+    rows = [
+        ("The small dog sees a red ball and is happy.", target),
+        ("Hello!", "你好！"),
+        ("one two", "eins zwei drei vier"),  # still removed: ratio 2 > 1.5 between spaced languages
+        ("word " * 11, target),  # still removed: too long (max_length=10)
+    ]
+    translation = [{"en": e, language: t} for e, t in rows]
+    ds = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": translation})})
+    with caplog.at_level(logging.INFO, logger="modeling.data"):
+        cleaned, counts = clean_parallel_dataset(ds, "en", language, max_length=10)
+    assert counts == {"train": {"total": 4, "empty": 0, "too_long": 1, "ratio": 1, "kept": 2}}
+    assert [pair["en"] for pair in cleaned["train"]["translation"]] == [rows[0][0], "Hello!"]
+    assert "1 with length ratio > 1.5 (1 past it kept: a side is written without spaces between words)" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_shared_bpe((s for pair in zip(EN * 5, DE * 5, strict=True) for s in pair), vocab_size=120)
