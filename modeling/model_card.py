@@ -168,8 +168,9 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
         for key, name in (("training_args", TRAINING_ARGS_FILE), ("data_stats", DATA_STATS_FILE)):
             if inputs[key] is None and (directory / name).is_file():
                 inputs[key] = read_record(directory / name)
-        if not isinstance((inputs["data_stats"] or {}).get("language_pair", ""), str):
-            raise ValueError(f"{directory / DATA_STATS_FILE}: 'language_pair' is not a string such as \"en-de\".")
+        for key, example in (("language_pair", "en-de"), ("source_lang", "en"), ("target_lang", "de")):
+            if not isinstance((inputs["data_stats"] or {}).get(key, ""), str):
+                raise ValueError(f'{directory / DATA_STATS_FILE}: {key!r} is not a string such as "{example}".')
     return inputs
 
 
@@ -642,8 +643,7 @@ def _render_card_of(
     with_curves: bool,
     weights: dict[str, Any],
 ) -> ModelCard:
-    # Training records the pair as "en-de" in data_stats.json: the card gets its language tags even unevaluated.
-    source_lang, _, target_lang = (inputs["data_stats"] or {}).get("language_pair", "").partition("-")
+    source_lang, target_lang = _trained_languages(inputs["data_stats"] or {})
     return render_model_card(
         template_path,
         model_name=repo_id.split("/")[-1],
@@ -662,6 +662,16 @@ def _render_card_of(
         generation_config=read_record(path) if (path := model_dir / "generation_config.json").is_file() else None,
         **weights,
     )
+
+
+def _trained_languages(data_stats: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The pair a run trained on, from its data_stats.json, for the card's language tags even unevaluated: its
+    `source_lang` and `target_lang`, or in a record older than them its `language_pair` split at its hyphen where it
+    has only one ("pt-BR-en" may be pt-BR → en or pt → BR-en: None then, and the evaluations' languages are used)."""
+    if data_stats.get("source_lang") and data_stats.get("target_lang"):
+        return data_stats["source_lang"], data_stats["target_lang"]
+    pair = data_stats.get("language_pair", "").split("-")
+    return (pair[0], pair[1]) if len(pair) == 2 and all(pair) else (None, None)
 
 
 def _best_checkpoint_loaded(model_dir: Path) -> str | None:

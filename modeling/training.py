@@ -864,6 +864,9 @@ def _write_run_records(
     stats = {
         "dataset": data_args.dataset or data_args.data_dir,
         "language_pair": f"{data_args.source_lang}-{data_args.target_lang}",
+        # Each by itself too: a code with a hyphen ("pt-BR") makes the pair ambiguous for the card's language tags.
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
         "sentence_pairs": {split: len(part) for split, part in text.items()},
         "cleaning": cleaning,
         "vocab_size": len(trainer.processing_class),

@@ -493,6 +493,7 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         ("training_args.json", [1, 2], r"training_args\.json holds a JSON list, not an object\.$"),
         ("data_stats.json", "en-de", r"data_stats\.json holds a JSON str, not an object\.$"),
         ("data_stats.json", {"language_pair": 5}, r"data_stats\.json: 'language_pair' is not a string such as"),
+        ("data_stats.json", {"target_lang": ["de"]}, r"data_stats\.json: 'target_lang' is not a string such as"),
         ("trainer_state.json", [], r"trainer_state\.json holds a JSON list, not an object\.$"),
         ("trainer_state.json", {"log_history": {"loss": 1}}, r"'log_history' is a JSON dict, not a list of log"),
         ("trainer_state.json", {"log_history": [3]}, r"log_history\[0\] is a JSON int, not an object\.$"),
@@ -548,6 +549,26 @@ def test_the_card_says_the_model_was_trained_on_its_training_data_not_an_evaluat
     assert "trained on" not in card.text.split("## Results")[0] and card.data.datasets is None
     hub = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="wmt/wmt14", eval_results=[wmt])
     assert hub.data.datasets == ["wmt/wmt14"] and "trained on **wmt/wmt14**" in hub.text
+
+
+def test_the_cards_languages_are_the_trainings_even_with_a_hyphen_in_a_code(eval_result, tmp_path):
+    """A pt-BR → en run: data_stats.json's "pt-BR-en", split at its first hyphen, made the card claim the languages
+    `pt` and `BR-en`, translating "pt → BR-en"."""
+    write_json(tmp_path / "model" / "config.json", tiny_config().to_dict())
+    stats = {"language_pair": "pt-BR-en", "source_lang": "pt-BR", "target_lang": "en"}
+    write_json(tmp_path / "run" / "data_stats.json", stats)
+    text = model_card.write_model_card(tmp_path / "model", repo_id=REPO_ID, card_from=[tmp_path / "run"]).read_text()
+    assert ModelCard(text).data.language == ["pt-BR", "en"] and "translating **pt-BR → en**" in text
+    # A record older than source_lang / target_lang: the pair is ambiguous, the evaluations' languages are used.
+    write_json(tmp_path / "run" / "data_stats.json", {"language_pair": "pt-BR-en"})
+    evaluated = {**eval_result, "source_lang": "pt-BR", "target_lang": "en"}
+    write_json(tmp_path / "eval" / "eval_results_test.json", evaluated)
+    card_from = [tmp_path / "run", tmp_path / "eval"]
+    text = model_card.write_model_card(tmp_path / "model", repo_id=REPO_ID, card_from=card_from).read_text()
+    assert ModelCard(text).data.language == ["pt-BR", "en"]
+    write_json(tmp_path / "run" / "data_stats.json", {"language_pair": "en-de"})  # unambiguous, as it always was
+    text = model_card.write_model_card(tmp_path / "model", repo_id=REPO_ID, card_from=[tmp_path / "run"]).read_text()
+    assert ModelCard(text).data.language == ["en", "de"]
 
 
 def test_a_fine_tuned_models_card_says_it_was_fine_tuned_and_that_its_length_is_the_fine_tunings():

@@ -968,6 +968,7 @@ def test_resuming_on_a_training_split_cleaned_to_another_size_says_so(tmp_path, 
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, save_steps=1))
     stats = json.loads((run / "data_stats.json").read_text())
     assert stats["sentence_pairs"]["train"] == 40
+    assert (stats["source_lang"], stats["target_lang"]) == ("en", "de"), "each by itself, for the card's languages"
     with caplog.at_level(logging.WARNING, logger="modeling.training"):
         train(
             ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=3, resume_from_checkpoint="last")
