@@ -9,11 +9,12 @@ Choices the rest of the project relies on:
 
 - special tokens `<pad>` = 0, `<unk>` = 1, `</s>` = 2; every encoded sequence (source and target) ends
   with `</s>`, which the model also uses as decoder start token (fairseq convention);
-- raw text in, raw text out: NFKC normalisation, then sentencepiece-style Metaspace pre-tokenisation
-  (spaces become "▁"), so `decode(encode(s)) == NFKC(s)` for any text made of characters seen in
-  training, repeated and trailing spaces included. Two exceptions: unseen characters become `<unk>`,
-  as in the paper's BPE, and one leading space is lost (Metaspace reads it as the word boundary it
-  would prepend anyway). No Moses tokeniser is needed; BLEU is computed on detokenised text;
+- raw text in, raw text out: NFKC normalisation (`normalizer`), then sentencepiece-style Metaspace
+  pre-tokenisation (spaces become "▁"), so `decode(encode(s)) == NFKC(s)` for any text made of characters seen in
+  training, repeated and trailing spaces included, Thai and Lao SARA AM kept whole (NFKC splits it). Two
+  exceptions: unseen characters become `<unk>`, as in the paper's BPE, and one leading space is lost (Metaspace
+  reads it as the word boundary it would prepend anyway). No Moses tokeniser is needed; BLEU is computed on
+  detokenised text;
 - the vocabulary size is a multiple of 8 (tensor-core friendly embedding matrix). When BPE runs out of
   merges before reaching the requested size, the vocabulary is padded to the next multiple of 8 with
   `<unused{i}>` entries in the BPE model itself: no merge produces them, so encoding never emits them.
@@ -50,6 +51,18 @@ INVISIBLE_CHARACTERS = frozenset(
     "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
 )
 _INVISIBLE = re.compile(f"[{''.join(sorted(INVISIBLE_CHARACTERS))}]")
+
+
+# NFKC splits Thai and Lao SARA AM ("ำ", "ຳ") into NIKHAHIT + SARA AA, which no Thai text is written with: every
+# output word with it (น้ำ "water", ทำ "do") would differ from the references and from what its readers search for.
+# Put back together after NFKC, as NFC leaves it.
+_SARA_AM = (("\u0e4d\u0e32", "\u0e33"), ("\u0ecd\u0eb2", "\u0eb3"))
+
+
+def normalizer() -> normalizers.Normalizer:
+    """NFKC, with Thai and Lao SARA AM kept whole (`_SARA_AM`)."""
+    recompose = [normalizers.Replace(split, whole) for split, whole in _SARA_AM]
+    return normalizers.Sequence([normalizers.NFKC(), *recompose])
 
 
 def visible_words(text: str) -> list[str]:
@@ -96,7 +109,7 @@ def train_shared_bpe(
     target_size = round_up(vocab_size, VOCAB_MULTIPLE)
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.normalizer = normalizer()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(
