@@ -84,7 +84,7 @@ _ISO_639_1 = {
     **dict.fromkeys(("bod", "tib"), "bo"),
 }
 # Languages written without spaces between words (ISO 639-1), in which Moses tokenisation finds no words.
-UNSEGMENTED_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "km", "my", "bo"})
+_UNSEGMENTED_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "km", "my", "bo"})
 
 
 def scoring_language(code: str) -> str:
@@ -93,6 +93,12 @@ def scoring_language(code: str) -> str:
     "zh"). Other codes are returned lowercased, for the language-independent rules."""
     primary = re.split(r"[-_]", code.strip(), maxsplit=1)[0].lower()
     return _ISO_639_1.get(primary, primary)
+
+
+def moses_finds_words(target_lang: str) -> bool:
+    """Whether Moses tokenisation finds the words of `target_lang`: not where it is written without spaces between
+    words, into which the two tokenised scores are not computed."""
+    return scoring_language(target_lang) not in _UNSEGMENTED_LANGUAGES
 
 
 def check_scorable(target_lang: str) -> None:
@@ -167,7 +173,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str
         "sacrebleu_signature": str(sacrebleu_metric.get_signature()),
         "sacrebleu_details": str(sacrebleu_score),
     }
-    if language in UNSEGMENTED_LANGUAGES:
+    if not moses_finds_words(language):
         if sacrebleu_metric.tokenizer_signature == BLEU.TOKENIZER_DEFAULT:
             logger.warning(
                 "sacreBLEU has no tokeniser for %r, written without spaces between words: its 13a BLEU counts whole "

@@ -88,7 +88,7 @@ from .files import (
     write_text,
 )
 from .schedule import check_warmup_steps, noam_learning_rate, noam_scheduler
-from .scoring import UNSEGMENTED_LANGUAGES, corpus_scores, scoring_language
+from .scoring import corpus_scores, moses_finds_words
 
 logger = logging.getLogger(__name__)
 
@@ -262,8 +262,7 @@ def evaluation_metrics(bleu: bool, target_lang: str | None = None) -> frozenset[
 def _unscored_metrics(target_lang: str | None) -> tuple[str, ...]:
     """The `BLEU_METRICS` that `bleu_metrics` leaves out into `target_lang`: the paper's tokenised BLEU into a
     language written without spaces between words (`corpus_scores` does not compute it there)."""
-    unsegmented = target_lang is not None and scoring_language(target_lang) in UNSEGMENTED_LANGUAGES
-    return ("paper_bleu",) if unsegmented else ()
+    return ("paper_bleu",) if target_lang is not None and not moses_finds_words(target_lang) else ()
 
 
 def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManager:
