@@ -178,8 +178,16 @@ class PerSentenceMaxLengthLogitsProcessor(LogitsProcessor):
         if not at_limit.any():  # most steps: spare three passes over the (B * K, V) scores
             return scores
         forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = scores[:, self.eos_token_id] if self.keep_eos_score else 0.0
+        forced[:, self.eos_token_id] = self._kept_eos_scores(scores) if self.keep_eos_score else 0.0
         return torch.where(at_limit[:, None], forced, scores)
+
+    def _kept_eos_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """End-of-sentence's scores (rows,), 0 where an earlier processor blocked it (-inf: a min_new_tokens or
+        min_length beyond the limit, an end-of-sentence suppressed): kept, that block left every token -inf at the
+        limit, and beam search an arbitrary hypothesis without end-of-sentence (fairseq refuses min_len > max_len;
+        transformers warns that generation stops at the maximum length, as it then does)."""
+        eos_scores = scores[:, self.eos_token_id]
+        return eos_scores.masked_fill(eos_scores == -math.inf, 0.0)
 
 
 class EndOfSentenceBlockedLogitsProcessor(LogitsProcessor):

@@ -445,6 +445,18 @@ def test_forced_end_of_sentence_keeps_or_zeroes_its_score():
         assert processor.for_sentences(torch.tensor([1])).keep_eos_score is keep
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("return_dict", [False, True])  # beam search: the loop dropping finished sentences, or not
+def test_a_minimum_length_beyond_the_limit_still_ends_every_hypothesis_there(num_beams, return_dict):
+    # End-of-sentence, blocked up to 6 tokens, kept its -inf at the limit of 3: every token was -inf there, and the
+    # output an arbitrary hypothesis without end-of-sentence (greedy decoding: a <pad> in its place).
+    model = fairseq_model(seed=1)
+    inputs = random_sources(3, seed=1, vocab_size=12)
+    out = model.generate(**inputs, num_beams=num_beams, min_new_tokens=6, return_dict_in_generate=return_dict)
+    sequences = out.sequences if return_dict else out
+    assert [row[4] for row in sequences.tolist()] == [EOS] * 3  # 3 tokens, then end-of-sentence
+
+
 def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
     config = GenerationConfig()
     set_fairseq_decoding(config, pad_token_id=1, num_beams=4, length_penalty=0.6)
