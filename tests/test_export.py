@@ -280,6 +280,29 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     assert [line.split(":")[0] for line in not_expressed] == ["max_input_length=64"]
 
 
+@pytest.mark.parametrize("cap", [{"max_length": 9}, {"max_new_tokens": 8}], ids=lambda cap: ",".join(cap))
+def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokenizer, tmp_path, cap):
+    """generate() stops at max_length - 1 new tokens (max_length counts the decoder start token); the options took
+    only max_new_tokens and let CTranslate2 run on to the positional table's 64."""
+    model = tiny_model(len(tokenizer))  # random: its translations run to the cap
+    model.generation_config.update(length_penalty_type="transformers", max_length_offset=None, **cap)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
+    assert options["max_decoding_length"] == 8
+    generated = model.generate(**tokenizer(SOURCES, padding=True, return_tensors="pt"))
+    assert ct2_translations(tmp_path / "ct2", tokenizer, **options) == [strip(row) for row in generated.tolist()]
+
+
+def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_into_the_generation_config(
+    tokenizer, tmp_path
+):
+    model = tiny_model(len(tokenizer))
+    model.generate(**tokenizer(["a dog."], return_tensors="pt"), max_new_tokens=2)
+    model.generation_config.max_length = 20  # its evaluation's fill, which the next generate() undoes
+    options, _ = export.ctranslate2_translate_options(model)
+    assert options["max_decoding_length"] == 64 and model.generation_config.max_length is None
+
+
 def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_keeps_lines(
     trained, tokenizer, tmp_path, monkeypatch, capsys
 ):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from ..configuration_transformer import TransformerConfig
 from ..files import write_json
@@ -161,6 +161,15 @@ def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreT
     return spec
 
 
+def _generation_length_cap(generation: GenerationConfig) -> int | None:
+    """The new tokens (end-of-sentence included) that `generation` lets generate() give every sentence of a batch:
+    `max_new_tokens`, else `max_length` less the decoder start token, which transformers counts in an
+    encoder-decoder's `max_length`; None where it sets neither."""
+    if generation.max_new_tokens is not None:
+        return generation.max_new_tokens
+    return generation.max_length - 1 if generation.max_length is not None else None
+
+
 def ctranslate2_translate_options(model: TransformerForConditionalGeneration) -> tuple[dict[str, Any], list[str]]:
     """`Translator.translate_batch` keyword arguments for the model's generation config, and what of it they
     cannot express.
@@ -168,7 +177,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     `beam_size` and `length_penalty` (CTranslate2 applies it as score / length ** alpha, as transformers does) are
     the generation config's; CTranslate2 stops a sentence's search once `beam_size` hypotheses have finished, as
     `early_stopping=True` does. `max_decoding_length` counts the end-of-sentence token, as `max_new_tokens` does:
-    it is `max_new_tokens` when set, else 256 (CTranslate2's default), within the positional table.
+    it is the new tokens generate() allows (`_generation_length_cap`: `max_new_tokens`, else `max_length` less the
+    decoder start token) when the config caps them, else 256 (CTranslate2's default), within the positional table.
     `min_decoding_length` is `min_new_tokens`: 0 allows an empty translation, as `generate()` does by default
     (CTranslate2's default, 1, does not; fairseq's decoding sets 1); CTranslate2 removes the blocked end-of-sentence
     before its softmax, generate() after it (listed). `max_input_length` is the positional table's length
@@ -179,15 +189,17 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     exact while no hypothesis reaches it (CTranslate2 stops there without an end-of-sentence and its score), and
     with a = 0 the same limit for every batch. The top hypothesis does not depend on `beam_finalization`.
     """
+    model.undo_library_default_fill()  # as generate() does: a plain Seq2SeqTrainer's max_length=20 caps nothing
     generation = model.generation_config
     positions = model.config.max_position_embeddings
-    limit = generation.max_new_tokens if generation.max_new_tokens is not None else 256
+    cap = _generation_length_cap(generation)
+    limit = cap if cap is not None else 256
     a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
     fairseq_limit = a is not None or b is not None
     if fairseq_limit:
         # the defaults generate() gives the one not set
         a, b = FAIRSEQ_MAX_LEN_A if a is None else a, FAIRSEQ_MAX_LEN_B if b is None else b
-        limit = min(int(a * positions + b), positions - 1)
+        limit = min(int(a * positions + b), positions - 1, limit)
     options: dict[str, Any] = {
         "beam_size": int(generation.num_beams or 1),
         "length_penalty": float(generation.length_penalty if generation.length_penalty is not None else 1.0),
