@@ -280,12 +280,17 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     assert [line.split(":")[0] for line in not_expressed] == ["max_input_length=64"]
 
 
-@pytest.mark.parametrize("cap", [{"max_length": 9}, {"max_new_tokens": 8}], ids=lambda cap: ",".join(cap))
+@pytest.mark.parametrize(
+    "cap", [{"max_length": 9}, {"max_new_tokens": 8}, {"max_length_b": 200, "max_new_tokens": 8}], ids=",".join
+)
 def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokenizer, tmp_path, cap):
-    """generate() stops at max_length - 1 new tokens (max_length counts the decoder start token); the options took
-    only max_new_tokens and let CTranslate2 run on to the positional table's 64."""
+    """generate() stops at max_length - 1 new tokens (max_length counts the decoder start token), and within
+    fairseq's limit at max_new_tokens; the options took only max_new_tokens, and only without fairseq's limit, and
+    let CTranslate2 run on to the positional table's 64 (63 with fairseq's)."""
     model = tiny_model(len(tokenizer))  # random: its translations run to the cap
-    model.generation_config.update(length_penalty_type="transformers", max_length_offset=None, **cap)
+    settings = {"length_penalty_type": "transformers", "max_length_offset": None, **cap}
+    for name, value in settings.items():  # setattr: `update` skips the fairseq fields a paper config lacks
+        setattr(model.generation_config, name, value)
     export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
     assert options["max_decoding_length"] == 8
