@@ -298,6 +298,16 @@ def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokeniz
     assert ct2_translations(tmp_path / "ct2", tokenizer, **options) == [strip(row) for row in generated.tolist()]
 
 
+def test_ctranslate2_options_take_min_length_less_the_decoder_start_token(tokenizer):
+    model = tiny_model(len(tokenizer))
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    assert torch.equal(model.generate(**batch, min_length=6), model.generate(**batch, min_new_tokens=5))
+    model.generation_config.min_length = 6  # was left out: CTranslate2 allowed an empty translation
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["min_decoding_length"] == 5
+    assert any(line.startswith("min_new_tokens=5:") for line in not_expressed)
+
+
 def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_into_the_generation_config(
     tokenizer, tmp_path
 ):

@@ -161,13 +161,14 @@ def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreT
     return spec
 
 
-def _generation_length_cap(generation: GenerationConfig) -> int | None:
-    """The new tokens (end-of-sentence included) that `generation` lets generate() give every sentence of a batch:
-    `max_new_tokens`, else `max_length` less the decoder start token, which transformers counts in an
-    encoder-decoder's `max_length`; None where it sets neither."""
-    if generation.max_new_tokens is not None:
-        return generation.max_new_tokens
-    return generation.max_length - 1 if generation.max_length is not None else None
+def _new_tokens(generation: GenerationConfig, bound: str) -> int | None:
+    """`generation`'s bound ("max" or "min") on the new tokens of every sentence, end-of-sentence included, as
+    generate() applies it: `{bound}_new_tokens`, else `{bound}_length` less the decoder start token, which
+    transformers counts in an encoder-decoder's lengths; None where it sets neither."""
+    new_tokens, length = getattr(generation, f"{bound}_new_tokens"), getattr(generation, f"{bound}_length")
+    if new_tokens is not None:
+        return new_tokens
+    return length - 1 if length is not None else None
 
 
 def ctranslate2_translate_options(model: TransformerForConditionalGeneration) -> tuple[dict[str, Any], list[str]]:
@@ -177,12 +178,12 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     `beam_size` and `length_penalty` (CTranslate2 applies it as score / length ** alpha, as transformers does) are
     the generation config's; CTranslate2 stops a sentence's search once `beam_size` hypotheses have finished, as
     `early_stopping=True` does. `max_decoding_length` counts the end-of-sentence token, as `max_new_tokens` does:
-    it is the new tokens generate() allows (`_generation_length_cap`: `max_new_tokens`, else `max_length` less the
-    decoder start token) when the config caps them, else 256 (CTranslate2's default), within the positional table.
-    `min_decoding_length` is `min_new_tokens`: 0 allows an empty translation, as `generate()` does by default
-    (CTranslate2's default, 1, does not; fairseq's decoding sets 1); CTranslate2 removes the blocked end-of-sentence
-    before its softmax, generate() after it (listed). `max_input_length` is the positional table's length
-    (listed: CTranslate2 cuts longer sources there).
+    it is the new tokens generate() allows (`_new_tokens`: `max_new_tokens`, else `max_length` less the decoder
+    start token) when the config caps them, else 256 (CTranslate2's default), within the positional table.
+    `min_decoding_length` is `min_new_tokens` (else `min_length` less the decoder start token): 0 allows an empty
+    translation, as `generate()` does by default (CTranslate2's default, 1, does not; fairseq's decoding sets 1);
+    CTranslate2 removes the blocked end-of-sentence before its softmax, generate() after it (listed).
+    `max_input_length` is the positional table's length (listed: CTranslate2 cuts longer sources there).
 
     fairseq's limit (`max_length_a`, `max_length_b`: int(a · W + b) tokens, then a forced end-of-sentence that keeps
     its log-probability) becomes `max_decoding_length` = int(a · max_input_length + b), capped as generate() caps it:
@@ -192,7 +193,7 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     model.undo_library_default_fill()  # as generate() does: a plain Seq2SeqTrainer's max_length=20 caps nothing
     generation = model.generation_config
     positions = model.config.max_position_embeddings
-    cap = _generation_length_cap(generation)
+    cap = _new_tokens(generation, "max")
     limit = cap if cap is not None else 256
     a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
     fairseq_limit = a is not None or b is not None
@@ -205,7 +206,7 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
         "length_penalty": float(generation.length_penalty if generation.length_penalty is not None else 1.0),
         "max_input_length": positions,
         "max_decoding_length": min(int(limit), positions),
-        "min_decoding_length": int(generation.min_new_tokens or 0),
+        "min_decoding_length": max(_new_tokens(generation, "min") or 0, 0),
     }
     not_expressed = paper_decoding_not_expressed(model, "CTranslate2")
     not_expressed.append(
