@@ -308,6 +308,21 @@ def test_ctranslate2_options_take_min_length_less_the_decoder_start_token(tokeni
     assert any(line.startswith("min_new_tokens=5:") for line in not_expressed)
 
 
+def test_ctranslate2_options_list_the_decoding_settings_they_leave_out(tokenizer):
+    """A generation config's no_repeat_ngram_size (BART's have 3) changes generate()'s translations; the options
+    dropped it without a word."""
+    model = tiny_model(len(tokenizer))
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    plain = model.generate(**batch)
+    model.generation_config.no_repeat_ngram_size, model.generation_config.repetition_penalty = 1, 1.0
+    assert not torch.equal(model.generate(**batch), plain)
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert "no_repeat_ngram_size" not in options
+    assert [line for line in not_expressed if "not passed on" in line] == [
+        "no_repeat_ngram_size=1: not passed on (CTranslate2 decodes as if it were unset)"
+    ]
+
+
 def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_into_the_generation_config(
     tokenizer, tmp_path
 ):

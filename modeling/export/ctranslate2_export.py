@@ -37,6 +37,19 @@ CTRANSLATE2_ACTIVATIONS = {
     "silu": "SWISH",
     "swish": "SWISH",
 }
+# Settings of a generation config that change generate()'s translations and that the options leave out, with the
+# value that changes nothing (suppress_tokens, also left out, is listed with its own reason).
+DECODING_SETTINGS_NOT_PASSED_ON = {
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "bad_words_ids": [],
+    "sequence_bias": {},
+    "begin_suppress_tokens": [],
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+}
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 
 
@@ -233,6 +246,10 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
             f"suppress_tokens={list(generation.suppress_tokens)}: not passed on (generate() masks them after the "
             "log-softmax)"
         )
+    for name, no_effect in DECODING_SETTINGS_NOT_PASSED_ON.items():
+        value = getattr(generation, name, None)
+        if value is not None and value != no_effect:
+            not_expressed.append(f"{name}={value!r}: not passed on (CTranslate2 decodes as if it were unset)")
     if generation.do_sample:
         not_expressed.append("do_sample=True: these options decode with beam search")
     if generation.early_stopping is not True and options["beam_size"] > 1:
