@@ -333,6 +333,13 @@ def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_int
     assert options["max_decoding_length"] == 64 and model.generation_config.max_length is None
 
 
+def test_ctranslate2_options_of_fairseqs_limit_are_not_cut_at_ctranslate2s_default(tokenizer):
+    model = tiny_model(len(tokenizer), max_position_embeddings=1024)
+    generation = model.generation_config
+    generation.max_length_offset, generation.max_length_b = None, 300  # 300 tokens, then end-of-sentence
+    assert export.ctranslate2_translate_options(model)[0]["max_decoding_length"] == 300
+
+
 def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_keeps_lines(
     trained, tokenizer, tmp_path, monkeypatch, capsys
 ):

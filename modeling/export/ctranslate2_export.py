@@ -213,7 +213,7 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     if fairseq_limit:
         # the defaults generate() gives the one not set
         a, b = FAIRSEQ_MAX_LEN_A if a is None else a, FAIRSEQ_MAX_LEN_B if b is None else b
-        limit = min(int(a * positions + b), positions - 1, limit)
+        limit = min(int(a * positions + b), positions - 1, *([cap] if cap is not None else []))
     options: dict[str, Any] = {
         "beam_size": int(generation.num_beams or 1),
         "length_penalty": float(generation.length_penalty if generation.length_penalty is not None else 1.0),
