@@ -182,14 +182,27 @@ def to_marian(model: TransformerForConditionalGeneration) -> MarianMTModel:
 
 
 def _copy_generation_settings(source, target) -> None:
-    """Beam size and length penalty travel; the GNMT form and per-sentence limits are this model's own."""
+    """Beam size, length penalty, caps and the rules both models' generate() apply alike (minimum lengths, banned
+    or suppressed tokens, repetition rules: a Marian checkpoint's bad_words_ids, fairseq decoding's
+    suppress_tokens) travel; the GNMT form and per-sentence limits are this model's own."""
     for name in (
         "num_beams",
         "length_penalty",
         "early_stopping",
         "max_length",
         "max_new_tokens",
+        "min_length",
+        "min_new_tokens",
+        "forced_bos_token_id",
         "forced_eos_token_id",
+        "bad_words_ids",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "sequence_bias",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "repetition_penalty",
+        "encoder_repetition_penalty",
     ):
         value = getattr(source.generation_config, name, None)
         if value is not None:

@@ -61,6 +61,19 @@ def test_from_marian_gives_the_same_logits_and_beam_outputs(layout):
     assert our_beams.tolist() == marian_beams.tolist()
 
 
+def test_a_marian_checkpoints_banned_padding_travels_with_its_conversion():
+    """Hub Marian checkpoints ban their padding token (bad_words_ids); converted without that ban, the model could
+    translate into padding where MarianMTModel never does."""
+    marian = tiny_marian()
+    marian.generation_config.bad_words_ids = [[PAD]]
+    marian.generation_config.no_repeat_ngram_size = 2
+    ours = from_marian(marian).eval()
+    assert ours.generation_config.bad_words_ids == [[PAD]] and ours.generation_config.no_repeat_ngram_size == 2
+    settings = {"num_beams": 4, "max_new_tokens": 12}
+    ours_out = ours.generate(**inputs(), **settings, length_penalty_type="transformers", max_length_offset=None)
+    assert ours_out.tolist() == marian.generate(**inputs(), **settings).tolist()
+
+
 @pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
 def test_to_marian_is_exact_for_both_layouts(layout):
     torch.manual_seed(1)

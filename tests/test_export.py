@@ -32,6 +32,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from modeling import export
 from modeling.convert import from_marian, to_marian
+from modeling.generation_transformer import set_fairseq_decoding
 from modeling.quantization import quantize_int8
 
 FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
@@ -466,6 +467,24 @@ def test_marian_export_round_trips_exactly(trained, tokenizer, tmp_path, layout)
     assert all(not back[name].any() for name in back if name.endswith("_proj.bias"))  # the paper has none
     record = json.loads((tmp_path / "marian" / "export.json").read_text())
     assert record["format"] == "marian" and len(record["not_expressed"]) == 3  # GNMT form, source + 50, the cap
+
+
+def test_marian_export_carries_generates_decoding_rules_and_lists_fairseqs(tokenizer, tmp_path):
+    """The twin took only beam size, length penalty and caps: fairseq decoding's suppressed padding and minimum
+    length, a no_repeat_ngram_size, were dropped, and fairseq's limit with them, without a word."""
+    model = tiny_model(len(tokenizer))
+    set_fairseq_decoding(model.generation_config, pad_token_id=PAD, max_length_b=3)
+    model.generation_config.no_repeat_ngram_size = 1
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    generation = MarianMTModel.from_pretrained(tmp_path / "marian").generation_config
+    assert (generation.suppress_tokens, generation.min_new_tokens, generation.no_repeat_ngram_size) == ([PAD], 1, 1)
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert [line.split(":")[0] for line in record["not_expressed"]] == [
+        "max_length_a=0, max_length_b=3",
+        "forced_eos_keeps_log_prob=True",
+        "beam_finalization='first'",
+        "no max_length or max_new_tokens",
+    ]
 
 
 def test_marian_export_does_not_cut_translations_at_transformers_default_length(tokenizer, tmp_path):

@@ -63,6 +63,26 @@ def _check_marian_positions(model: TransformerForConditionalGeneration, marian) 
             )
 
 
+def _fairseq_decoding_not_expressed(model: TransformerForConditionalGeneration) -> list[str]:
+    """The fields of fairseq's decoding (`set_fairseq_decoding`) set in the generation config, which transformers'
+    beam search, MarianMTModel's, does not have."""
+    generation = model.generation_config
+    a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
+    not_expressed = []
+    if a is not None or b is not None:
+        not_expressed.append(
+            f"max_length_a={a}, max_length_b={b}: MarianMTModel has no limit a · source width + b, only max_length"
+        )
+    if getattr(generation, "forced_eos_keeps_log_prob", False):
+        not_expressed.append("forced_eos_keeps_log_prob=True: MarianMTModel forces no end-of-sentence of its own")
+    if getattr(generation, "beam_finalization", None) == "first":
+        not_expressed.append(
+            "beam_finalization='first': MarianMTModel keeps the best num_beams finished hypotheses, not the first "
+            "(the best one is the same)"
+        )
+    return not_expressed
+
+
 def to_marian(
     model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None, output_dir: str | Path
 ) -> Path:
@@ -79,7 +99,7 @@ def to_marian(
     check_tokenizer_fits(model, tokenizer, "MarianMTModel")
     marian = convert_to_marian(model)
     _check_marian_positions(model, marian)
-    not_expressed = paper_decoding_not_expressed(model, "MarianMTModel")
+    not_expressed = paper_decoding_not_expressed(model, "MarianMTModel") + _fairseq_decoding_not_expressed(model)
     limits = marian.generation_config
     if limits.max_length is None and limits.max_new_tokens is None:
         limits.max_length = model.config.max_position_embeddings
