@@ -8,6 +8,12 @@ import logging
 from huggingface_hub.utils import logging as hub_logging
 
 
+def summary(docstring: str | None) -> str | None:
+    """A script's description for argparse: the first line of its docstring, or None under `python -OO` (or
+    PYTHONOPTIMIZE=2), which strips docstrings (`__doc__.split` was an AttributeError before any flag was read)."""
+    return docstring.split("\n")[0] if docstring else None
+
+
 def positive_int(text: str) -> int:
     """argparse type for a count that must be at least 1; argparse's error names the flag ("argument --workers:
     must be at least 1, got 0") before the script loads anything."""

@@ -13,11 +13,11 @@ import argparse
 import sys
 
 from modeling.averaging import average_checkpoints, last_checkpoints, named_checkpoints
-from modeling.cli import positive_int
+from modeling.cli import positive_int, summary
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--checkpoint-dir", help="directory holding checkpoint-<step> directories (with --last)")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--last", type=positive_int, help="how many of the newest checkpoints to average")

@@ -15,11 +15,12 @@ The tokenizer needs sacremoses (pip install "vaswani-transformer[fairseq]"); fai
 import argparse
 import sys
 
+from modeling.cli import summary
 from modeling.fairseq import convert_fairseq
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--checkpoint", required=True, help="fairseq checkpoint, e.g. model.pt of a published archive")
     parser.add_argument("--data-bin", required=True, help="folder with dict.SRC.txt and dict.TGT.txt")
     parser.add_argument("--source-lang", required=True)

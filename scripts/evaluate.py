@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int
+from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int, summary
 from modeling.data import (
     SplitNotFoundError,
     discover_parallel_files,
@@ -38,7 +38,7 @@ SCORE_LINES = (
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     add_model_arguments(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--dataset", help="Hub dataset, e.g. wmt/wmt14")

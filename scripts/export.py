@@ -12,13 +12,13 @@ paper's GNMT length penalty or its per-sentence limit (source + 50): the export'
 import argparse
 import sys
 
-from modeling.cli import add_model_arguments
+from modeling.cli import add_model_arguments, summary
 from modeling.export import CTRANSLATE2_QUANTIZATIONS, FORMATS, export
 from modeling.translation import load_model_and_tokenizer
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     add_model_arguments(parser)
     parser.add_argument("--to", required=True, choices=FORMATS, help="the runtime to export to")
     parser.add_argument("--output-dir", required=True, help="directory to write (a previous export is replaced)")

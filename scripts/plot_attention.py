@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from modeling.attention import ATTENTION_KINDS, attention_maps, plot_attention_maps
-from modeling.cli import add_model_arguments
+from modeling.cli import add_model_arguments, summary
 from modeling.translation import load_model_and_tokenizer, translate
 
 
@@ -24,7 +24,7 @@ def head_or_mean(value: str) -> int | None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     add_model_arguments(parser)
     parser.add_argument("--source", required=True, help="source sentence")
     parser.add_argument("--target", help="target sentence (default: the model's translation)")

@@ -13,13 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from modeling.cli import summary
 from modeling.files import sole_writer
 from modeling.hub import MissingHubTokenError, check_model_dir, full_repo_id, push_model_dir, resolve_token
 from modeling.model_card import write_model_card
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--model", required=True, help="directory written by save_pretrained (model + tokenizer)")
     parser.add_argument("--repo-id", required=True, help="Hub repo to create or update, e.g. you/transformer-base")
     parser.add_argument("--private", action="store_true", help="create the repo as private")

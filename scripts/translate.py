@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr
+from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, summary
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import (
@@ -29,7 +29,7 @@ from modeling.translation import (
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     add_model_arguments(parser)
     parser.add_argument("text", nargs="*", help="sentences to translate (default: --input-file, else stdin)")
     parser.add_argument("--input-file", help="one sentence per line, plain, gzip, xz or bzip2 (-: stdin)")
