@@ -1,4 +1,4 @@
-"""Translate text with a saved or Hub model: one output line per input line, in order, empty lines kept.
+"""Translate text with a saved or Hub model: one output line per input line, in order, empty lines kept, in UTF-8.
 
     python scripts/translate.py --model runs/base_en_de/averaged "The house is small." "Hello!"
     python scripts/translate.py --model you/transformer-base --input-file news.en --output-file news.de
@@ -43,8 +43,18 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def write_stdout_in_utf8() -> None:
+    """Translations go to standard output in UTF-8, the encoding the input is read in and --output-file written in,
+    whatever the locale's: in one whose encoding lacks a character of a translation (ASCII under PYTHONUTF8=0,
+    Latin-1 and German quotes, Windows' cp1252 redirected to a file) the run ended in `'ascii' codec can't encode
+    character`, the chunk it had translated lost."""
+    if hasattr(sys.stdout, "reconfigure"):  # not where a caller replaced it with a stream of its own
+        sys.stdout.reconfigure(encoding="utf-8")
+
+
 def main() -> None:
     args = parse_args()
+    write_stdout_in_utf8()
     log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     source = args.input_file or "-"

@@ -2,6 +2,7 @@
 
 import errno
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -280,3 +281,19 @@ def test_a_directory_named_like_a_hub_id_says_it_hides_the_repo(tmp_path, monkey
         "error: 'owner/repo' has no config.json: it is not a model saved with save_pretrained (a directory of this "
         "name where the command runs is read instead of the Hub repo of that id: run it elsewhere)."
     )
+
+
+@pytest.mark.parametrize("source", ["arguments", "stdin"])
+def test_translations_reach_standard_output_in_utf8_whatever_its_locale_encoding(source, tiny_checkpoint, monkeypatch):
+    """The input is read and --output-file written as UTF-8 whatever the locale: standard output in a locale whose
+    encoding lacks a character of a translation (ASCII under PYTHONUTF8=0, Latin-1 and German quotes) ended the
+    run in `error: 'ascii' codec can't encode character '\\xdf'`, the chunk translated lost."""
+    translated = "die große Straße „heute“"
+    monkeypatch.setattr(translation, "translate", lambda model, tokenizer, lines, **_: [translated] * len(lines))
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    arguments = ["a street.", "a big street."] if source == "arguments" else []
+    stdin = None if arguments else b"a street.\na big street.\n"
+    run_script("translate.py", "--model", tiny_checkpoint[0], *arguments, monkeypatch=monkeypatch, stdin=stdin)
+    stdout.flush()
+    assert stdout.buffer.getvalue().decode("utf-8") == f"{translated}\n{translated}\n"
