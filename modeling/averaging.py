@@ -309,7 +309,9 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
         for path in newest.iterdir():
             copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
             if path.is_file() and path.suffix != ".safetensors" and copied:
-                shutil.copy2(path, staging / path.name)
+                # the content only: copy2's permissions were the checkpoint's (0666 from a run under a umask of 000,
+                # remote code among them), where every file written here has those this user's umask gives
+                shutil.copyfile(path, staging / path.name)
         contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
         save_file(contiguous, staging / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
         record = {

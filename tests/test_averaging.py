@@ -42,6 +42,23 @@ def test_average_of_two_checkpoints_is_their_mean_and_loads(tmp_path):
     assert model.generation_config.num_beams == 4, "the generation config travels with the average"
 
 
+def test_the_averages_files_get_this_users_umask_not_the_checkpoints_modes(tmp_path):
+    """Checkpoints a run under a umask of 000 wrote (world-writable), averaged under 022: the files copied from the
+    newest kept their 0666, the remote code that `trust_remote_code` runs among them; read-only ones stayed so."""
+    for step, mode in ((1000, 0o666), (2000, 0o444)):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+        for path in (tmp_path / f"checkpoint-{step}").iterdir():
+            path.chmod(mode)
+    umask = os.umask(0o022)
+    try:
+        for checkpoint in ("checkpoint-1000", "checkpoint-2000"):
+            output_dir = average_checkpoints([tmp_path / checkpoint], tmp_path / f"averaged-{checkpoint}")
+            modes = {path.name: path.stat().st_mode & 0o777 for path in output_dir.iterdir()}
+            assert "modeling_transformer.py" in modes and set(modes.values()) == {0o644}, modes
+    finally:
+        os.umask(umask)
+
+
 def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
     for name in ("checkpoint-900", "checkpoint-1000", "checkpoint-80", "runs", "checkpoint-best"):
         (tmp_path / name).mkdir()
