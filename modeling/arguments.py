@@ -23,6 +23,13 @@ logger = logging.getLogger(__name__)
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+def _home_expanded(path: str | None) -> str | None:
+    """`path` with a leading `~` expanded, as transformers expands output_dir's: no shell expands one in a config
+    file (or in `--data_dir=~/x`), and `data_dir: ~/wmt14` was `does not exist` beside an `output_dir: ~/runs` that
+    worked. Hub repo ids never start with `~`."""
+    return os.path.expanduser(path) if path is not None and path.startswith("~") else path
+
+
 def _node_count() -> int:
     """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one."""
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
@@ -100,6 +107,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             # initialized", naming no setting.
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
+        self.resume_from_checkpoint = _home_expanded(self.resume_from_checkpoint)
         super().__post_init__()
         self._take_launcher_precision()
         # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a
@@ -221,6 +229,10 @@ class ModelArguments:
     ffn_dim: int | None = field(default=None, metadata={"help": "Override d_ff."})
     dropout: float | None = field(default=None, metadata={"help": "Override P_drop (also when fine-tuning)."})
 
+    def __post_init__(self):
+        self.model_name_or_path = _home_expanded(self.model_name_or_path)
+        self.tokenizer_name_or_path = _home_expanded(self.tokenizer_name_or_path)
+
     def config_overrides(self) -> dict[str, Any]:
         """`TransformerConfig` fields set by the overrides given."""
         overrides = {
@@ -255,3 +267,6 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for tokenisation (default: the cores, for large splits)."}
     )
+
+    def __post_init__(self):
+        self.data_dir = _home_expanded(self.data_dir)

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from helpers import (
     HUB_TOKEN,
     REPO_ROOT,
@@ -72,6 +73,23 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
     config.write_text("preset: base\nsave_step: 7\n")
     with pytest.raises(ValueError, match=r"unknown arguments \['save_step'\]"):
         script.parse([str(config)])
+
+
+def test_a_config_files_paths_may_start_with_the_home_directory(tmp_path, monkeypatch):
+    """No shell expands `~` in a YAML file (nor in `--data_dir=~/x`): transformers expands output_dir's, and
+    `data_dir: ~/wmt14` beside it was `data directory ~/wmt14 does not exist`."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "run.yaml"
+    settings = {"data_dir": "~/data", "output_dir": "~/run", "resume_from_checkpoint": "~/old/checkpoint-8"}
+    settings |= {"model_name_or_path": "~/model", "tokenizer_name_or_path": "~/bpe", "report_to": "none"}
+    config.write_text(yaml.safe_dump(settings))
+    model_args, data_args, args = load_train_script().parse([str(config)])
+    assert (data_args.data_dir, args.output_dir) == (str(tmp_path / "data"), str(tmp_path / "run"))
+    assert (model_args.model_name_or_path, model_args.tokenizer_name_or_path) == (
+        str(tmp_path / "model"),
+        str(tmp_path / "bpe"),
+    )
+    assert args.resume_from_checkpoint == str(tmp_path / "old" / "checkpoint-8")
 
 
 @pytest.mark.parametrize(
