@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from functools import partial
@@ -61,6 +62,7 @@ from .batching import (
     update_batching,
 )
 from .callbacks import (
+    PREEMPTION_SIGNALS,
     PreemptionCallback,
     SamplerEpochCallback,
     SaveEveryMinutesCallback,
@@ -272,6 +274,18 @@ def _random_state_kept(device: torch.device) -> contextlib.AbstractContextManage
     return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
+def start_loader_worker(worker_id: int, *, num_workers: int, rank: int, seeded: bool) -> None:
+    """A DataLoader worker's start: it ignores the preemption signals, which the main process alone answers by
+    finishing the update and saving a checkpoint (a terminal's Ctrl-C, a scheduler's SIGTERM reach every process
+    of the job). Workers started by `spawn`, macOS' default, had the default handlers: they died, and the run
+    ended in `DataLoader worker (pid N) is killed by signal: Terminated` with no checkpoint (forked workers had
+    the main process's handler). Training workers are then seeded as transformers seeds them."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    if seeded:
+        seed_worker(worker_id, num_workers=num_workers, rank=rank)
+
+
 def _token_counts(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """[real source, padded source, real target, padded target] tokens of one batch."""
     attention_mask, labels = inputs["attention_mask"], inputs["labels"]
@@ -373,9 +387,9 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
             persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=self.args.dataloader_prefetch_factor if workers > 0 else None,
-            worker_init_fn=partial(seed_worker, num_workers=workers, rank=self.args.process_index)
-            if training
-            else None,
+            worker_init_fn=partial(
+                start_loader_worker, num_workers=workers, rank=self.args.process_index, seeded=training
+            ),
         )
         return self.accelerator.prepare(loader)
 

@@ -4,6 +4,7 @@ several processes, label smoothing in the fused loss, resuming. Everything is sy
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -1051,3 +1052,31 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
         output_dir / "checkpoint-2"
     )
     assert staging_directories(output_dir) == [], "the partial save is removed, freeing its space"
+
+
+@pytest.fixture
+def spawned_workers():
+    """DataLoader workers started as macOS starts them (`spawn`), for this test only."""
+    method = torch.multiprocessing.get_start_method()
+    torch.multiprocessing.set_start_method("spawn", force=True)
+    yield
+    torch.multiprocessing.set_start_method(method, force=True)
+
+
+@pytest.mark.usefixtures("spawned_workers")
+def test_spawned_loader_workers_outlive_the_preemption_signal_the_main_process_answers(tmp_path):
+    """A terminal's Ctrl-C and a scheduler's SIGTERM reach the workers too; the main process finishes the update
+    and saves. Spawned workers kept the default handlers and died: the run ended in `DataLoader worker (pid N) is
+    killed by signal: Terminated`, without its checkpoint."""
+    tokenizer, data = word_tokenizer(), equal_length_halves(len(word_tokenizer()))
+    args = training_args(tmp_path, max_tokens_per_device=24, dataloader_num_workers=1)
+    trainer = make_trainer(args, data, tokenizer, tiny_model(len(tokenizer)), eval_dataset=data)
+    for loader in (trainer.get_train_dataloader(), trainer.get_eval_dataloader()):
+        batches = iter(loader)
+        first = next(batches)
+        workers = multiprocessing.active_children()
+        assert len(workers) == 1
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGTERM)
+        time.sleep(1)  # the signal is delivered before the next batch is asked for
+        assert len([first, *batches]) == len(loader) > 1
