@@ -515,6 +515,7 @@ def clean_parallel_dataset(
             },
             num_proc=num_proc,
             desc=f"clean {split}",
+            new_fingerprint=_cleaning_fingerprint(ds[split], (source_lang, target_lang), max_length, max_ratio),
         )
         codes = codes_ds.with_format("arrow")["reject"].to_numpy()
         by_rule = np.bincount(codes, minlength=5)
@@ -549,6 +550,15 @@ def clean_parallel_dataset(
             )
         out[split] = ds[split].select(np.flatnonzero((codes == _KEEP) | (codes == _UNMEASURED)))
     return datasets.DatasetDict(out), counts
+
+
+def _cleaning_fingerprint(
+    part: datasets.Dataset, languages: tuple[str, str], max_length: int | None, max_ratio: float | None
+) -> str:
+    """The cache key of a split's rejection codes: the split, the rules' settings and this code. datasets' own key
+    hashes `_rejection_codes` by its name alone, so a Hub dataset (whose key says nothing of this code) was cleaned
+    from the cache by the rules of the release that first cleaned it."""
+    return datasets.fingerprint.Hasher.hash((part._fingerprint, languages, max_length, max_ratio, _code_version()))
 
 
 def _rejection_codes(

@@ -9,6 +9,7 @@ import json
 import logging
 import lzma
 import os
+import re
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -574,3 +575,21 @@ def test_multi30k_splits(tmp_path):
     }
     assert resolve_split(ds, "test") == "test_2016_flickr"
     assert all(row["en"] and row["de"] for row in ds["val"]["translation"])
+
+
+def test_cleaning_of_a_cached_dataset_follows_the_code_that_cleans_it(tmp_path, monkeypatch):
+    """A Hub dataset's cache key says nothing of this code, and datasets hashes `_rejection_codes` by its name alone:
+    an English-Chinese corpus whose pairs an older release removed by their length ratio was cleaned from the cache
+    again after the update, the pairs removed as before (as they would be after any change to the rules)."""
+    translation = [
+        {"en": "Hello!", "zh": "你好！"},
+        {"en": "The small dog sees a red ball and is happy.", "zh": "小狗看见一个红球，很高兴。"},
+    ]
+    datasets.Dataset.from_dict({"translation": translation}).save_to_disk(tmp_path / "saved")
+    ds = datasets.DatasetDict({"train": datasets.load_from_disk(tmp_path / "saved")})  # cached, as a Hub dataset is
+    with monkeypatch.context() as older_release:
+        older_release.setattr(data_module, "_code_version", lambda: "older release")
+        older_release.setattr(data_module, "_UNSEGMENTED_SCRIPT", re.compile("(?!)"))  # the rule before the fix
+        assert clean_parallel_dataset(ds, "en", "zh")[1]["train"]["kept"] == 1
+    monkeypatch.setattr(data_module, "_code_version", lambda: "this release")
+    assert clean_parallel_dataset(ds, "en", "zh")[1]["train"]["kept"] == 2
