@@ -11,7 +11,7 @@ Choices the rest of the project relies on:
   with `</s>`, which the model also uses as decoder start token (fairseq convention);
 - raw text in, raw text out: NFKC normalisation (`normalizer`), then sentencepiece-style Metaspace
   pre-tokenisation (spaces become "▁"), so `decode(encode(s)) == NFKC(s)` for any text made of characters seen in
-  training, repeated and trailing spaces included, Thai and Lao SARA AM kept whole (NFKC splits it). Two
+  training, repeated and trailing spaces included, the Thai and Lao letters NFKC splits kept whole. Two
   exceptions: unseen characters become `<unk>`, as in the paper's BPE, and one leading space is lost (Metaspace
   reads it as the word boundary it would prepend anyway). No Moses tokeniser is needed; BLEU is computed on
   detokenised text;
@@ -53,15 +53,21 @@ INVISIBLE_CHARACTERS = frozenset(
 _INVISIBLE = re.compile(f"[{''.join(sorted(INVISIBLE_CHARACTERS))}]")
 
 
-# NFKC splits Thai and Lao SARA AM ("ำ", "ຳ") into NIKHAHIT + SARA AA, which no Thai text is written with: every
-# output word with it (น้ำ "water", ทำ "do") would differ from the references and from what its readers search for.
-# Put back together after NFKC, as NFC leaves it.
-_SARA_AM = (("\u0e4d\u0e32", "\u0e33"), ("\u0ecd\u0eb2", "\u0eb3"))
+# Letters that NFKC splits into a spelling their script is not written in, put back together after it (NFC leaves
+# them whole): Thai and Lao SARA AM ("ำ", "ຳ": NIKHAHIT + SARA AA), Lao HO NO and HO MO ("ໜ", "ໝ": HO SUNG + NO / MO,
+# which Lao reads as the same letters). Split, every output word with one (น้ำ "water", ทำ "do", ໜຶ່ງ "one", ໝາ "dog")
+# would differ from the references and from what its readers search for.
+_RECOMPOSED = (
+    ("\u0e4d\u0e32", "\u0e33"),
+    ("\u0ecd\u0eb2", "\u0eb3"),
+    ("\u0eab\u0e99", "\u0edc"),
+    ("\u0eab\u0ea1", "\u0edd"),
+)
 
 
 def normalizer() -> normalizers.Normalizer:
-    """NFKC, with Thai and Lao SARA AM kept whole (`_SARA_AM`)."""
-    recompose = [normalizers.Replace(split, whole) for split, whole in _SARA_AM]
+    """NFKC, with the letters it splits that their script writes whole kept whole (`_RECOMPOSED`)."""
+    recompose = [normalizers.Replace(split, whole) for split, whole in _RECOMPOSED]
     return normalizers.Sequence([normalizers.NFKC(), *recompose])
 
 

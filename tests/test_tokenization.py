@@ -63,6 +63,7 @@ WORLD_SENTENCES = [
     "한국어 문장입니다.",  # Korean
     "ผู้หญิงดื่มน้ำและทำอาหาร",  # Thai: combining marks, SARA AM (น้ำ, ทำ)
     "ຂ້ອຍກິນນ້ຳ",  # Lao: SARA AM
+    "ໝາໜຶ່ງໂຕ",  # Lao: HO MO and HO NO (ໝາ "dog", ໜຶ່ງ "one")
     "\u200fمرحبا بكم\u200f",  # Arabic between right-to-left marks
     "שָׁלוֹם עוֹלָם",  # Hebrew with niqqud
     "می\u200cخواهم",  # Persian: a zero-width non-joiner inside the word
@@ -74,7 +75,8 @@ WORLD_SENTENCES = [
 
 def test_scripts_without_spaces_right_to_left_and_with_joiners_decode_as_they_were_written():
     """NFKC split Thai and Lao SARA AM into NIKHAHIT + SARA AA: every "น้ำ" (water) the model wrote came out as
-    "น้ํา", which no reference nor reader spells so. Nothing else here is changed, joiners and marks included."""
+    "น้ํา", which no reference nor reader spells so; and Lao HO NO and HO MO into HO SUNG + NO / MO ("ໜຶ່ງ", one, as
+    "ຫນຶ່ງ"). Nothing else here is changed, joiners and marks included."""
     tokenizer = train_shared_bpe(WORLD_SENTENCES * 3, vocab_size=200)
     for text in WORLD_SENTENCES:
         ids = tokenizer(text)["input_ids"]
