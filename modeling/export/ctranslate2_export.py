@@ -175,9 +175,10 @@ def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreT
 
 
 def _new_tokens(generation: GenerationConfig, bound: str) -> int | None:
-    """`generation`'s bound ("max" or "min") on the new tokens of every sentence, end-of-sentence included, as
-    generate() applies it: `{bound}_new_tokens`, else `{bound}_length` less the decoder start token, which
-    transformers counts in an encoder-decoder's lengths; None where it sets neither."""
+    """`generation`'s bound ("max" or "min") on the new tokens of every sentence as generate() applies it:
+    `{bound}_new_tokens`, else `{bound}_length` less the decoder start token, which transformers counts in an
+    encoder-decoder's lengths; None where it sets neither. The maximum counts the end-of-sentence, the minimum the
+    tokens before it (`min_new_tokens=5`: end-of-sentence from the 6th on), as CTranslate2's decoding lengths do."""
     new_tokens, length = getattr(generation, f"{bound}_new_tokens"), getattr(generation, f"{bound}_length")
     if new_tokens is not None:
         return new_tokens
