@@ -334,6 +334,24 @@ def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_int
     assert options["max_decoding_length"] == 64 and model.generation_config.max_length is None
 
 
+@pytest.mark.parametrize("target", ["marian", "onnx"])
+def test_exports_leave_out_the_length_a_plain_seq2seq_trainer_wrote_into_the_generation_config(
+    tokenizer, tmp_path, target
+):
+    """Exported in the process that trained it (a plain Seq2SeqTrainer's evaluation filled max_length=20 into the
+    generation config, which generate() and save_pretrained undo): the MarianMT and ONNX exports saved
+    max_length=20, and every translation their runtimes made stopped at 20 tokens."""
+    model = tiny_model(len(tokenizer))
+    model.generate(**tokenizer(["a dog."], return_tensors="pt"), max_new_tokens=2)
+    model.generation_config.max_length = 20  # the evaluation's fill
+    if target == "marian":
+        export.to_marian(model, tokenizer, tmp_path / "out")
+    else:
+        export.to_onnx(model, tmp_path / "out", tokenizer=tokenizer)
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert saved.get("max_length") == (model.config.max_position_embeddings if target == "marian" else None)
+
+
 def test_ctranslate2_options_of_fairseqs_limit_are_not_cut_at_ctranslate2s_default(tokenizer):
     model = tiny_model(len(tokenizer), max_position_embeddings=1024)
     generation = model.generation_config

@@ -84,13 +84,17 @@ def check_tokenizer_fits(model: TransformerForConditionalGeneration, tokenizer: 
 def check_model(model: Any) -> TransformerForConditionalGeneration:
     """`model`, if it is this project's translation model (the exporters read its modules). The same model loaded
     as remote code (`trust_remote_code=True`: its classes come from the checkpoint's files, not this package) is
-    rebuilt with this package's classes, its weights and generation config copied."""
+    rebuilt with this package's classes, its weights and generation config copied. The library defaults a plain
+    `Seq2SeqTrainer` wrote into the generation config are unset first, as generate() and save_pretrained unset them
+    (`undo_library_default_fill`): exported, its max_length=20 capped every translation of the runtime."""
     int8_layers = int8_layer_names(model)
     if int8_layers:
         raise ValueError(
             f"cannot export a model quantised by quantize_int8 ({len(int8_layers)} layers hold packed int8 weights, "
             f"{int8_layers[0]} among them): export the float model (CTranslate2 int8: quantization='int8')."
         )
+    if hasattr(model, "undo_library_default_fill"):  # remote code older than the method lacks it
+        model.undo_library_default_fill()
     if isinstance(model, TransformerForConditionalGeneration):
         return model
     config = getattr(model, "config", None)
