@@ -8,12 +8,14 @@ Every Hub request goes through `modeling.hub_client`: a timeout, retries on tran
 one line naming the URL and the cause.
 """
 
+import glob
 import json
 import logging
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 
 from huggingface_hub import HfApi, get_token
@@ -207,9 +209,10 @@ def push_model_dir(
 
     Uploads weights, config (with auto_map), the remote-code files (a converted fairseq model's tokenizer code
     among them), tokenizer, generation config, card and figures; pickles, optimizer states and checkpoint
-    subdirectories are left out. `upload_folder` has the Hub validate the card's metadata (`/api/validate-yaml`)
-    before uploading anything. The directory is checked first (`check_model_dir`; `verify=False` when the caller
-    just did). Hub failures raise `HubError`.
+    subdirectories are left out. The repo's top-level files of those kinds that the directory does not hold (an
+    earlier model's) are deleted in the same commit (`_stale_repo_files`). `upload_folder` has the Hub validate the
+    card's metadata (`/api/validate-yaml`) before uploading anything. The directory is checked first
+    (`check_model_dir`; `verify=False` when the caller just did). Hub failures raise `HubError`.
     """
     model_dir = check_model_dir(model_dir) if verify else Path(model_dir)
     token = resolve_token(token)
@@ -217,23 +220,51 @@ def push_model_dir(
     api = HfApi(token=token)
     repo_url = hub_call(api.create_repo, repo_id, private=private, exist_ok=True, repo_type="model")
     ignore_patterns = list(IGNORE_PATTERNS)  # a fresh list: upload_folder extends it in place
-    delete_patterns = []
     card = model_dir / "README.md"
     if card.is_file() and CURVES_FILE.encode() not in card.read_bytes():
         # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted
-        # here (the file may be the user's), and deleted from the repo, where an earlier push may have put them.
+        # here (the file may be the user's); an earlier push's copy leaves the repo with the other stale files.
         ignore_patterns.append(CURVES_FILE)
-        delete_patterns.append(CURVES_FILE)
+    stale = _stale_repo_files(api, repo_url.repo_id, _uploaded_names(model_dir, ignore_patterns))
+    if stale:
+        logger.warning(
+            "Deleting from %s the files of its previous model that this push does not replace: %s",
+            repo_url.repo_id,
+            ", ".join(stale),
+        )
     hub_call(
         api.upload_folder,
         repo_id=repo_url.repo_id,
         folder_path=model_dir,
         allow_patterns=list(UPLOAD_PATTERNS),
         ignore_patterns=ignore_patterns,
-        delete_patterns=delete_patterns or None,
+        delete_patterns=[glob.escape(name) for name in stale] or None,
         commit_message=commit_message,
     )
     return str(repo_url)
+
+
+def _uploaded_names(model_dir: Path, ignore_patterns: list[str]) -> set[str]:
+    """The names of the top-level files that `upload_folder` uploads from `model_dir` with these patterns."""
+    return {
+        path.name
+        for path in model_dir.iterdir()
+        if path.is_file()
+        and any(fnmatch(path.name, pattern) for pattern in UPLOAD_PATTERNS)
+        and not any(fnmatch(path.name, pattern) for pattern in ignore_patterns)
+    }
+
+
+def _stale_repo_files(api: HfApi, repo_id: str, uploaded: set[str]) -> list[str]:
+    """The repo's top-level files of the kinds a push uploads (`UPLOAD_PATTERNS`) that this push does not replace:
+    an earlier model's, deleted in the push's commit. Left in place, they describe or even are another model: a
+    `model.safetensors` beside a new sharded index is what `from_pretrained` loads, and an earlier conversion's
+    record, scores or tokenizer files would stand beside the new model. Subfolders (a user's exports) stay."""
+    return sorted(
+        name
+        for name in hub_call(api.list_repo_files, repo_id)
+        if "/" not in name and name not in uploaded and any(fnmatch(name, pattern) for pattern in UPLOAD_PATTERNS)
+    )
 
 
 def full_repo_id(repo_id: str, token: str) -> str:

@@ -11,6 +11,7 @@ from helpers import HUB_TOKEN, closed_port_endpoint, save_tiny_checkpoint, stall
 from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
+from modeling import TransformerForConditionalGeneration
 from modeling.arguments import TranslationTrainingArguments
 from modeling.export import to_ctranslate2
 from modeling.files import write_json
@@ -236,3 +237,32 @@ def test_the_test_hub_writes_times_as_huggingface_hub_reads_them(hub):
     api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
     api.create_repo("user/times")
     assert api.model_info("user/times").last_modified is not None
+
+
+def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, monkeypatch, converted_fairseq_dir):
+    """A repo holding a converted fairseq model (one model.safetensors, its conversion record and tokenizer files),
+    then a sharded native model pushed into it: before, the old model.safetensors stayed beside the new index, and
+    `from_pretrained` loaded it, the old weights, without a word. Files of other kinds and subfolders (a user's)
+    stay."""
+    from huggingface_hub import HfApi, constants
+
+    endpoint, root = hub
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    repo_id = "tester/replaced"
+    push_model_dir(converted_fairseq_dir, repo_id, token=HUB_TOKEN)
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.upload_file(path_or_fileobj=b"a user's export", path_in_repo="onnx/model.json", repo_id=repo_id)
+    api.upload_file(path_or_fileobj=b"Apache-2.0", path_in_repo="LICENSE", repo_id=repo_id)
+    model_dir = tmp_path / "model"
+    model, _ = save_tiny_checkpoint(model_dir)
+    (model_dir / "model.safetensors").unlink()
+    model.save_pretrained(model_dir, max_shard_size="20KB")
+
+    push_model_dir(model_dir, repo_id, token=HUB_TOKEN)
+    stored = root / repo_id
+    assert {path.name for path in stored.iterdir() if path.is_file()} == {
+        path.name for path in model_dir.iterdir()
+    } | {"LICENSE"}
+    assert (stored / "onnx" / "model.json").is_file()
+    loaded = TransformerForConditionalGeneration.from_pretrained(stored)  # what `from_pretrained(repo_id)` reads
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
