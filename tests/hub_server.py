@@ -18,7 +18,8 @@ Endpoints, as `huggingface_hub` calls them (hf_api.py, _commit_api.py, file_down
 - `HEAD`/`GET /{ns}/{name}/resolve/{rev}/{path}` with `X-Repo-Commit`, `ETag` and `Content-Length`; errors carry
   the `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`) that the client maps to exceptions.
 Writes need `Authorization: Bearer <token>`; reads of private repos too. A wrong token is a 401 everywhere.
-Only the `main` branch (or the current commit sha) exists.
+Only the `main` branch exists; every commit of it stays readable by its sha (`revision=<sha>` downloads), as on the
+Hub, its files kept by content under `DIR/.objects/`.
 """
 
 import argparse
@@ -70,6 +71,10 @@ class Repo:
     sha: str
     files: dict[str, str] = field(default_factory=dict)  # path -> oid
     last_modified: str = field(default_factory=hub_time)
+    history: dict[str, dict[str, str]] = field(default_factory=dict)  # commit sha -> its files (path -> oid)
+
+    def __post_init__(self) -> None:
+        self.history.setdefault(self.sha, dict(self.files))
 
 
 class HubError(Exception):
@@ -120,10 +125,15 @@ class HubState:
         return repo
 
     def revision(self, repo_id: str, rev: str, authorized: bool) -> Repo:
+        """The repo as `rev` (the branch, or any of its commits) has it."""
         repo = self.repo(repo_id, authorized)
-        if unquote(rev) not in (BRANCH, repo.sha):
+        sha = repo.sha if unquote(rev) == BRANCH else unquote(rev)
+        if sha not in repo.history:
             raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-        return repo
+        return Repo(repo.private, sha, repo.history[sha], repo.last_modified, repo.history)
+
+    def blob(self, oid: str) -> Path:
+        return self.root / ".objects" / oid
 
     def file_path(self, repo_id: str, path: str) -> Path:
         target = (self.root / repo_id / path).resolve()
@@ -146,8 +156,11 @@ class HubState:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             repo.files[path] = git_blob_oid(data)
+            self.blob(repo.files[path]).parent.mkdir(exist_ok=True)
+            self.blob(repo.files[path]).write_bytes(data)
         tree = json.dumps(sorted(repo.files.items()))
         repo.sha = hashlib.sha1(f"{repo.sha}\n{summary}\n{tree}".encode()).hexdigest()
+        repo.history[repo.sha] = dict(repo.files)
         repo.last_modified = hub_time()
         return repo.sha
 
@@ -289,7 +302,7 @@ class Handler(BaseHTTPRequestHandler):
     def repo_info(self, repo: str, rev: str = BRANCH) -> int:
         info = self.state.revision(repo, rev, self.authorized)
         siblings = [
-            {"rfilename": path, "size": self.state.file_path(repo, path).stat().st_size, "blobId": oid}
+            {"rfilename": path, "size": self.state.blob(oid).stat().st_size, "blobId": oid}
             for path, oid in sorted(info.files.items())
         ]
         payload = {
@@ -316,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
             if "/" in rest and not recursive:
                 folders.add(prefix + rest.split("/")[0])
                 continue
-            size = self.state.file_path(repo, file_path).stat().st_size
+            size = self.state.blob(oid).stat().st_size
             entries.append({"type": "file", "path": file_path, "size": size, "oid": oid})
         entries += [{"type": "directory", "path": folder, "oid": "0" * 40} for folder in sorted(folders)]
         if path and not entries:
@@ -329,7 +342,7 @@ class Handler(BaseHTTPRequestHandler):
         oid = info.files.get(path)
         if oid is None:
             raise HubError(404, "Entry not found", "EntryNotFound", headers)
-        body = self.state.file_path(repo, path).read_bytes()
+        body = self.state.blob(oid).read_bytes()
         self._send(200, body, {**headers, "ETag": f'"{oid}"'}, "application/octet-stream")
         return 200
 
