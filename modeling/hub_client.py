@@ -23,8 +23,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from huggingface_hub import constants, file_exists, is_offline_mode, set_client_factory, try_to_load_from_cache
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub import (
+    constants,
+    file_exists,
+    hf_hub_download,
+    is_offline_mode,
+    set_client_factory,
+    try_to_load_from_cache,
+)
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import _http as hf_http
 
@@ -209,6 +216,24 @@ def missing_from_cache(repo_id: str, revision: str | None, wanted: list[tuple[st
         return all(_cached(repo_id, shard, revision) for shard in shards)
 
     return [" or ".join(names) for names in wanted if not any(present(name) for name in names)]
+
+
+def pinned_commit(repo_id: str, revision: str | None) -> str | None:
+    """The commit that `revision` (None: main) of the Hub repo `repo_id` is at now, for every file of one load to
+    come from: transformers resolves the branch anew for each file, so a push landing during a load (a download of
+    the weights takes minutes) gave the weights of one model and the tokenizer of the next, without a word.
+
+    Found by downloading config.json, which every load reads first: that also records the branch's commit in the
+    cache, which a load by commit would not (and offline loads look the branch up there). Offline, or where the Hub
+    does not tell (unreachable, no such repo or file, no access), `revision` as given: the load then reads the cache,
+    or fails naming the cause, as it would have."""
+    if is_offline_mode():
+        return revision
+    try:
+        config = hf_hub_download(repo_id, "config.json", revision=revision)
+    except (OSError, EntryNotFoundError, httpx2.HTTPError):
+        return revision
+    return Path(config).parent.name  # snapshots/<commit>/config.json
 
 
 def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[str, ...]]) -> FileNotFoundError | None:

@@ -55,6 +55,7 @@ from .hub_client import (
     looks_like_local_path,
     naming_hub_failures,
     offline_cache_error,
+    pinned_commit,
     use_hub_timeouts,
 )
 from .tokenization import is_blank
@@ -587,7 +588,8 @@ def load_model_and_tokenizer(
 
     Importing this module imports `modeling`, whose registration makes the installed classes load the
     checkpoint: no downloaded code is executed. `revision` (a Hub repo's branch, tag or commit) pins what a Hub id
-    loads; offline (HF_HUB_OFFLINE=1), a cache that lacks any of its files is named before loading.
+    loads, and every file of a Hub id comes from the one commit it names when loading starts (`pinned_commit`);
+    offline (HF_HUB_OFFLINE=1), a cache that lacks any of its files is named before loading.
     `attn_implementation="eager"` is needed to return attention weights.
     """
     if os.path.isdir(name_or_path):
@@ -613,6 +615,7 @@ def load_model_and_tokenizer(
         not_cached = offline_cache_error(name_or_path, revision, MODEL_REPO_FILES)
         if not_cached:
             raise not_cached
+        revision = pinned_commit(name_or_path, revision)
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
         try:
             config = AutoConfig.from_pretrained(name_or_path, revision=revision)

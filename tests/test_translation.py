@@ -30,6 +30,7 @@ from helpers import (
     synthetic_pairs,
     tiny_tokenizer,
     tiny_translator,
+    train_shared_bpe,
     word_tokenizer,
 )
 from transformers import AutoTokenizer, GenerationConfig
@@ -467,6 +468,41 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
     expected = rf"^Could not load 'user/tiny' from the Hub: \w+ {endpoint}/.*: cannot connect"
     with pytest.raises(HubError, match=expected):
         load_model_and_tokenizer("user/tiny")
+
+
+def test_a_push_landing_during_a_load_does_not_mix_two_models(hub, tmp_path, monkeypatch):
+    """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
+    so a push landing in between gave the first model's weights with the second one's tokenizer, without a word."""
+    from huggingface_hub import constants, hf_api
+
+    from modeling.hub import push_model_dir
+
+    endpoint, _ = hub
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    first, second = tmp_path / "first", tmp_path / "second"
+    model, tokenizer = save_tiny_checkpoint(first)
+    texts = [text for pair in synthetic_pairs(200, seed=9) for text in pair]
+    other_tokenizer = train_shared_bpe(texts, vocab_size=len(tokenizer), min_frequency=1)
+    tiny_translator(len(other_tokenizer), seed=1).save_pretrained(second)
+    other_tokenizer.save_pretrained(second)
+    sentence = "the small dog sees a red ball."
+    assert other_tokenizer(sentence)["input_ids"] != tokenizer(sentence)["input_ids"]
+    push_model_dir(first, "tester/race", token=HUB_TOKEN)
+    load_weights = translation.AutoModelForSeq2SeqLM.from_pretrained
+
+    def weights_then_a_push(*args, **kwargs):
+        weights = load_weights(*args, **kwargs)
+        push_model_dir(second, "tester/race", token=HUB_TOKEN)
+        return weights
+
+    monkeypatch.setattr(translation.AutoModelForSeq2SeqLM, "from_pretrained", weights_then_a_push)
+    loaded, loaded_tokenizer = load_model_and_tokenizer("tester/race", device="cpu")
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+    assert loaded_tokenizer(sentence)["input_ids"] == tokenizer(sentence)["input_ids"], "the tokenizer of the weights"
 
 
 SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
