@@ -186,14 +186,17 @@ def weight_files(directory: str | os.PathLike) -> list[Path]:
     return sorted(directory.glob("*.safetensors"))
 
 
-def weights_problems(directory: str | os.PathLike) -> list[str]:
-    """What is wrong with a model directory's weights: none found, or a truncated or unreadable file."""
+def weights_problems(directory: str | os.PathLike, *, missing_ok: bool = False) -> list[str]:
+    """What is wrong with a model directory's weights: none found, or a truncated or unreadable file. With
+    `missing_ok` (a Hub cache's snapshot, where files not yet downloaded are absent), only those there are judged."""
     directory = Path(directory)
     try:
         files = weight_files(directory)
     except (OSError, ValueError, KeyError) as error:
         return [f"{WEIGHTS_INDEX_NAME} cannot be read ({type(error).__name__}: {error})"]
-    if not files:
+    if missing_ok:
+        files = [path for path in files if path.exists()]
+    elif not files:
         return [f"no weights ({WEIGHTS_NAME})"]
     return [problem for path in files if (problem := safetensors_problem(path))]
 

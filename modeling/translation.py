@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -577,6 +578,25 @@ def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from error
 
 
+def _refuse_cut_short_cached_weights(repo_id: str, revision: str | None) -> None:
+    """Refuse the weights of `repo_id` at `revision` that the Hub cache holds cut short (a copy of the cache, or a
+    disk filling up, interrupted: huggingface_hub's own downloads are whole or absent), naming the file:
+    `from_pretrained` uses a cached file unchecked, and safetensors' error names none. Files not yet cached are
+    downloaded, and checked, by huggingface_hub."""
+    config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if not isinstance(config, str):
+        return
+    snapshot = Path(config).parent
+    problems = weights_problems(snapshot, missing_ok=True)
+    if problems:
+        at = f" --revision {revision}" if revision else ""
+        raise ValueError(
+            f"The Hub cache holds {repo_id!r} with incomplete weights in {snapshot}: {'; '.join(problems)} (a copy "
+            f"of the cache, or a download, cut short): download them again with `hf download {repo_id}{at} "
+            "--force-download`."
+        )
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -639,6 +659,8 @@ def load_model_and_tokenizer(
                     f"{name_or_path!r} holds incomplete weights: {'; '.join(problems)}. The file was cut short "
                     "(an interrupted save or copy): save or copy the model again."
                 )
+        elif not os.path.isdir(name_or_path):
+            _refuse_cut_short_cached_weights(name_or_path, revision)
         model_kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, revision=revision, **model_kwargs)
         tokenizer = _load_tokenizer(name_or_path, revision)

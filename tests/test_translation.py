@@ -470,19 +470,25 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
         load_model_and_tokenizer("user/tiny")
 
 
-def test_a_push_landing_during_a_load_does_not_mix_two_models(hub, tmp_path, monkeypatch):
-    """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
-    so a push landing in between gave the first model's weights with the second one's tokenizer, without a word."""
+@pytest.fixture
+def hub_here(hub, tmp_path, monkeypatch):
+    """The loopback Hub for this process's loads and pushes, with an empty cache: (endpoint, storage root)."""
     from huggingface_hub import constants, hf_api
 
-    from modeling.hub import push_model_dir
-
-    endpoint, _ = hub
+    endpoint, root = hub
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
     monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
     template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    return endpoint, root
+
+
+def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch):
+    """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
+    so a push landing in between gave the first model's weights with the second one's tokenizer, without a word."""
+    from modeling.hub import push_model_dir
+
     first, second = tmp_path / "first", tmp_path / "second"
     model, tokenizer = save_tiny_checkpoint(first)
     texts = [text for pair in synthetic_pairs(200, seed=9) for text in pair]
@@ -503,6 +509,28 @@ def test_a_push_landing_during_a_load_does_not_mix_two_models(hub, tmp_path, mon
     loaded, loaded_tokenizer = load_model_and_tokenizer("tester/race", device="cpu")
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
     assert loaded_tokenizer(sentence)["input_ids"] == tokenizer(sentence)["input_ids"], "the tokenizer of the weights"
+
+
+def test_weights_cut_short_in_the_hub_cache_are_named_in_one_line(hub_here, tiny_checkpoint):
+    """A cache copied to a node without internet, the copy cut short: from_pretrained used the cached file
+    unchecked and failed with safetensors' "incomplete metadata", a traceback naming no file."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    endpoint, _ = hub_here
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo("tester/cut")
+    commit = api.upload_folder(folder_path=tiny_checkpoint[0], repo_id="tester/cut").oid
+    weights = Path(snapshot_download("tester/cut")) / "model.safetensors"
+    content = weights.resolve().read_bytes()
+    weights.resolve().chmod(0o644)
+    weights.resolve().write_bytes(content[: len(content) // 2])
+    with pytest.raises(ValueError) as error:
+        load_model_and_tokenizer("tester/cut", device="cpu")
+    assert str(error.value) == (
+        f"The Hub cache holds 'tester/cut' with incomplete weights in {weights.parent}: model.safetensors is "
+        f"truncated ({len(content) // 2} bytes, expected {len(content)}) (a copy of the cache, or a download, cut "
+        f"short): download them again with `hf download tester/cut --revision {commit} --force-download`."
+    )
 
 
 SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
