@@ -223,6 +223,9 @@ class ModelArguments:
         default=None,
         metadata={"aliases": ["--tokenizer"], "help": "Use this tokenizer instead of training a shared BPE."},
     )
+    # Not an option: the commit that model_revision (None: main) of model_name_or_path's Hub repo was at when this
+    # launch first read it (`check_fine_tuning_source`), which every later read of the repo takes.
+    model_commit: str | None = field(default=None, init=False)
     d_model: int | None = field(default=None, metadata={"help": "Override the preset's d_model."})
     num_layers: int | None = field(default=None, metadata={"help": "Override N, encoder and decoder layers."})
     num_heads: int | None = field(default=None, metadata={"help": "Override h, attention heads."})

@@ -94,6 +94,7 @@ from .hub_client import (
     holds_tokenizer,
     looks_like_local_path,
     offline_cache_error,
+    pinned_commit,
     use_hub_timeouts,
 )
 from .modeling_transformer import TransformerForConditionalGeneration
@@ -566,14 +567,19 @@ def _tokenizer(
 
 
 def _revision_of(name: str, model_args: ModelArguments) -> dict[str, str]:
-    """`from_pretrained`'s revision argument for loading `name`: `model_revision`, when `name` is the model's repo."""
-    revision = model_args.model_revision
+    """`from_pretrained`'s revision argument for loading `name`: the commit `model_revision` was pinned to, else
+    `model_revision` itself, when `name` is the model's repo."""
+    revision = model_args.model_commit or model_args.model_revision
     return {"revision": revision} if revision is not None and name == model_args.model_name_or_path else {}
 
 
 def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     """The model_type of `model_name_or_path`, refused in one line unless it is this project's or MarianMT's.
-    Offline (HF_HUB_OFFLINE=1), a Hub cache that lacks the files to load it is named first."""
+    Offline (HF_HUB_OFFLINE=1), a Hub cache that lacks the files to load it is named first.
+
+    A Hub repo's revision is pinned here to the commit it is at (`model_args.model_commit`, see `pinned_commit`):
+    its tokenizer, weights and conversion record are read minutes apart, and a push landing in between would mix
+    two models."""
     name, revision = model_args.model_name_or_path, model_args.model_revision
     if name is None:
         if revision is not None:
@@ -586,6 +592,8 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     not_cached = offline_cache_error(name, revision, MODEL_REPO_FILES[:1]) if hub_id else None
     if not_cached:
         raise not_cached
+    if hub_id:
+        model_args.model_commit = pinned_commit(name, revision)
     try:
         model_type = AutoConfig.from_pretrained(name, **_revision_of(name, model_args)).model_type
     except (OSError, ValueError) as error:

@@ -16,7 +16,7 @@ from helpers import (
     synthetic_pairs,
 )
 from hub_server import running_hub_server
-from huggingface_hub import constants, set_client_factory
+from huggingface_hub import constants, hf_api, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
 import modeling.hub_client as hub_client
@@ -73,6 +73,18 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     with running_hub_server(root, HUB_TOKEN) as endpoint:
         yield endpoint, root
+
+
+@pytest.fixture
+def hub_here(hub, tmp_path, monkeypatch):
+    """The loopback Hub for this process's loads and pushes, with an empty cache: (endpoint, storage root)."""
+    endpoint, root = hub
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    return endpoint, root
 
 
 @pytest.fixture(scope="module")

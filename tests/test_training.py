@@ -23,8 +23,10 @@ from helpers import (
     copy_dataset,
     losses,
     make_trainer,
+    save_tiny_checkpoint,
     tiny_config,
     tiny_model,
+    tiny_translator,
     training_args,
     word_for_word,
     word_tokenizer,
@@ -1040,3 +1042,21 @@ def test_a_requeue_at_another_model_revision_is_another_run_and_an_identity_reco
     for revision in (None, "v2"):  # a run recorded before the field existed, pinned or not: the same run
         training._check_same_run(identity(revision), tmp_path, None)
         assert not identity_differences(recorded_before, identity(revision)), "averaged as one run"
+
+
+def test_fine_tuning_a_hub_repo_reads_it_at_the_commit_of_its_first_read(hub_here, tmp_path):
+    """Its config, tokenizer, weights and conversion record are read minutes apart (the data is read in between):
+    each followed the branch, so a push landing in between fine-tuned one model's weights with the next one's
+    tokenizer, or recorded the next one's origin."""
+    from modeling.hub import push_model_dir
+    from modeling.training import _revision_of, check_fine_tuning_source
+
+    model, tokenizer = save_tiny_checkpoint(tmp_path / "first")
+    tiny_translator(len(tokenizer), seed=1).save_pretrained(tmp_path / "second")
+    tokenizer.save_pretrained(tmp_path / "second")
+    push_model_dir(tmp_path / "first", "tester/base", token=HUB_TOKEN)
+    model_args = ModelArguments(model_name_or_path="tester/base")
+    assert check_fine_tuning_source(model_args) == TransformerConfig.model_type
+    push_model_dir(tmp_path / "second", "tester/base", token=HUB_TOKEN)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained("tester/base", **_revision_of("tester/base", model_args))
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())

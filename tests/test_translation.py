@@ -470,20 +470,6 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
         load_model_and_tokenizer("user/tiny")
 
 
-@pytest.fixture
-def hub_here(hub, tmp_path, monkeypatch):
-    """The loopback Hub for this process's loads and pushes, with an empty cache: (endpoint, storage root)."""
-    from huggingface_hub import constants, hf_api
-
-    endpoint, root = hub
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
-    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    return endpoint, root
-
-
 def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch):
     """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
     so a push landing in between gave the first model's weights with the second one's tokenizer, without a word."""
