@@ -24,7 +24,15 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, TrainingArguments
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-from .checkpoints import CURVES_FILE, DATA_STATS_FILE, TRAINER_STATE_NAME, TRAINING_ARGS_FILE, safetensors_problem
+from .checkpoints import (
+    CURVES_FILE,
+    DATA_STATS_FILE,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_FILE,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    safetensors_problem,
+)
 from .export.common import refuse_an_export
 from .files import sole_writer
 from .hub_client import hub_call
@@ -75,6 +83,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
             "(so that save_pretrained copies the remote code and writes auto_map) and save the tokenizer "
             "into the same directory."
         )
+    _check_one_set_of_weights(model_dir)
     verify_model_files(model_dir)
     if "auto_map" not in read_json(model_dir / "config.json"):
         raise ValueError(f"{model_dir}/config.json has no auto_map: save the model with `import modeling` done.")
@@ -114,6 +123,20 @@ def _missing_shards(model_dir: Path) -> list[str]:
     except (KeyError, TypeError, AttributeError, ValueError):
         raise ValueError(f"{index} has no weight_map of tensor names to shard files: refusing to push it.") from None
     return [f"{name} (named by {index.name})" for name in sorted(shards) if not (model_dir / name).is_file()]
+
+
+def _check_one_set_of_weights(model_dir: Path) -> None:
+    """Refuse a directory holding both a `model.safetensors` and a sharded index: `save_pretrained` with shards
+    leaves an earlier single file in place (it deletes earlier shards only), and `from_pretrained` loads the single
+    file and ignores the index, so the repo would serve the earlier weights."""
+    single, index = model_dir / WEIGHTS_NAME, model_dir / WEIGHTS_INDEX_NAME
+    if single.is_file() and index.is_file():
+        newer = max((single, index), key=lambda path: path.stat().st_mtime)
+        raise ValueError(
+            f"{model_dir} holds both {single.name} and {index.name}: the weights of two saves, of which "
+            f"from_pretrained loads {single.name} only. Delete the earlier save's weights (the newer file is "
+            f"{newer.name}), then push again."
+        )
 
 
 def _check_tokenizer(model_dir: Path) -> None:

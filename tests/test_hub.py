@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HUB_TOKEN, closed_port_endpoint, save_tiny_checkpoint, stalled_endpoint, synthetic_pairs
+from helpers import (
+    HUB_TOKEN,
+    closed_port_endpoint,
+    save_tiny_checkpoint,
+    stalled_endpoint,
+    synthetic_pairs,
+    tiny_translator,
+)
 from huggingface_hub import metadata_load
 
 import modeling.hub as hub_module
@@ -216,6 +223,20 @@ def test_check_model_dir_names_a_missing_shard(tmp_path):
     shards[-1].unlink()
     with pytest.raises(FileNotFoundError, match=rf"lacks {shards[-1].name} \(named by model\.safetensors\.index"):
         check_model_dir(tmp_path)
+
+
+def test_check_model_dir_refuses_the_weights_of_two_saves(tmp_path):
+    """Saved sharded over a single file: save_pretrained deletes earlier shards only, and from_pretrained loads
+    model.safetensors first, so the pushed repo served the earlier weights."""
+    save_tiny_checkpoint(tmp_path)
+    tiny_translator(96, seed=1).save_pretrained(tmp_path, max_shard_size="20KB")
+    with pytest.raises(ValueError) as error:
+        check_model_dir(tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path} holds both model.safetensors and model.safetensors.index.json: the weights of two saves, of "
+        "which from_pretrained loads model.safetensors only. Delete the earlier save's weights (the newer file is "
+        "model.safetensors.index.json), then push again."
+    )
 
 
 def test_a_text_file_that_is_not_utf8_is_scanned_for_the_token(tmp_path, monkeypatch):
