@@ -282,11 +282,16 @@ def _stale_repo_files(api: HfApi, repo_id: str, uploaded: set[str]) -> list[str]
     """The repo's top-level files of the kinds a push uploads (`UPLOAD_PATTERNS`) that this push does not replace:
     an earlier model's, deleted in the push's commit. Left in place, they describe or even are another model: a
     `model.safetensors` beside a new sharded index is what `from_pretrained` loads, and an earlier conversion's
-    record, scores or tokenizer files would stand beside the new model. Subfolders (a user's exports) stay."""
+    record, scores or tokenizer files would stand beside the new model. Subfolders (a user's exports) stay, and so
+    do pages and figures (`*.md`, `*.png` but the training curves, which the card manages): a user's own, which no
+    loading reads."""
     return sorted(
         name
         for name in hub_call(api.list_repo_files, repo_id)
-        if "/" not in name and name not in uploaded and any(fnmatch(name, pattern) for pattern in UPLOAD_PATTERNS)
+        if "/" not in name
+        and name not in uploaded
+        and any(fnmatch(name, pattern) for pattern in UPLOAD_PATTERNS)
+        and (name == CURVES_FILE or not any(fnmatch(name, pattern) for pattern in ("*.md", "*.png")))
     )
 
 
