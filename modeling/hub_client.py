@@ -174,12 +174,18 @@ def naming_hub_failures(what: str) -> Iterator[None]:
     try:
         yield
     except (OSError, httpx2.TransportError) as error:
-        cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, httpx2.TransportError):
-            cause = cause.__cause__ or cause.__context__
+        cause = _failed_connection(error)
         if cause is None:
             raise
         raise HubError(f"{what}: {_one_line(cause, 1)} ({OFFLINE_HINT})") from error
+
+
+def _failed_connection(error: BaseException) -> httpx2.TransportError | None:
+    """The timeout or failed connection behind `error`, if one is (the error itself, or a cause of it)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, httpx2.TransportError):
+        cause = cause.__cause__ or cause.__context__
+    return cause
 
 
 def looks_like_local_path(name: str) -> bool:
@@ -225,13 +231,16 @@ def pinned_commit(repo_id: str, revision: str | None) -> str | None:
 
     Found by downloading config.json, which every load reads first: that also records the branch's commit in the
     cache, which a load by commit would not (and offline loads look the branch up there). Offline, or where the Hub
-    does not tell (unreachable, no such repo or file, no access), `revision` as given: the load then reads the cache,
-    or fails naming the cause, as it would have."""
+    does not tell (no such repo or file, no access), `revision` as given: the load then fails naming the cause, as it
+    would have. A Hub that cannot be reached raises here (`naming_hub_failures` names it): the load would wait for
+    it again, through every retry, before failing the same way."""
     if is_offline_mode():
         return revision
     try:
         config = hf_hub_download(repo_id, "config.json", revision=revision)
-    except (OSError, EntryNotFoundError, httpx2.HTTPError):
+    except (OSError, EntryNotFoundError, httpx2.HTTPError) as error:
+        if _failed_connection(error) is not None:
+            raise
         return revision
     return Path(config).parent.name  # snapshots/<commit>/config.json
 

@@ -592,9 +592,9 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     not_cached = offline_cache_error(name, revision, MODEL_REPO_FILES[:1]) if hub_id else None
     if not_cached:
         raise not_cached
-    if hub_id:
-        model_args.model_commit = pinned_commit(name, revision)
     try:
+        if hub_id:
+            model_args.model_commit = pinned_commit(name, revision)
         model_type = AutoConfig.from_pretrained(name, **_revision_of(name, model_args)).model_type
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot fine-tune {name}: its config does not load ({str(error).splitlines()[0]})") from None

@@ -635,8 +635,9 @@ def load_model_and_tokenizer(
         not_cached = offline_cache_error(name_or_path, revision, MODEL_REPO_FILES)
         if not_cached:
             raise not_cached
-        revision = pinned_commit(name_or_path, revision)
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
+        if not os.path.isdir(name_or_path):
+            revision = pinned_commit(name_or_path, revision)
         try:
             config = AutoConfig.from_pretrained(name_or_path, revision=revision)
         except OSError as error:

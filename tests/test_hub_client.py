@@ -40,3 +40,28 @@ def test_without_a_factory_of_the_users_the_library_default_gets_the_bound(quick
     use_hub_timeouts()
     hooks = get_session().event_hooks["request"]
     assert len(hooks) == 2, "huggingface_hub's own request hook, then the bound"
+
+
+def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable_hub(monkeypatch):
+    """`pinned_commit` swallowed a failed connection too, and the load then waited for the Hub again through every
+    retry before failing the same way: 55 s instead of 28 s with VASWANI_HUB_TIMEOUT=0.5 (8 retries), twice
+    the wait with any timeout."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    from modeling import hub_client
+
+    def unreachable(*args, **kwargs):
+        try:
+            raise httpx2.ConnectError("[Errno 111] Connection refused")
+        except httpx2.ConnectError as error:  # huggingface_hub wraps it so, with nothing cached
+            raise LocalEntryNotFoundError("cannot find the requested files in the local cache") from error
+
+    monkeypatch.setattr(hub_client, "hf_hub_download", unreachable)
+    with pytest.raises(LocalEntryNotFoundError):
+        hub_client.pinned_commit("someorg/somemodel", None)
+
+    def missing(*args, **kwargs):
+        raise EntryNotFoundError("404 Client Error: config.json")
+
+    monkeypatch.setattr(hub_client, "hf_hub_download", missing)
+    assert hub_client.pinned_commit("someorg/somemodel", "v1") == "v1", "the load names the missing file itself"
