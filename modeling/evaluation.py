@@ -19,8 +19,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .checkpoints import weight_files, weights_record
 from .files import file_states, iter_lines, write_text
 from .generation_transformer import MODEL_DECODING_FIELDS
+from .hub_client import looks_like_local_path
 from .scoring import corpus_scores
-from .translation import as_lines, load_model_and_tokenizer, translate, translate_file
+from .translation import as_lines, load_model_and_tokenizer, pinned_hub_revision, translate, translate_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,14 @@ def load_scored_model(
     name_or_path: str, *, revision: str | None = None, device: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     """`load_model_and_tokenizer`, and what an evaluation record says of the model: `model`, `model_commit` (a Hub
-    id's, read from the cache it was just loaded from) and `model_weights` (its weight files, sizes and sha256). A
-    directory's weights are hashed before loading, not after the translating (an average replacing them meanwhile
-    is not what was scored), and refused if they changed (`file_states`) while they were hashed and loaded: which
-    were loaded, nothing says."""
+    id's: the commit it was loaded at, pinned before loading) and `model_weights` (its weight files, sizes and
+    sha256). A directory's weights are hashed before loading, not after the translating (an average replacing them
+    meanwhile is not what was scored), and refused if they changed (`file_states`) while they were hashed and
+    loaded: which were loaded, nothing says."""
     local = Path(name_or_path).is_dir()
+    if not os.path.exists(name_or_path) and not looks_like_local_path(name_or_path):  # a Hub id
+        # Loaded at its commit, which the record names: the cache's branch may move on meanwhile.
+        revision = pinned_hub_revision(name_or_path, revision)
     states = _weight_file_states(name_or_path) if local else None  # before hashing: what is hashed is what loads
     model_weights = weights_record(name_or_path) if local else None
     model, tokenizer = load_model_and_tokenizer(name_or_path, revision=revision, device=device)
@@ -56,7 +60,7 @@ def load_scored_model(
             "evaluate it once they are written"
         )
     model_commit = None
-    if model_weights is None:  # a Hub id: the snapshot just loaded, named by its commit in the cache
+    if model_weights is None:  # a Hub id: the snapshot of the commit just loaded
         snapshot = Path(try_to_load_from_cache(name_or_path, "config.json", revision=revision)).parent
         model_weights, model_commit = weights_record(snapshot), snapshot.name
     scored = {"model": name_or_path, "model_commit": model_commit, "model_weights": model_weights}

@@ -597,6 +597,20 @@ def _refuse_cut_short_cached_weights(repo_id: str, revision: str | None) -> None
         )
 
 
+def pinned_hub_revision(repo_id: str, revision: str | None) -> str | None:
+    """The commit of the Hub repo `repo_id` that a load at `revision` takes every file from (`pinned_commit`; offline,
+    `revision` itself), with the Hub's timeouts in force; offline, a cache that lacks any of the model's files is
+    named first, and a Hub that cannot be reached is named in one line. A caller that records what it loaded pins
+    first and loads at the commit: the cache's branch may move on during the load (another process's load after a
+    push)."""
+    use_hub_timeouts()
+    not_cached = offline_cache_error(repo_id, revision, MODEL_REPO_FILES)
+    if not_cached:
+        raise not_cached
+    with naming_hub_failures(f"Could not load {repo_id!r} from the Hub"):
+        return pinned_commit(repo_id, revision)
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -631,13 +645,8 @@ def load_model_and_tokenizer(
     elif looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
-        use_hub_timeouts()
-        not_cached = offline_cache_error(name_or_path, revision, MODEL_REPO_FILES)
-        if not_cached:
-            raise not_cached
+        revision = pinned_hub_revision(name_or_path, revision)
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
-        if not os.path.isdir(name_or_path):
-            revision = pinned_commit(name_or_path, revision)
         try:
             config = AutoConfig.from_pretrained(name_or_path, revision=revision)
         except OSError as error:

@@ -5,10 +5,20 @@ import json
 import logging
 import shutil
 import unicodedata
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from helpers import EchoModel, synthetic_pairs, tiny_model, tiny_tokenizer, tiny_translator
+from helpers import (
+    HUB_TOKEN,
+    EchoModel,
+    save_tiny_checkpoint,
+    synthetic_pairs,
+    tiny_model,
+    tiny_tokenizer,
+    tiny_translator,
+)
+from huggingface_hub import HfApi, constants
 
 from modeling import translation
 from modeling.checkpoints import weights_record
@@ -56,6 +66,33 @@ def test_a_python_users_evaluation_records_the_weights_a_model_card_checks(tiny_
     tiny_model(len(tokenizer), seed=5).save_pretrained(model_dir)  # trained again since
     with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
         collect_card_inputs([tmp_path / "eval"], model_dir)
+
+
+def test_a_hub_models_record_names_the_commit_loaded_when_the_cache_moved_on(hub_here, tmp_path, monkeypatch):
+    """The record read the commit from the cache's branch after loading: another process's load of the repo after a
+    push (a shared HF_HOME) moved it on meanwhile, and the record named the next commit and its weights, not those
+    scored."""
+    from modeling.hub import push_model_dir
+    from modeling.hub_client import pinned_commit
+
+    save_tiny_checkpoint(tmp_path / "first")
+    save_tiny_checkpoint(tmp_path / "second")
+    tiny_translator(len(tiny_tokenizer()), seed=1).save_pretrained(tmp_path / "second")
+    push_model_dir(tmp_path / "first", "tester/scored", token=HUB_TOKEN)
+    first = HfApi(endpoint=hub_here[0], token=HUB_TOKEN).model_info("tester/scored").sha
+    load_weights = translation.AutoModelForSeq2SeqLM.from_pretrained
+
+    def weights_then_another_load_after_a_push(*args, **kwargs):
+        weights = load_weights(*args, **kwargs)
+        push_model_dir(tmp_path / "second", "tester/scored", token=HUB_TOKEN)
+        pinned_commit("tester/scored", None)  # another process starting to load it: the cache's main moves on
+        return weights
+
+    monkeypatch.setattr(translation.AutoModelForSeq2SeqLM, "from_pretrained", weights_then_another_load_after_a_push)
+    _, _, scored = load_scored_model("tester/scored", device="cpu")
+    assert scored["model_commit"] == first
+    snapshot = Path(constants.HF_HUB_CACHE) / "models--tester--scored" / "snapshots" / first
+    assert scored["model_weights"] == weights_record(snapshot)
 
 
 def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
