@@ -29,6 +29,7 @@ from .checkpoints import (
     DATA_STATS_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
+    VOCABULARY_FILES,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     safetensors_problem,
@@ -278,20 +279,40 @@ def _uploaded_names(model_dir: Path, ignore_patterns: list[str]) -> set[str]:
     }
 
 
+# The project's remote-code modules, which save_pretrained copies into a model directory (the model's, and a
+# converted fairseq model's tokenizer): an earlier model's copies are the only `.py` files a push deletes (a user's
+# own example.py stays).
+REMOTE_CODE_MODULES = frozenset(
+    path.name
+    for path in Path(__file__).parent.glob("*.py")
+    if path.stem.endswith("_transformer") or path.stem.startswith("tokenization_")
+)
+
+
+def _is_model_file(name: str) -> bool:
+    """Whether a repo's top-level file is of what a model directory is made of, which loading reads or which
+    describes the model: weights, JSON (configs, tokenizer files, records, scores), a tokenizer's vocabulary, the
+    project's remote code, the card's curves. Not a user's own pages, figures, notes or code."""
+    return (
+        fnmatch(name, "*.safetensors")
+        or fnmatch(name, "*.json")
+        or fnmatch(name, "*.model")
+        or name in VOCABULARY_FILES
+        or name in REMOTE_CODE_MODULES
+        or name == CURVES_FILE
+    )
+
+
 def _stale_repo_files(api: HfApi, repo_id: str, uploaded: set[str]) -> list[str]:
-    """The repo's top-level files of the kinds a push uploads (`UPLOAD_PATTERNS`) that this push does not replace:
-    an earlier model's, deleted in the push's commit. Left in place, they describe or even are another model: a
-    `model.safetensors` beside a new sharded index is what `from_pretrained` loads, and an earlier conversion's
-    record, scores or tokenizer files would stand beside the new model. Subfolders (a user's exports) stay, and so
-    do pages and figures (`*.md`, `*.png` but the training curves, which the card manages): a user's own, which no
-    loading reads."""
+    """The repo's top-level model files (`_is_model_file`) that this push does not replace: an earlier model's,
+    deleted in the push's commit. Left in place, they describe or even are another model: a `model.safetensors`
+    beside a new sharded index is what `from_pretrained` loads, and an earlier conversion's record, scores or
+    tokenizer files would stand beside the new model. Subfolders (a user's exports) stay, and so do a user's own
+    pages, figures, notes and code (`USAGE.md`, `requirements.txt`, `example.py`), which no loading reads."""
     return sorted(
         name
         for name in hub_call(api.list_repo_files, repo_id)
-        if "/" not in name
-        and name not in uploaded
-        and any(fnmatch(name, pattern) for pattern in UPLOAD_PATTERNS)
-        and (name == CURVES_FILE or not any(fnmatch(name, pattern) for pattern in ("*.md", "*.png")))
+        if "/" not in name and name not in uploaded and _is_model_file(name)
     )
 
 

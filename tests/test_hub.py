@@ -263,8 +263,8 @@ def test_the_test_hub_writes_times_as_huggingface_hub_reads_them(hub):
 def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, monkeypatch, converted_fairseq_dir):
     """A repo holding a converted fairseq model (one model.safetensors, its conversion record and tokenizer files),
     then a sharded native model pushed into it: before, the old model.safetensors stayed beside the new index, and
-    `from_pretrained` loaded it, the old weights, without a word. Files of other kinds, pages, figures and
-    subfolders (a user's) stay."""
+    `from_pretrained` loaded it, the old weights, without a word. A user's own files (a licence, pages, figures,
+    notes, code) and subfolders stay."""
     from huggingface_hub import HfApi, constants
 
     endpoint, root = hub
@@ -274,7 +274,7 @@ def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, mon
     api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
     api.upload_file(path_or_fileobj=b"a user's export", path_in_repo="onnx/model.json", repo_id=repo_id)
     api.upload_file(path_or_fileobj=b"Apache-2.0", path_in_repo="LICENSE", repo_id=repo_id)
-    for page_or_figure in ("USAGE.md", "bleu_by_length.png", "training_curves.png"):
+    for page_or_figure in ("USAGE.md", "bleu_by_length.png", "requirements.txt", "example.py", "training_curves.png"):
         api.upload_file(path_or_fileobj=b"a user's own", path_in_repo=page_or_figure, repo_id=repo_id)
     model_dir = tmp_path / "model"
     model, _ = save_tiny_checkpoint(model_dir)
@@ -285,7 +285,7 @@ def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, mon
     stored = root / repo_id
     assert {path.name for path in stored.iterdir() if path.is_file()} == {
         path.name for path in model_dir.iterdir()
-    } | {"LICENSE", "USAGE.md", "bleu_by_length.png"}
+    } | {"LICENSE", "USAGE.md", "bleu_by_length.png", "requirements.txt", "example.py"}
     assert (stored / "onnx" / "model.json").is_file()
     assert not (stored / "training_curves.png").exists(), "the previous model's curves, which the card manages"
     loaded = TransformerForConditionalGeneration.from_pretrained(stored)  # what `from_pretrained(repo_id)` reads
