@@ -236,6 +236,15 @@ ROW_WISE_LOGITS_PROCESSORS = (
 ROW_WISE_STOPPING_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
 
 
+def _sees_each_row_alone(processor: LogitsProcessor) -> bool:
+    """Whether `processor` is one of `ROW_WISE_LOGITS_PROCESSORS` and holds nothing per row of the batch: a repetition
+    penalty's `prompt_ignore_length` given as a tensor holds one value per row and refuses a batch of any other size
+    ("Incompatible `prompt_ignore_length` batch size"), so it cannot see a batch that has dropped sentences."""
+    if isinstance(processor, logits_process.RepetitionPenaltyLogitsProcessor):
+        return not isinstance(processor.prompt_ignore_length, torch.Tensor)
+    return isinstance(processor, ROW_WISE_LOGITS_PROCESSORS)
+
+
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
 # transformers' own loop, since the batch could not be cut safely.
 PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
@@ -645,7 +654,7 @@ class TransformerGenerationMixin(GenerationMixin):
                 isinstance(value, (torch.Tensor, ModelOutput)) and name not in PER_ROW_GENERATION_KWARGS
                 for name, value in model_kwargs.items()
             )
-            or not all(isinstance(p, ROW_WISE_LOGITS_PROCESSORS) for p in logits_processor)
+            or not all(map(_sees_each_row_alone, logits_processor))
             or not all(isinstance(c, ROW_WISE_STOPPING_CRITERIA) for c in stopping_criteria)
         )
 

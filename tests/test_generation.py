@@ -5,8 +5,25 @@ import json
 
 import pytest
 import torch
-from helpers import EOS, PAD, batch, copy_dataset, fairseq_beam_search, tiny_config, tiny_model, word_tokenizer
-from transformers import DataCollatorForSeq2Seq, GenerationConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from helpers import (
+    EOS,
+    PAD,
+    batch,
+    copy_dataset,
+    fairseq_beam_search,
+    right_padded,
+    tiny_config,
+    tiny_model,
+    word_tokenizer,
+)
+from transformers import (
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    LogitsProcessorList,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from modeling import TransformerForConditionalGeneration
 from modeling.generation_transformer import (
@@ -299,6 +316,22 @@ def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_n
     prompt = torch.tensor([[EOS, 5], [EOS, 6]])  # a decoder prompt longer than the start token
     model.generate(**inputs, decoder_input_ids=prompt, max_length_offset=4)
     assert not steps, "hooks on the bypassed stack, training mode and decoder prompts take transformers' loop"
+
+
+def test_a_processor_holding_a_value_per_row_takes_transformers_loop(decoder_steps):
+    # sentences 0 and 3 end at the first step and would leave the batch; a repetition penalty's prompt_ignore_length
+    # given per row (B·K values) then refused the smaller batch: "Incompatible `prompt_ignore_length` batch size"
+    inputs = right_padded([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS], [13, 14, EOS], [20, 21, 22, 23, 24, EOS]], PAD)
+    model = tiny_model(50)
+
+    def penalty():
+        rows = torch.ones(4 * 4, dtype=torch.long)  # 4 sentences x 4 beams, the decoder start token ignored
+        return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=rows)])
+
+    settings = {"num_beams": 4, "max_length_offset": 8}
+    library = model.generate(**inputs, **settings, logits_processor=penalty(), return_dict_in_generate=True)
+    assert model.generate(**inputs, **settings, logits_processor=penalty()).tolist() == library.sequences.tolist()
+    assert not decoder_steps
 
 
 def test_generation_refuses_a_source_without_tokens_naming_the_row():
