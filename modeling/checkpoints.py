@@ -175,14 +175,16 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
 
 
 def weight_files(directory: str | os.PathLike) -> list[Path]:
-    """The safetensors files of a model directory (shards of an index, or model.safetensors)."""
+    """The safetensors files of a model directory that `from_pretrained` loads: model.safetensors where there is
+    one, even beside an index (a sharded save leaves an earlier single file in place), else the shards of the
+    index."""
     directory = Path(directory)
+    if (directory / WEIGHTS_NAME).is_file():
+        return [directory / WEIGHTS_NAME]
     index = directory / WEIGHTS_INDEX_NAME
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         return [directory / shard for shard in shards]
-    if (directory / WEIGHTS_NAME).is_file():
-        return [directory / WEIGHTS_NAME]
     return sorted(directory.glob("*.safetensors"))
 
 

@@ -6,7 +6,9 @@ import logging
 
 import pytest
 import tokenizers
-from helpers import save_trainer_checkpoint, word_tokenizer
+import torch
+from helpers import save_tiny_checkpoint, save_trainer_checkpoint, word_tokenizer
+from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerFast
 
 from modeling.checkpoints import (
@@ -21,8 +23,10 @@ from modeling.checkpoints import (
     safetensors_problem,
     saved_vocabulary_fingerprint,
     vocabulary_fingerprint,
+    weight_files,
     write_completeness_marker,
 )
+from modeling.modeling_transformer import TransformerForConditionalGeneration
 
 
 def truncate(path, keep: float = 0.5) -> None:
@@ -125,3 +129,17 @@ def test_a_config_field_only_one_side_has_is_no_difference():
     assert identity_differences(recorded, {"config": {"d_model": 32, "new_field": 1}, "seed": 0}) == []
     assert identity_differences(recorded, {"config": {"d_model": 64}, "seed": 0}) == ["config.d_model"]
     assert identity_differences(recorded, {"config": {"d_model": 32}}) == ["seed"], "outside config, all fields count"
+
+
+def test_the_weight_files_are_those_from_pretrained_loads_where_a_sharded_save_left_a_single_file(tmp_path):
+    """A sharded save over a single-file one leaves model.safetensors beside the new index, and from_pretrained loads
+    model.safetensors: the run's records (weights_record) and averaging read the shards instead."""
+    first, _ = save_tiny_checkpoint(tmp_path)
+    torch.manual_seed(1)
+    second = TransformerForConditionalGeneration(first.config)
+    second.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and (tmp_path / "model.safetensors").is_file()
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path).state_dict()
+    [read] = [load_file(path) for path in weight_files(tmp_path)]
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in read.items())
+    assert torch.equal(read["model.shared.weight"], first.state_dict()["model.shared.weight"])
