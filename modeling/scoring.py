@@ -83,8 +83,9 @@ _ISO_639_1 = {
     **dict.fromkeys(("mya", "bur"), "my"),
     **dict.fromkeys(("bod", "tib"), "bo"),
 }
-# Languages written without spaces between words (ISO 639-1), in which Moses tokenisation finds no words.
-_UNSEGMENTED_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "km", "my", "bo"})
+# Languages written without spaces between words (ISO 639-1, else 639-3), in which Moses tokenisation finds no
+# words: the Chinese varieties written in Han characters (Cantonese, Classical, Wu, Gan) among them.
+_UNSEGMENTED_LANGUAGES = frozenset({"zh", "yue", "lzh", "wuu", "gan", "ja", "th", "lo", "km", "my", "bo"})
 
 
 def scoring_language(code: str) -> str:

@@ -104,7 +104,13 @@ def test_chinese_is_scored_with_sacrebleus_chinese_tokenisation_whatever_the_cod
 
 @pytest.mark.parametrize(
     ("code", "references"),
-    [("zh", CHINESE_REFERENCES), ("zho_Hans", CHINESE_REFERENCES), ("th", ["ผู้หญิงกินน้ำ", "ผู้ชายชอบน้ำ"])],
+    [
+        ("zh", CHINESE_REFERENCES),
+        ("zho_Hans", CHINESE_REFERENCES),
+        ("lzh", CHINESE_REFERENCES),  # Classical Chinese; Wu, Gan and Cantonese too
+        ("wuu", CHINESE_REFERENCES),
+        ("th", ["ผู้หญิงกินน้ำ", "ผู้ชายชอบน้ำ"]),
+    ],
 )
 def test_tokenised_bleu_is_not_computed_into_languages_without_spaces_between_words(code, references):
     """Moses splits off punctuation only there: its "tokens" are whole clauses, matched or not as a whole."""
