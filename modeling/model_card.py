@@ -466,14 +466,10 @@ def _conversion_decoding_changed(conversion: dict[str, Any] | None, generation_c
     return any(generation_config.get(name) != value for name, value in conversion["decoding"].items())
 
 
-def _eval_results_metadata(
-    results: Sequence[dict[str, Any]],
-    dataset_name: str | None,
-    decoding: dict[str, Any] | None = None,
-    direction: tuple[str, str] | None = None,
-) -> list[EvalResult]:
+def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str | None) -> list[EvalResult]:
+    """The `model-index` entries of `results`, each the model's own score on its whole split (no `result_caveats`)."""
     metadata = []
-    for result in filter(lambda result: not result_caveats(result, decoding, direction), results):
+    for result in results:
         dataset = result.get("dataset") or dataset_name or "unknown"
         pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
         for key, metric_type, metric_name in CARD_METRICS:
@@ -541,7 +537,9 @@ def render_model_card(
     target_lang = target_lang or first.get("target_lang") or (conversion or {}).get("target_lang")
     dataset_name = _public(dataset_name)
     decoding = model_decoding(generation_config) or _paper_decoding()  # without the file, generate() does the paper's
-    metadata = _eval_results_metadata(eval_results, dataset_name, decoding, known)
+    caveats = [result_caveats(result, decoding, known) for result in eval_results]
+    own_scores = [result for result, said in zip(eval_results, caveats, strict=True) if not said]
+    metadata = _eval_results_metadata(own_scores, dataset_name)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(
         model_name=model_name if metadata else None,
@@ -564,7 +562,7 @@ def render_model_card(
         "dataset_name": dataset_name,
         "example_sentence": _EXAMPLE_SENTENCES.get(source_lang or "", "A sentence to translate."),
         "eval_results": list(eval_results),
-        "eval_caveats": [result_caveats(result, decoding, known) for result in eval_results],
+        "eval_caveats": caveats,
         "decoding": describe_decoding(generation_config),
         "metrics": [(key, name) for key, _, name in CARD_METRICS],
         "architecture": [(label, config[key]) for key, label in ARCHITECTURE_FIELDS if key in config],
