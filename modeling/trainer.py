@@ -224,13 +224,11 @@ def _checkpoint_batching(checkpoint: str | os.PathLike) -> dict[str, int] | None
 
 def _precision(arguments: dict[str, Any]) -> str:
     """The precision a run's training arguments ask of its updates: bf16 or fp16 mixed precision, else fp32."""
-    return (
-        "bf16 mixed precision"
-        if arguments.get("bf16")
-        else "fp16 mixed precision"
-        if arguments.get("fp16")
-        else "fp32"
-    )
+    if arguments.get("bf16"):
+        return "bf16 mixed precision"
+    if arguments.get("fp16"):
+        return "fp16 mixed precision"
+    return "fp32"
 
 
 def _describe_batching(batching: dict[str, int]) -> str:
