@@ -558,8 +558,7 @@ class TransformerGenerationMixin(GenerationMixin):
     def _beam_search(
         self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
     ):
-        penalty_type = getattr(generation_config, "length_penalty_type", None)
-        if (penalty_type or MODEL_DECODING_DEFAULTS["length_penalty_type"]) == "gnmt":
+        if getattr(generation_config, "length_penalty_type", None) == "gnmt":  # unset: transformers' form
             generation_config = copy.copy(generation_config)
             generation_config.length_penalty = GNMTLengthPenalty(generation_config.length_penalty)
         finalization = _BEAM_FINALIZATION.set(
