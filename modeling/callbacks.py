@@ -221,7 +221,7 @@ class PreemptionCallback(TrainerCallback):
             return True
         try:
             self._previous = {
-                sig: signal.signal(sig, self._handle)
+                sig: self._take_over(signal.signal(sig, self._handle), sig)
                 for sig in self.signals
                 # What the process was started ignoring stays ignored, as Python leaves it: a shell starts `train &`
                 # in a script with SIGINT ignored, so that Ctrl-C in the script's terminal does not reach it.
@@ -231,6 +231,17 @@ class PreemptionCallback(TrainerCallback):
             self._previous = {}
             return False
         return True
+
+    def _take_over(self, replaced, sig: signal.Signals):
+        """The handler to restore in place of `replaced`. A handler that kept the signals while the libraries loaded
+        (scripts/train.py's `SignalsAtLaunch`: it has `received` and `replaced`) hands over: what it received counts
+        as received here, so that the run stops before training, and what it replaced is restored in its place."""
+        if not (hasattr(replaced, "received") and hasattr(replaced, "replaced")):
+            return replaced
+        if replaced.received is not None and self.requested is None:
+            self.requested, self._requested_at = replaced.received, time.monotonic()
+            logger.warning("Got %s while the run was starting: stopping before training", replaced.received.name)
+        return replaced.replaced.get(sig, signal.SIG_DFL)
 
     def restore(self) -> None:
         """Put the previous handlers back."""

@@ -16,12 +16,45 @@ the same where a launcher such as torchrun turns the workers' 75 into its own 1)
 (a traceback for what no check foresaw).
 """
 
+import signal
+import sys
+
+
+class SignalsAtLaunch:
+    """Keeps the first preemption signal that comes while the libraries load (importing torch and transformers
+    takes 5-9 s on a busy node), for `PreemptionCallback`, which takes it over as received: the run then stops
+    before training, with preempted.json and exit code 75. Without it, the signal's default action killed the
+    launch (143, no record), which README's requeue loop reports as a failure. Later signals meanwhile are the same
+    request: the launch stops within seconds."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
+        self.received: signal.Signals | None = None
+        self.replaced = {  # what the process was started ignoring stays ignored, as PreemptionCallback leaves it
+            sig: signal.signal(sig, self) for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN
+        }
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def release(self) -> None:
+        """Put back the handlers it replaced where it is still in place (no callback took over: the run failed
+        before training), so that a caller that goes on (IPython's `%run`, a test) gets its own back."""
+        for sig, handler in self.replaced.items():
+            if signal.getsignal(sig) is self:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+# Before the imports below, and only in the process that runs this file (not one that imports it); the signals
+# are modeling.callbacks.PREEMPTION_SIGNALS, which cannot be imported before torch.
+SIGNALS_AT_LAUNCH = (
+    SignalsAtLaunch((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)) if __name__ == "__main__" else None
+)
+
 import argparse
 import atexit
 import logging
 import os
-import signal
-import sys
 import traceback
 import typing
 
@@ -133,6 +166,14 @@ def die_of(received: signal.Signals) -> None:
 
 
 def main() -> None:
+    try:
+        run()
+    finally:
+        if SIGNALS_AT_LAUNCH is not None:
+            SIGNALS_AT_LAUNCH.release()
+
+
+def run() -> None:
     try:
         model_args, data_args, training_args = parse(sys.argv[1:])
     except (OSError, ValueError) as error:

@@ -36,7 +36,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling import arguments
 from modeling.arguments import TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS
+from modeling.callbacks import PREEMPTION_SIGNALS, PreemptionCallback, SignalledBeforeTraining
 from modeling.checkpoints import checkpoint_problems
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
@@ -536,6 +536,62 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     assert sorted(actual_losses) == list(range(1, 61))
     for update in range(step + 1, 61):
         assert actual_losses[update] == pytest.approx(expected_losses[update], rel=1e-5, abs=1e-6), update
+
+
+def handles(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: the SigCgt mask of /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (sig - 1) & 1)
+
+
+def test_a_signal_while_the_libraries_load_stops_the_launch_with_75_and_preempted_json(tmp_path):
+    """A scheduler's SIGTERM in the first seconds of a launch, while torch and transformers are imported: no
+    handler existed yet, so it killed the launch with 143 and no preempted.json, which README's requeue loop reports
+    as a failure. The signal is sent as soon as the process handles SIGTERM at all."""
+    data_dir = write_corpus(tmp_path / "data", 20, word_for_word)
+    config = write_run_config(tmp_path / "run.yaml", data_dir, tmp_path / "run", max_steps=5)
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "train.py"),
+        str(config),
+        "--resume_from_checkpoint",
+        "last",
+    ]
+    env = subprocess_env(HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while process.poll() is None and not handles(process.pid, signal.SIGTERM):
+            time.sleep(0.002)
+        process.send_signal(signal.SIGTERM)
+        stderr = process.communicate(timeout=120)[1]
+    finally:
+        process.kill()
+    assert process.returncode == 75, stderr[-3000:]
+    assert "Got SIGTERM while the run was starting: stopping before training" in stderr
+    record = json.loads((tmp_path / "run" / "preempted.json").read_text())
+    assert record["signal"] == "SIGTERM" and record["step"] == 0 and record["checkpoint"] is None
+
+
+def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_then_restored():
+    script = load_train_script()
+    assert set(PREEMPTION_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}, "the script names them too"
+    previous = signal.getsignal(signal.SIGUSR1)
+    at_launch = script.SignalsAtLaunch((signal.SIGUSR1,))
+    signal.raise_signal(signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)
+    assert at_launch.received == signal.SIGUSR1
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        assert callback.requested == signal.SIGUSR1
+        with pytest.raises(SignalledBeforeTraining):
+            with callback.stopping_at_once():
+                pass
+    assert signal.getsignal(signal.SIGUSR1) is previous, "the handler from before the launch is back, not the keeper"
+
+    unused = script.SignalsAtLaunch((signal.SIGUSR1,))  # a launch that failed before training: nothing took over
+    unused.release()
+    assert signal.getsignal(signal.SIGUSR1) is previous
 
 
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
