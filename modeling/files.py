@@ -8,9 +8,11 @@ old file or the new one, never a mix. Directories are built under `NAME.partial`
 (`atomic_directory`), or their files moved one by one into a directory that also holds other things
 (`replace_files`, the final model beside the checkpoints); one writer at a time (`sole_writer`).
 
-A write that fails because the disk is full raises `DiskFullError`, one line naming the path: errno ENOSPC, or
-any error (torch and safetensors report a full disk as a bare "write failed") while the file system has almost no
-free space left.
+A write that fails because the disk is full raises `DiskFullError`, one line naming the path: errno ENOSPC or
+EDQUOT (a user's quota, a cluster's scratch space), or any error (torch and safetensors report a full disk as a
+bare "write failed") while the file system has almost no free space left. One that the file system refuses for
+another reason (an NFS server's EIO, a file system remounted read-only) raises `UnwritableError`, one line naming
+the path and the reason (`write_error`).
 
 Every text file the project reads (corpora, sources to translate, references, hypotheses) goes through
 `iter_lines`: UTF-8 only, one "\n" per line, gzip, xz and bzip2 decompressed (recognised by their bytes), each
@@ -55,11 +57,12 @@ class UnwritableError(OSError):
 
 
 class DiskFullError(UnwritableError):
-    """A write failed for lack of space; the message is one line naming the path."""
+    """A write failed for lack of space (`code`: ENOSPC, or EDQUOT for a quota); the message is one line naming
+    the path."""
 
-    def __init__(self, path: str | os.PathLike, free: int | None = None):
+    def __init__(self, path: str | os.PathLike, free: int | None = None, code: int = errno.ENOSPC):
         where = f" ({free / 2**20:.1f} MiB free)" if free is not None else ""
-        super().__init__(errno.ENOSPC, f"No space left on device while writing {os.fspath(path)}{where}")
+        super().__init__(code, f"{os.strerror(code)} while writing {os.fspath(path)}{where}")
         self.path = os.fspath(path)
 
 
@@ -75,20 +78,73 @@ def _free_bytes(path: str | os.PathLike) -> int | None:
 
 
 def disk_full_error(error: BaseException, path: str | os.PathLike) -> DiskFullError | None:
-    """`DiskFullError` for `path` if `error` (or its cause) is a full disk, else None.
+    """`DiskFullError` for `path` if `error` (or its cause) is a full disk or quota, else None.
 
     Call it before removing what the failed write left: that is what fills the disk."""
     if isinstance(error, DiskFullError):
         return error
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return DiskFullError(path, _free_bytes(path))
-        seen = seen.__cause__ or seen.__context__
+    codes = [code for code, _ in _os_errors(error)]
+    if errno.ENOSPC in codes:
+        return DiskFullError(path, _free_bytes(path))
+    if errno.EDQUOT in codes:  # the disk's free space says nothing of the user's quota
+        return DiskFullError(path, code=errno.EDQUOT)
     free = _free_bytes(path)
     if free is not None and free < NEARLY_FULL_BYTES:
         return DiskFullError(path, free)
     return None
+
+
+def write_error(error: BaseException, path: str | os.PathLike) -> UnwritableError | None:
+    """One line naming `path` for a write that failed in the file system: `disk_full_error`'s, else an
+    `UnwritableError` with the reason the file system gave (EIO from an NFS server, EROFS, ...), or, for torch's
+    writer, which gives none, its own words. None for an error that names its file already (`open`'s, `rename`'s)
+    and for one that is not the file system's (a bug's: its traceback says more). Call it before removing what
+    the failed write left."""
+    if isinstance(error, UnwritableError):
+        return error
+    full = disk_full_error(error, path)
+    if full is not None:
+        return full
+    code, seen = next(_os_errors(error), (None, None))
+    if code is not None:
+        if getattr(seen, "filename", None) is not None:
+            return None
+        # "[Errno 5] Input/output error" alone: a write's or an fsync's, which name no file
+        return UnwritableError(code, f"{os.strerror(code)} while writing {os.fspath(path)}")
+    words = next((str(seen) for seen in _chain(error) if _TORCH_WRITER_FAILED.search(str(seen))), None)
+    if words is not None:
+        return UnwritableError(
+            errno.EIO,
+            f"Writing {os.fspath(path)} failed ({words.splitlines()[0]}), with free space on its disk: a quota "
+            "that is full, or a file system error",
+        )
+    return None
+
+
+# torch's file writer reports a failed write without errno: "[enforce fail at inline_container.cc:672] . unexpected
+# pos 576 vs 534" (caused by "basic_ios::clear: iostream error"), or "PytorchStreamWriter failed writing file ...".
+_TORCH_WRITER_FAILED = re.compile(r"inline_container\.cc|PytorchStreamWriter|iostream error")
+# safetensors (Rust) reports one in words only: "Error while serializing: I/O error: Disk quota exceeded (os error
+# 122)".
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what caused it, and so on."""
+    seen: BaseException | None = error
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _os_errors(error: BaseException) -> Iterator[tuple[int, BaseException]]:
+    """Each error in `error`'s chain that has an errno (an OSError, or a Rust library's error whose message ends in
+    its number), with that errno."""
+    for seen in _chain(error):
+        if isinstance(seen, OSError) and seen.errno is not None:
+            yield seen.errno, seen
+        elif (match := _OS_ERROR_CODE.search(str(seen))) is not None:
+            yield int(match[1]), seen
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -171,7 +227,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     For writers that take a file name (`safetensors.torch.save_file`, `torch.save`, `Figure.savefig` with an
     explicit `format`). On failure the temporary file is removed and `path` is left as it was; a full disk
-    raises `DiskFullError`. A link at `path` stays, and the file it points to is replaced.
+    raises `DiskFullError`, another refusal of the file system `UnwritableError` (`write_error`). A link at
+    `path` stays, and the file it points to is replaced.
     """
     path = _written(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,10 +240,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         fsync_path(temporary)
         os.replace(temporary, path)
     except BaseException as error:
-        full = disk_full_error(error, path) if isinstance(error, Exception) else None
+        refused = write_error(error, path) if isinstance(error, Exception) else None
         temporary.unlink(missing_ok=True)
-        if full is not None:
-            raise full from error
+        if refused is not None:
+            raise refused from error
         raise
     fsync_path(path.parent)
 
@@ -344,15 +401,15 @@ def undeletable(path: Path) -> Path | None:
 
 @contextmanager
 def _removed_on_failure(staging: Path, target: Path) -> Iterator[None]:
-    """`staging` removed on any failure inside the block; one of a full disk raised as `DiskFullError` naming
-    `target`."""
+    """`staging` removed on any failure inside the block; one of the file system (a full disk, an I/O error) raised
+    as `write_error`'s, naming `target`."""
     try:
         yield
     except BaseException as error:
-        full = disk_full_error(error, target) if isinstance(error, Exception) else None
+        refused = write_error(error, target) if isinstance(error, Exception) else None
         remove_tree(staging)
-        if full is not None:
-            raise full from error
+        if refused is not None:
+            raise refused from error
         raise
 
 

@@ -80,12 +80,12 @@ from .checkpoints import (
     write_completeness_marker,
 )
 from .files import (
-    disk_full_error,
     publish_tree,
     remove_tree,
     replace_files,
     swap_directory,
     undeletable,
+    write_error,
     write_json,
     write_text,
 )
@@ -710,11 +710,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self._rotate_complete_checkpoints(run_dir, final)
 
     def _abandon_checkpoint(self, staging_root: Path, final: Path, failure: Exception | None) -> None:
-        full = disk_full_error(failure, final) if failure is not None else None
+        unwritable = write_error(failure, final) if failure is not None else None
         if self.args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
-        if full is not None:
-            raise full from failure
+        if unwritable is not None:
+            raise unwritable from failure
         if failure is not None:
             raise failure
         raise SaveFailedOnAnotherProcessError(
@@ -824,11 +824,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         except Exception as error:
             failure = error
         if any_rank(failure is not None, self.args.device):
-            full = disk_full_error(failure, output_dir) if failure is not None else None
+            unwritable = write_error(failure, output_dir) if failure is not None else None
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
-            if full is not None:
-                raise full from failure
+            if unwritable is not None:
+                raise unwritable from failure
             raise failure or SaveFailedOnAnotherProcessError(
                 f"Saving the model to {output_dir} failed on another process (its error says why)."
             )

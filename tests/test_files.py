@@ -88,9 +88,52 @@ def test_an_error_without_errno_on_a_nearly_full_disk_is_a_full_disk(tmp_path, m
         with atomic_path(tmp_path / "optimizer.pt"):
             raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
-    with pytest.raises(RuntimeError, match="file write failed"):  # plenty of space: not blamed on the disk
+    failed = r"Writing .*optimizer\.pt failed \(PytorchStreamWriter .*\), with free space on its disk: a quota that"
+    with pytest.raises(UnwritableError, match=failed) as error:  # plenty of space: not blamed on the disk
         with atomic_path(tmp_path / "optimizer.pt"):
             raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    assert not isinstance(error.value, DiskFullError)
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded while writing {path}"),
+        (OSError(errno.EIO, "Input/output error"), "Input/output error while writing {path}"),
+        # safetensors (Rust) gives its errno in words only
+        (
+            RuntimeError("Error while serializing: I/O error: Disk quota exceeded (os error 122)"),
+            "Disk quota exceeded",
+        ),
+        # torch's writer gives none: quota or NFS, "unexpected pos" and a traceback were all a user saw
+        (
+            RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
+            "Writing {path} failed",
+        ),
+    ],
+)
+def test_a_quota_or_an_io_error_is_one_line_naming_the_file_and_the_old_content_stays(
+    tmp_path, monkeypatch, failure, message
+):
+    """A cluster's scratch quota (EDQUOT) and an NFS server's EIO, as Python, safetensors and torch report them: the
+    bare "[Errno 122] Disk quota exceeded" named no file, the others ended in a traceback."""
+    path = write_text(tmp_path / "trainer_state.json", "old\n")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    with pytest.raises(UnwritableError) as error:
+        with atomic_path(path):
+            raise failure
+    assert str(error.value).startswith(message.format(path=path)) and "\n" not in str(error.value)
+    assert isinstance(error.value, DiskFullError) == ("quota" in message)
+    assert path.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_an_error_that_names_its_file_or_is_no_file_systems_is_raised_as_it_is(tmp_path):
+    for failure in (PermissionError(errno.EACCES, "Permission denied", "config.json"), KeyError("step")):
+        with pytest.raises(type(failure)) as error:
+            with atomic_path(tmp_path / "config.json"):
+                raise failure
+        assert error.value is failure
 
 
 def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_path):
@@ -277,7 +320,7 @@ def test_a_swap_whose_last_rename_fails_puts_the_old_directory_back(tmp_path, mo
 
     def refuse_the_new_one(source, destination):
         if str(source).endswith(".partial"):
-            raise OSError(errno.EXDEV, "cannot rename")
+            raise OSError(errno.EXDEV, "cannot rename", str(source), str(destination))  # as os.replace names them
         replace(source, destination)
 
     monkeypatch.setattr(files_module.os, "replace", refuse_the_new_one)

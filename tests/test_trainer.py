@@ -1,6 +1,7 @@
 """Tests of modeling/trainer.py: token budgets through the Trainer, the step-1 learning rate, gradient accumulation,
 several processes, label smoothing in the fused loss, resuming. Everything is synthetic and tiny."""
 
+import errno
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ from helpers import (
     word_tokenizer,
 )
 from safetensors.torch import load_file, save_file
-from transformers import TrainerCallback
+from transformers import TrainerCallback, modeling_utils
 
 import modeling.trainer as trainer_module
 from modeling.averaging import average_checkpoints, last_checkpoints
@@ -39,7 +40,7 @@ from modeling.checkpoints import (
     list_checkpoints,
     staging_directories,
 )
-from modeling.files import DiskFullError
+from modeling.files import DiskFullError, UnwritableError
 from modeling.schedule import noam_learning_rate
 from modeling.trainer import (
     SaveFailedOnAnotherProcessError,
@@ -1052,6 +1053,41 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
         output_dir / "checkpoint-2"
     )
     assert staging_directories(output_dir) == [], "the partial save is removed, freeing its space"
+
+
+@pytest.mark.parametrize(
+    ("writer", "failure", "message"),
+    [
+        # a scratch quota: torch's writer says neither why nor where, safetensors says why in words
+        ("torch", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"), "Writing "),
+        ("safetensors", RuntimeError("Error while serializing: I/O error: Disk quota exceeded (os error 122)"), ""),
+        ("torch", OSError(errno.EIO, "Input/output error"), "Input/output error while writing "),  # an NFS server's
+    ],
+)
+def test_a_quota_or_an_io_error_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_stays(
+    tmp_path, monkeypatch, writer, failure, message
+):
+    """Free space on the disk, so not blamed on it: torch's and safetensors' errors ended the run in a traceback,
+    an EIO in "[Errno 5] Input/output error", naming no file."""
+    output_dir = tmp_path / "run"
+    module, name = (torch, "save") if writer == "torch" else (modeling_utils, "safe_save_file")
+    save = getattr(module, name)
+
+    def save_until_the_file_system_refuses(obj, path, *args, **kwargs):
+        if ".checkpoint-4.partial" in str(path):
+            raise failure
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, save_until_the_file_system_refuses)
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(UnwritableError) as error:
+        trainer.train()
+    expected = message or "Disk quota exceeded while writing "
+    assert str(error.value).startswith(f"{expected}{output_dir / 'checkpoint-4'}") and "\n" not in str(error.value)
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"] and not checkpoint_problems(
+        output_dir / "checkpoint-2"
+    )
+    assert staging_directories(output_dir) == []
 
 
 @pytest.fixture
