@@ -248,6 +248,15 @@ def check_sharding(args: TranslationTrainingArguments, num_processes: int) -> No
         )
 
 
+def _remove_interrupted_saves(run_dir: Path) -> None:
+    """Remove what saves, replacements and rotations killed midway left in `run_dir` (`.checkpoint-N.partial`,
+    `.old`, `.deleting`: up to a whole checkpoint each, which a resume never uses), before a save needs the room.
+    Removed only once that save was complete, they made a disk or quota freed for one more checkpoint refuse it."""
+    for leftover in staging_directories(run_dir):
+        logger.warning("Removing %s, what an interrupted save left", leftover)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 def evaluation_metrics(bleu: bool, target_lang: str | None = None) -> frozenset[str]:
     """The metrics `TokenBudgetSeq2SeqTrainer.evaluate` reports, with (`bleu`) or without a BLEU sample into
     `target_lang`: what `metric_for_best_model` may name."""
@@ -682,7 +691,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         final = run_dir / f"checkpoint-{self.state.global_step}"
         staging_root = run_dir / f".{final.name}.partial"
         if self.args.should_save:
-            remove_tree(staging_root)  # what a killed attempt at this very save left
+            _remove_interrupted_saves(run_dir)  # this very save's killed attempt among them
         self.accelerator.wait_for_everyone()
         failure: Exception | None = None
         self._staging_root = staging_root
@@ -741,9 +750,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         )
         swap_directory(staged, final)
         os.rmdir(staging_root)
-        for leftover in staging_directories(final.parent):
-            logger.warning("Removing %s, what an interrupted save left", leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
         logger.info("Saved the complete checkpoint %s", final)
 
     def _rotate_complete_checkpoints(self, run_dir: Path, newest: Path) -> None:

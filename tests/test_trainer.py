@@ -930,6 +930,29 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_as_the
     assert staging_directories(output_dir) == [], "the leftover is gone"
 
 
+def test_what_killed_saves_left_is_removed_before_the_next_save_needs_the_room(tmp_path, monkeypatch):
+    """A save killed midway (a scheduler's SIGKILL after its grace period) leaves up to a whole checkpoint in
+    `.checkpoint-N.partial`, a killed rotation one in `.checkpoint-N.deleting`. Removed only after the next save was
+    complete, they took the room it needed: the requeue, given room for one more checkpoint, trained until its
+    first save and stopped on a full disk."""
+    output_dir = tmp_path / "run"
+    leftovers = [output_dir / ".checkpoint-3.partial" / "checkpoint-3", output_dir / ".checkpoint-1.deleting"]
+    for leftover in leftovers:
+        leftover.mkdir(parents=True)
+        (leftover / "optimizer.pt").write_bytes(b"\0" * 1024)
+    torch_save = torch.save
+
+    def save_where_there_is_room(obj, path, *args, **kwargs):
+        if any(leftover.exists() for leftover in leftovers):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return torch_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_where_there_is_room)
+    resumable_run(output_dir, max_steps=2, save_strategy="steps", save_steps=2).train()
+    assert [path.name for path in complete_checkpoints(output_dir)] == ["checkpoint-2"]
+    assert staging_directories(output_dir) == []
+
+
 def test_rotation_counts_complete_checkpoints_only_and_leftovers_are_cleaned(tmp_path, caplog):
     output_dir = tmp_path / "run"
     (output_dir / "checkpoint-100").mkdir(parents=True)  # incomplete: neither counted nor deleted
