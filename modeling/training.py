@@ -981,16 +981,17 @@ def _finish_run(
     preemption: PreemptionCallback,
     identity: dict[str, Any],
 ) -> Path | None:
-    """The end of a run whose training is done: save the final model, its metrics and the Trainer's state, average
+    """The end of a run whose training is done: save its metrics, the final model and the Trainer's state, average
     the last checkpoints (main process); return the average's directory, or None without one.
 
     A signal after the last update then stops the run (`TrainingPreempted`) if a checkpoint holds that update (the
     requeue finds training done); without one (save_strategy "no", say), the run finishes."""
     output_dir = Path(training_args.output_dir)
-    trainer.save_final_model()
     if metrics:  # none when the checkpoint was at max_steps: the launch that trained wrote them
         trainer.log_metrics("train", metrics)
+        # First: a requeue after a failed save of the model trains nothing, so it has none to write.
         trainer.save_metrics("train", metrics)
+    trainer.save_final_model()
     trainer.save_state()
     averaged = None
     if training_args.average_last_checkpoints > 1 and trainer.is_world_process_zero():

@@ -44,7 +44,7 @@ from modeling.checkpoints import (
     identity_differences,
     write_completeness_marker,
 )
-from modeling.files import UnwritableError, write_json
+from modeling.files import DiskFullError, UnwritableError, write_json
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
@@ -305,6 +305,29 @@ def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trai
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(unsaved, save_strategy="no", max_steps=4))
     assert "Got SIGTERM after the last update, which no checkpoint holds: finishing the run" in caplog.text
     assert (unsaved / "model.safetensors").is_file() and not (unsaved / "preempted.json").exists()
+
+
+def test_a_final_model_the_disk_refused_is_saved_by_the_requeue_and_the_training_metrics_stay(
+    tmp_path, datasets_cache, monkeypatch
+):
+    """The launch that trained wrote its metrics (train_runtime, train_loss) after the final model: a full disk
+    there lost them, as the requeue trains nothing and has none."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    args = tiny_run_args(run, resume_from_checkpoint="last")
+    save_final_model = TokenBudgetSeq2SeqTrainer.save_final_model
+
+    def refused(self):
+        raise DiskFullError(run, 0)
+
+    monkeypatch.setattr(TokenBudgetSeq2SeqTrainer, "save_final_model", refused)
+    with pytest.raises(DiskFullError):
+        train(ModelArguments(preset="tiny", **TINY), data, args)
+    monkeypatch.setattr(TokenBudgetSeq2SeqTrainer, "save_final_model", save_final_model)
+    train(ModelArguments(preset="tiny", **TINY), data, args)  # requeued with room: nothing left to train
+    assert (run / "model.safetensors").is_file()
+    assert json.loads((run / "train_results.json").read_text())["train_runtime"] > 0
 
 
 def test_a_signal_while_the_data_is_prepared_stops_with_the_update_of_a_checkpoint_of_any_name(
