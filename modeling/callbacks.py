@@ -1,5 +1,5 @@
 """Trainer callbacks for long runs: time-based checkpoints, a wall-clock budget, stopping cleanly when the job is
-preempted, the sampler's epoch.
+preempted, the sampler's epoch, TensorBoard's log given up rather than the run when it cannot be written.
 
 Decisions that lead to collectives (saving, stopping) must be the same on every process: rank 0's clock decides and
 broadcasts its decision after every update (one integer, negligible next to an update); a signal, which may reach
@@ -15,11 +15,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
+from transformers.integrations import TensorBoardCallback
 
 from .batching import TokenBudgetBatchSampler
 
@@ -312,3 +313,38 @@ class PreemptionCallback(TrainerCallback):
         if self._installed_by_callback:
             self._installed_by_callback = False
             self.restore()
+
+
+class TensorBoardGivenUpCallback(TensorBoardCallback):
+    """`TensorBoardCallback`, which gives up TensorBoard's event file when the file system refuses it (a full disk
+    or quota, an I/O error), with a warning naming the directory and why, rather than the run. The logs stay in the
+    trainer state, which every checkpoint holds; the checkpoints then say whether there is room for them. Raised, the
+    error of a log step stopped a multi-day run as "[Errno 28] No space left on device" (naming no file), losing
+    the updates since its last checkpoint: also where TensorBoard's directory (TENSORBOARD_LOGGING_DIR) lies on
+    another file system than the checkpoints, which had room."""
+
+    def __init__(self, tb_writer=None):
+        super().__init__(tb_writer)
+        self.given_up = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.given_up:
+            self._guarded(super().on_train_begin, args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self.given_up:
+            self._guarded(super().on_log, args, state, control, logs=logs, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._guarded(super().on_train_end, args, state, control, **kwargs)
+
+    def _guarded(self, event, *args, **kwargs) -> None:
+        try:
+            event(*args, **kwargs)
+        except OSError as error:
+            self.given_up = True
+            writer, self.tb_writer = self.tb_writer, None
+            if writer is not None:
+                with suppress(OSError):  # its last events cannot be written either
+                    writer.close()
+            logger.warning("Not logging to TensorBoard any more: cannot write into %s (%s)", self.logging_dir, error)

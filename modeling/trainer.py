@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer, TrainerState
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import TrainOutput, seed_worker
 
@@ -67,6 +68,7 @@ from .callbacks import (
     SamplerEpochCallback,
     SaveEveryMinutesCallback,
     StopAfterMinutesCallback,
+    TensorBoardGivenUpCallback,
     any_rank,
 )
 from .checkpoints import (
@@ -352,6 +354,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self.add_callback(self._sampler_epoch)
         self.preemption = preemption if preemption is not None else PreemptionCallback()
         self.add_callback(self.preemption)
+        reported = [callback for callback in self.callback_handler.callbacks if type(callback) is TensorBoardCallback]
+        for callback in reported:  # report_to's (a caller's own subclass stays as it is)
+            self.pop_callback(callback)
+            self.add_callback(TensorBoardGivenUpCallback(callback.tb_writer))
         self._staging_root: Path | None = None
         self._kept_undeletable: set[Path] = set()  # checkpoints rotation may not delete, warned once
         self.last_checkpoint: Path | None = None  # the newest checkpoint this trainer saved (complete)

@@ -28,6 +28,7 @@ from helpers import (
     word_tokenizer,
 )
 from safetensors.torch import load_file, save_file
+from torch.utils.tensorboard import SummaryWriter
 from transformers import TrainerCallback, modeling_utils
 
 import modeling.trainer as trainer_module
@@ -928,6 +929,29 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint_as_the
     assert resumed.micro_batches == 4, "updates 3 and 4 again: nothing before checkpoint-2 is lost"
     assert not checkpoint_problems(output_dir / "checkpoint-4")
     assert staging_directories(output_dir) == [], "the leftover is gone"
+
+
+def test_a_tensorboard_log_the_disk_refuses_is_given_up_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    """TensorBoard's event file (the presets' report_to), written at every log step: its "[Errno 28] No space left
+    on device" (naming no file) stopped the run, losing the updates since its last checkpoint, also where its
+    directory (TENSORBOARD_LOGGING_DIR, a home directory's quota) was on another file system than the checkpoints."""
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tensorboard"))
+    add_scalar = SummaryWriter.add_scalar
+
+    def add_scalar_until_the_quota_is_full(self, tag, value, step=None, *args, **kwargs):
+        if step is not None and step >= 2:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        return add_scalar(self, tag, value, step, *args, **kwargs)
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", add_scalar_until_the_quota_is_full)
+    output_dir = tmp_path / "run"
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2, report_to=["tensorboard"])
+    with caplog.at_level(logging.WARNING, logger="modeling.callbacks"):
+        trainer.train()
+    assert [path.name for path in complete_checkpoints(output_dir)] == ["checkpoint-2", "checkpoint-4"]
+    given_up = f"Not logging to TensorBoard any more: cannot write into {tmp_path / 'tensorboard'} ("
+    assert caplog.text.count(given_up) == 1 and "Disk quota exceeded" in caplog.text
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [1, 2, 3, 4], "all kept"
 
 
 def test_what_killed_saves_left_is_removed_before_the_next_save_needs_the_room(tmp_path, monkeypatch):
