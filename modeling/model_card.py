@@ -265,9 +265,10 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
 
 
 def count_parameters(model_dir: str | Path) -> int | None:
-    """Number of stored parameters, read from the safetensors headers (tied matrices are stored once)."""
+    """Number of stored parameters, read from the safetensors headers (tied matrices are stored once) of the files
+    `from_pretrained` loads: a sharded save leaves an earlier model.safetensors beside its shards, counted twice."""
     total = 0
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    files = weight_files(model_dir)
     for path in files:
         with safe_open(path, framework="pt") as weights:
             total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())

@@ -19,6 +19,7 @@ from modeling.files import write_json
 from modeling.model_card import (
     check_eval_result,
     collect_card_inputs,
+    count_parameters,
     plot_training_curves,
     render_model_card,
     training_summary,
@@ -294,6 +295,15 @@ def test_the_training_loss_is_the_whole_runs_after_a_resume():
     }
     card = str(render_model_card(model_name="tiny", repo_id=REPO_ID, log_history=resumed))
     assert "- mean_train_loss: 3.0" in card and "train_loss: 2.0" not in card
+
+
+def test_the_parameter_count_is_the_loaded_models_even_beside_a_sharded_save_over_it(tmp_path):
+    """A sharded save leaves the earlier model.safetensors in place: both were counted, twice the parameters."""
+    model = tiny_model(50)
+    model.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2, "shards beside the single file"
+    assert count_parameters(tmp_path) == model.num_parameters()
 
 
 def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
