@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer, TrainerState
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_pt_utils import LabelSmoother
-from transformers.trainer_utils import TrainOutput, seed_worker
+from transformers.trainer_utils import EvalLoopOutput, TrainOutput, seed_worker
 
 from .arguments import TranslationTrainingArguments
 from .batching import (
@@ -350,6 +350,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, **kwargs)
         self.bleu_dataset = bleu_dataset
         self._loss_only = False
+        self._evaluation_loss_totals: torch.Tensor | None = None  # [summed loss, labelled tokens] while evaluating
         self._sampler_epoch = SamplerEpochCallback()
         self.add_callback(self._sampler_epoch)
         self.preemption = preemption if preemption is not None else PreemptionCallback()
@@ -906,6 +907,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         if self._fused_label_smoothing and "labels" in inputs:
             inputs = {**inputs, "smoothing_epsilon": self.args.label_smoothing_factor}
+        if self._evaluation_loss_totals is not None:
+            # This batch's mean over its own labelled tokens, which `prediction_step` weighs by their number
+            # (divided by the tokens of all processes' batches, the Trainer would scale it by the processes).
+            num_items_in_batch = None
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
@@ -1013,6 +1018,31 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             return self.args.save_strategy == "best"  # and under save_strategy="best" the checkpoint is still due
         return super()._determine_best_metric(metrics, trial)
 
+    def evaluation_loop(
+        self,
+        dataloader: DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """The Trainer's evaluation loop, with `{metric_key_prefix}_loss` the loss per labelled token of the whole
+        dataset: the Trainer's is the unweighted mean of its batches' means, which weighs the tokens of a short last
+        batch (or of a batch split for several processes) more than the others, and changes with the batching and
+        the number of processes."""
+        self._evaluation_loss_totals = torch.zeros(2, device=self.args.device)  # float32: MPS has no float64
+        try:
+            output = super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+            loss_sum, tokens = self.accelerator.reduce(self._evaluation_loss_totals, "sum").tolist()
+        finally:
+            self._evaluation_loss_totals = None
+        key = f"{metric_key_prefix}_loss"
+        if key in output.metrics and tokens:
+            output.metrics[key] = loss_sum / tokens
+        return output
+
     def prediction_step(
         self,
         model: torch.nn.Module,
@@ -1034,6 +1064,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # also undoes that fill itself (`undo_library_default_fill`, for a plain Seq2SeqTrainer); other models given
         # to this trainer (a MarianMTModel) do not.
         generation_config = copy.deepcopy(self.model.generation_config)
+        labels_given = inputs.get("labels")  # the Trainer's loss with a label smoother pops them
         loss_only = prediction_loss_only or self._loss_only
         # When it generates, `Seq2SeqTrainer.prediction_step` takes the loss from its own call of the model, smoothed
         # only by `label_smoother`: set for that call, or the loss logged beside BLEU (eval_sample_loss, test_loss)
@@ -1049,6 +1080,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self.model.generation_config = generation_config
             if smooth_here:
                 self.label_smoother = None
+        if loss is not None and self._evaluation_loss_totals is not None and labels_given is not None:
+            self._add_to_evaluation_loss(loss, labels_given)
         if generated is not None:
             # Token batches hold different numbers of sentences on different processes, and the evaluation loop
             # gathers equal shapes only: pad with rows of -100, which `bleu_metrics` drops.
@@ -1056,6 +1089,16 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if labels is not None:
                 labels = self.accelerator.pad_across_processes(labels, dim=0, pad_index=-100)
         return loss, generated, labels
+
+    def _add_to_evaluation_loss(self, loss: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count a batch's mean loss for each of its labelled tokens. Not a batch without any (its loss is 0 / 0),
+        nor, as the Trainer filters its logs (`logging_nan_inf_filter`), a non-finite loss."""
+        totals = self._evaluation_loss_totals
+        tokens = labels.ne(-100).sum().to(totals)
+        loss = loss.detach().to(totals)
+        if not tokens or (self.args.logging_nan_inf_filter and not torch.isfinite(loss)):
+            return
+        totals += torch.stack([loss * tokens, tokens])
 
 
 def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callable[[EvalPrediction], dict]:

@@ -4,7 +4,6 @@ several processes, label smoothing in the fused loss, resuming. Everything is sy
 import errno
 import json
 import logging
-import math
 import multiprocessing
 import os
 import random
@@ -30,6 +29,7 @@ from helpers import (
 from safetensors.torch import load_file, save_file
 from torch.utils.tensorboard import SummaryWriter
 from transformers import TrainerCallback, modeling_utils
+from transformers.trainer_pt_utils import LabelSmoother
 
 import modeling.trainer as trainer_module
 from modeling.averaging import average_checkpoints, last_checkpoints
@@ -295,12 +295,18 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     # example is translated (and counted) twice.
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["eval_sample_sentences"] == 3
-    assert math.isfinite(metrics["eval_loss"])
+    # Both losses are per labelled token of the 3 examples, the processes' batches of unequal sizes weighed so.
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    model.load_state_dict(torch.load(tmp_path / "weights.pt"))
+    three = copy_dataset([5, 5, 9], len(tokenizer), seed=7)
+    whole = make_trainer(training_args(tmp_path / "single"), three, tokenizer, model).data_collator(list(three))
+    expected = LabelSmoother(epsilon=0.1)(model(**whole), whole["labels"]).item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["eval_sample_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
-    from transformers.trainer_pt_utils import LabelSmoother
-
     tokenizer = word_tokenizer()
     model = tiny_model(len(tokenizer), dropout=0.0)
     args = training_args(tmp_path, max_steps=1, max_tokens_per_device=36)
@@ -321,6 +327,22 @@ def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
     trainer = make_trainer(args, dataset, tokenizer, model)
     assert trainer.predict(short).metrics["test_loss"] == pytest.approx(expected.item(), rel=1e-5)
     assert trainer.label_smoother is None, "set for the generating call only"
+
+
+def test_the_evaluation_loss_is_per_labelled_token_of_the_whole_split_whatever_its_batches(tmp_path):
+    """The Trainer's own was the unweighted mean of its batches' means: the 3 tokens of a short last batch counted
+    as much as the 30 of another, and the number changed with the token budget."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    split = copy_dataset([3, 10, 10, 10, 4, 6, 9, 5], len(tokenizer), seed=4)
+    whole = make_trainer(training_args(tmp_path), split, tokenizer, model).data_collator(list(split))
+    expected = LabelSmoother(epsilon=0.1)(model(**whole), whole["labels"]).item()
+    for budget in (12, 30, 1000):
+        args = training_args(tmp_path, max_tokens_per_device=budget, predict_with_generate=True)
+        trainer = make_trainer(args, split, tokenizer, model)
+        assert trainer.evaluate(split)["eval_loss"] == pytest.approx(expected, rel=1e-5), budget
+        # The loss beside the translations, from another call of the model (`Seq2SeqTrainer.prediction_step`).
+        assert trainer.predict(split, max_new_tokens=2).metrics["test_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
