@@ -367,6 +367,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if self.args.max_train_minutes is not None:
             self.add_callback(StopAfterMinutesCallback(self.args.max_train_minutes))
         self._reset_throughput()
+        self._sentences_trained = 0
         # Sec. 5.4's label smoothing in the model's own fused loss when it has one, instead of `LabelSmoother`'s
         # several passes over the (B, T, V) log-probabilities: the same value (tested), faster.
         forward = inspect.signature(self.accelerator.unwrap_model(self.model).forward).parameters
@@ -459,6 +460,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         `load_best_model_at_end`, as at the end of training) and the metrics returned are empty. The Trainer's own
         loop would make one more update before it checks the count, at every rerun."""
         self._reset_throughput()  # what a train() stopped between two logs counted is not this one's
+        self._sentences_trained = 0  # on this process, in this train()
         self.last_checkpoint = None
         with self.preemption.handling():
             checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
@@ -896,6 +898,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             self._interval_start = time.perf_counter()
             self._interval_first_update = self.state.global_step
         self._token_totals += _token_counts(inputs).to(self._token_totals.device)
+        self._sentences_trained += len(inputs["input_ids"])
         return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(
@@ -964,6 +967,12 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # Training logs (those with "loss") are made on every process at the same update: reducing is safe there.
         if "loss" in logs and self._interval_start is not None:
             logs = {**logs, **self._throughput_logs()}
+        if "train_samples_per_second" in logs:  # the end of train(), on every process
+            # The Trainer counts per_device_train_batch_size sentences per batch, which token-budget batches are
+            # not: the sentences trained on instead. In place, so that train()'s metrics say the same.
+            sentences = torch.tensor(self._sentences_trained, device=self.args.device)
+            sentences = self.accelerator.reduce(sentences, "sum").item()
+            logs["train_samples_per_second"] = round(sentences / logs["train_runtime"], 3)
         super().log(logs, start_time)
 
     # --- evaluation ---

@@ -260,8 +260,8 @@ args = training_args({out!r}, max_steps=1, optim="sgd", warmup_steps=1, max_toke
 three = copy_dataset([5, 5, 9], len(tokenizer), seed=7)  # one batch, split in two for the two processes
 trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, model, RecordingTrainer,
                        eval_dataset=three, bleu_dataset=three, compute_metrics=bleu_metrics(tokenizer, "de"))
-trainer.train()
-metrics = trainer.evaluate()
+metrics = trainer.train().metrics
+metrics |= trainer.evaluate()
 if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
@@ -294,6 +294,7 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     # Evaluation: 3 examples in one token batch, split so that each of the two processes gets one batch and no
     # example is translated (and counted) twice.
     metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["train_samples_per_second"] == pytest.approx(8 / metrics["train_runtime"], rel=1e-2)
     assert metrics["eval_sample_sentences"] == 3
     # Both losses are per labelled token of the 3 examples, the processes' batches of unequal sizes weighed so.
     tokenizer = word_tokenizer()
@@ -755,6 +756,16 @@ def test_a_second_train_logs_its_own_throughput(tmp_path):
         trainer.train()  # update 3 is counted, never logged
         logs += [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logs) == 2 and logs[0]["target_tokens_per_update"] == logs[1]["target_tokens_per_update"]
+
+
+def test_the_samples_per_second_count_the_sentences_of_the_token_budget_batches(tmp_path):
+    """The Trainer counted per_device_train_batch_size (8) sentences per batch: 24 for 3 batches of 4."""
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=3, warmup_steps=1, max_tokens_per_device=36)
+    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, tiny_model(len(tokenizer)))
+    metrics = trainer.train().metrics
+    assert metrics["train_samples_per_second"] == pytest.approx(3 * 4 / metrics["train_runtime"], rel=1e-2)
+    assert trainer.state.log_history[-1]["train_samples_per_second"] == metrics["train_samples_per_second"]
 
 
 class SignalWhileEvaluating(TokenBudgetSeq2SeqTrainer):
