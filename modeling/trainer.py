@@ -351,6 +351,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self.bleu_dataset = bleu_dataset
         self._loss_only = False
         self._evaluation_loss_totals: torch.Tensor | None = None  # [summed loss, labelled tokens] while evaluating
+        self._evaluation_batches = 0  # on each process, in the last evaluation loop
         self._sampler_epoch = SamplerEpochCallback()
         self.add_callback(self._sampler_epoch)
         self.preemption = preemption if preemption is not None else PreemptionCallback()
@@ -973,6 +974,12 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             sentences = torch.tensor(self._sentences_trained, device=self.args.device)
             sentences = self.accelerator.reduce(sentences, "sum").item()
             logs["train_samples_per_second"] = round(sentences / logs["train_runtime"], 3)
+        for key in [key for key in logs if key.endswith("_steps_per_second") and key != "train_steps_per_second"]:
+            # An evaluation's (`evaluate` logs its metrics, and returns the dict logged): the batches each process
+            # evaluated per second. The Trainer counts per_device_eval_batch_size (8) sentences per batch, which
+            # token-budget batches are not.
+            runtime = logs[key.replace("_steps_per_second", "_runtime")]
+            logs[key] = round(self._evaluation_batches / runtime, 3)
         super().log(logs, start_time)
 
     # --- evaluation ---
@@ -1047,6 +1054,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             loss_sum, tokens = self.accelerator.reduce(self._evaluation_loss_totals, "sum").tolist()
         finally:
             self._evaluation_loss_totals = None
+        self._evaluation_batches = len(dataloader)
         key = f"{metric_key_prefix}_loss"
         if key in output.metrics and tokens:
             output.metrics[key] = loss_sum / tokens

@@ -346,6 +346,19 @@ def test_the_evaluation_loss_is_per_labelled_token_of_the_whole_split_whatever_i
         assert trainer.predict(split, max_new_tokens=2).metrics["test_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_evaluation_steps_per_second_count_the_token_budget_batches(tmp_path):
+    """The Trainer counted per_device_eval_batch_size (8) sentences per batch: 1 batch for these 8 sentences."""
+    tokenizer = word_tokenizer()
+    split = copy_dataset([3, 10, 10, 10, 4, 6, 9, 5], len(tokenizer), seed=4)
+    args = training_args(tmp_path, max_tokens_per_device=12)
+    trainer = make_trainer(args, split, tokenizer, tiny_model(len(tokenizer)))
+    batches = len(trainer.get_eval_dataloader(split))
+    assert batches > 1
+    metrics = trainer.evaluate(split)
+    assert metrics["eval_steps_per_second"] == pytest.approx(batches / metrics["eval_runtime"], rel=1e-2)
+    assert trainer.state.log_history[-1]["eval_steps_per_second"] == metrics["eval_steps_per_second"]
+
+
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     tokenizer = word_tokenizer()
     lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
