@@ -964,6 +964,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
         }
 
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
+        # An evaluation or a save between two logs (eval_steps or save_steps off the logging steps, a save every so
+        # many minutes) is not training: its time is left out of the interval's tokens_per_second, as one just
+        # before the interval's first batch is.
+        start = time.perf_counter()
+        super()._maybe_log_save_evaluate(*args, **kwargs)
+        if self._interval_start is not None:  # no log in this call: the interval goes on
+            self._interval_start += time.perf_counter() - start
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         # Training logs (those with "loss") are made on every process at the same update: reducing is safe there.
         if "loss" in logs and self._interval_start is not None:

@@ -781,6 +781,39 @@ def test_the_samples_per_second_count_the_sentences_of_the_token_budget_batches(
     assert trainer.state.log_history[-1]["train_samples_per_second"] == metrics["train_samples_per_second"]
 
 
+class Clock:
+    """`time` for modeling.trainer, whose perf_counter an hour's evaluation moves on at once."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.offset
+
+
+class HourLongEvaluation(TokenBudgetSeq2SeqTrainer):
+    clock = Clock()
+
+    def evaluate(self, *args, **kwargs):
+        self.clock.offset += 3600.0
+        return super().evaluate(*args, **kwargs)
+
+
+def test_an_evaluation_between_two_logs_is_left_out_of_the_tokens_per_second(tmp_path, monkeypatch):
+    """An evaluation at update 1 of the interval 1-2 counted as training time."""
+    monkeypatch.setattr(trainer_module, "time", HourLongEvaluation.clock)
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    settings = {"max_steps": 2, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 1, "warmup_steps": 1}
+    args = training_args(tmp_path, max_tokens_per_device=36, **settings)
+    model = tiny_model(len(tokenizer))
+    trainer = make_trainer(args, dataset, tokenizer, model, HourLongEvaluation, eval_dataset=dataset)
+    trainer.train()
+    (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
+    tokens = 2 * (logged["source_tokens_per_update"] + logged["target_tokens_per_update"])
+    assert logged["tokens_per_second"] > tokens / 60, "two tiny updates take well under a minute"
+
+
 class SignalWhileEvaluating(TokenBudgetSeq2SeqTrainer):
     """Sends itself SIGTERM in its first evaluation batch during training; counts the evaluation batches."""
 
