@@ -262,7 +262,7 @@ def format_number(value: float | int | str | None) -> str:
         return "–"
     if isinstance(value, str):
         return value
-    if abs(value) >= 1000:
+    if abs(value) >= 999.5:  # below, three significant digits of 999.5 are "1e+03"
         return f"{value:,.0f}"
     return f"{value:.3g}"
 

@@ -285,6 +285,18 @@ def test_training_profile_quick_run_prints_its_tables():
     assert "### Top operators over 4 profiled steps" in completed.stdout
 
 
+def test_table_numbers_just_below_a_thousand_are_written_out(benchmarks_importable):
+    from harness import format_number
+
+    assert [format_number(value) for value in (999.4, 999.7, -999.8, 1234.5, 0.000123456)] == [
+        "999",
+        "1,000",
+        "-1,000",
+        "1,234",
+        "0.000123",
+    ]
+
+
 def test_counts_below_one_are_refused_with_the_argument_named(benchmarks_importable):
     from harness import Stats, positive_int
 
