@@ -183,7 +183,7 @@ def read_record(path: Path) -> dict[str, Any]:
 
 
 # Numbers of the trainer's log that the card reads (`training_summary`, the curves' steps).
-LOGGED_NUMBERS = ("step", "epoch", "loss", "eval_loss", "train_runtime")
+LOGGED_NUMBERS = ("step", "epoch", "loss", "updates_logged", "eval_loss", "train_runtime")
 
 
 def check_log_history(path: Path, log_history: Any) -> list[dict[str, Any]] | None:
@@ -319,7 +319,8 @@ def plot_training_curves(log_history: Sequence[dict[str, Any]], output_png: str 
 
 def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
     """Training length as logged by the Trainer: last step and epoch; the training loss of the whole run, the
-    mean of the logged losses weighted by the updates each covers; the runtime of the last launch.
+    mean of the logged losses weighted by the updates each covers (`updates_logged`, else the steps since the last
+    log); the runtime of the last launch.
 
     The Trainer's own `train_loss` and `train_runtime` cover its last `train()` call only: after a resume, the
     updates since the checkpoint. The log itself is the whole run's (it travels in the checkpoints)."""
@@ -327,12 +328,14 @@ def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, 
         return {}
     summary = {"steps": max((e["step"] for e in log_history if "step" in e), default=None)}
     summary["epochs"] = max((e["epoch"] for e in log_history if "epoch" in e), default=None)
-    covered, weighted = 0, 0.0
+    covered, weighted, updates = 0, 0.0, 0
     for entry in log_history:
         if "loss" in entry and entry.get("step", 0) > covered:
-            weighted += entry["loss"] * (entry["step"] - covered)
-            covered = entry["step"]
-    summary["mean_train_loss"] = weighted / covered if covered else None
+            # A log after a resume covers the updates since the checkpoint only (`updates_logged`, where logged):
+            # the killed launch's losses since the last log before it were never logged.
+            logged = entry.get("updates_logged", entry["step"] - covered)
+            weighted, updates, covered = weighted + entry["loss"] * logged, updates + logged, entry["step"]
+    summary["mean_train_loss"] = weighted / updates if updates else None
     runtimes = [entry["train_runtime"] for entry in log_history if "train_runtime" in entry]
     summary["last_launch_runtime_s"] = runtimes[-1] if runtimes else None
     return {k: v for k, v in summary.items() if v is not None}

@@ -320,7 +320,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
     Besides the Trainer's logs, each training log holds `tokens_per_second` (real source + target tokens over all
     processes), `source_tokens_per_update`, `target_tokens_per_update`, `padding_efficiency` (real / padded tokens)
-    and `gradient_accumulation_steps`, measured on the batches of the logging interval.
+    and `gradient_accumulation_steps`, measured on the batches of the logging interval, and `updates_logged`, the
+    updates whose mean the log's loss is (after a resume, those since the checkpoint: fewer than since the last log).
     """
 
     def __init__(
@@ -962,6 +963,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             "target_tokens_per_update": target / updates,
             "padding_efficiency": (source + target) / max(source_padded + target_padded, 1),
             "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+            "updates_logged": updates,
         }
 
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:

@@ -306,6 +306,16 @@ def test_the_parameter_count_is_the_loaded_models_even_beside_a_sharded_save_ove
     assert count_parameters(tmp_path) == model.num_parameters()
 
 
+def test_the_training_loss_after_a_resume_weighs_each_log_by_the_updates_it_covers():
+    # Logs every 4 updates; killed after update 6, resumed from checkpoint-6: the log at 8 covers updates 7-8 only.
+    resumed = [
+        {"loss": 4.0, "step": 4, "updates_logged": 4},
+        {"loss": 1.0, "step": 8, "updates_logged": 2},
+        {"loss": 3.0, "step": 12, "updates_logged": 4},
+    ]
+    assert training_summary(resumed)["mean_train_loss"] == pytest.approx((4 * 4.0 + 2 * 1.0 + 4 * 3.0) / 10)
+
+
 def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
     """A card is public: the directories of the writer's machine stay off it."""
     local = {**eval_result, "dataset": "/home/alice/corpora/multi30k"}

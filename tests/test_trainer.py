@@ -383,6 +383,16 @@ def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
         assert actual[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
+def test_the_first_log_after_a_resume_says_it_covers_the_updates_since_the_checkpoint(tmp_path):
+    settings = {"logging_steps": 4, "save_strategy": "steps", "save_steps": 3}
+    resumable_run(tmp_path, **settings).train()
+    resumed = resumable_run(tmp_path, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    logs = [entry for entry in resumed.state.log_history if "loss" in entry]
+    # Update 4 alone: the loss of update 4, over the tokens of update 4.
+    assert [(entry["step"], entry["updates_logged"]) for entry in logs] == [(4, 1)]
+
+
 def test_resuming_a_checkpoint_at_max_steps_trains_nothing_and_loads_it(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # the Trainer's warnings, to caplog
     finished = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
