@@ -597,7 +597,24 @@ def test_onnx_directory_holds_config_tokenizer_and_record(onnx_export):
     assert {"encoder.onnx", "decoder.onnx", "config.json", "generation_config.json", "tokenizer.json"} <= names
     assert not any(name.endswith(".py") for name in names)
     record = json.loads((directory / "export.json").read_text())
-    assert record["format"] == "onnx" and record["max_positions"] == 64
+    assert record["format"] == "onnx"
+
+
+def test_onnx_graphs_take_sources_and_targets_beyond_the_positional_table(onnx_export, tokenizer):
+    """As the model computes the positions beyond its table from the formula, so do the graphs: they read the table
+    before, and onnxruntime failed on 65 tokens with a broadcast error ("64 by 121") naming no limit."""
+    model, directory = onnx_export
+    encoder, decoder = onnx_sessions(directory)
+    batch = tokenizer([" ".join(["the dog."] * 40)], return_tensors="pt")
+    decoder_input_ids = torch.cat((torch.full((1, 1), EOS), batch["input_ids"][:, :-1]), dim=1)
+    assert batch["input_ids"].shape[1] > model.config.max_position_embeddings
+    with torch.no_grad():
+        expected = model(**batch, decoder_input_ids=decoder_input_ids)
+    (hidden,) = encoder.run(None, {name: batch[name].numpy() for name in ("input_ids", "attention_mask")})
+    inputs = {"decoder_input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden}
+    (logits,) = decoder.run(None, inputs | {"encoder_attention_mask": batch["attention_mask"].numpy()})
+    assert np.abs(hidden - expected.encoder_last_hidden_state.numpy()).max() < 1e-4
+    assert np.abs(logits - expected.logits.numpy()).max() < 1e-4
 
 
 @pytest.mark.parametrize("to", export.FORMATS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -11,7 +13,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from ..configuration_transformer import TransformerConfig
-from ..modeling_transformer import TransformerForConditionalGeneration
+from ..modeling_transformer import TransformerForConditionalGeneration, TransformerPositionalEncoding
 from .common import building_directory, check_model, check_tokenizer_fits, write_record
 
 ONNX_OPSET = 18
@@ -52,6 +54,36 @@ class OnnxDecoder(nn.Module):
         return self.lm_head(hidden_states)
 
 
+class FormulaPositions(nn.Module):
+    """A stack's positional encodings for any length: the table's rows, then rows computed from the formula, as
+    the model computes those beyond its table. The table alone, sliced in a graph, made onnxruntime fail on a longer
+    input with a broadcast error ("64 by 91") that named no limit, where the model translates it whole."""
+
+    def __init__(self, positions: TransformerPositionalEncoding):
+        super().__init__()
+        self.positions = positions
+
+    def forward(self, start: int, length: int) -> torch.Tensor:
+        table = self.positions.table
+        within = table[start : start + length]
+        beyond = self.positions.compute_table(length - within.shape[0], start + within.shape[0])
+        return torch.cat((within, beyond.to(table.device, table.dtype)))
+
+
+@contextmanager
+def positions_from_formula(model: TransformerForConditionalGeneration) -> Iterator[None]:
+    """Within the block, both stacks of `model` take their positional encodings from `FormulaPositions`."""
+    stacks = (model.model.encoder, model.model.decoder)
+    tables = [stack.embed_positions for stack in stacks]
+    for stack, table in zip(stacks, tables, strict=True):
+        stack.embed_positions = FormulaPositions(table)
+    try:
+        yield
+    finally:
+        for stack, table in zip(stacks, tables, strict=True):
+            stack.embed_positions = table
+
+
 def _example_inputs(config: TransformerConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A padded batch of 2 sources (lengths 7 and 4) and 2 decoder prefixes of length 5: shapes for tracing."""
     input_ids = torch.full((2, 7), 3, dtype=torch.long)
@@ -75,8 +107,8 @@ def to_onnx(
 
     encoder.onnx: `input_ids` (B, S) int64, `attention_mask` (B, S) int64 → `encoder_hidden_states` (B, S, D).
     decoder.onnx: `decoder_input_ids` (B, T) int64, `encoder_hidden_states` (B, S, D), `encoder_attention_mask`
-    (B, S) int64 → `logits` (B, T, V), for every decoder position. S and T go up to `max_position_embeddings`
-    (`export.json` says how many): the graphs read the model's positional table, which has that many rows.
+    (B, S) int64 → `logits` (B, T, V), for every decoder position. S and T have no limit: the graphs compute the
+    positional encodings from their formula, as the model does beyond its table of `max_position_embeddings` rows.
 
     No decoder-with-cache graph: it would take and return 4 tensors per decoder layer and need a second graph for
     the first step (as optimum builds), while a runtime that wants fast beam search is better served by
@@ -98,13 +130,10 @@ def to_onnx(
     model.eval()
     model.set_attn_implementation("eager")
     try:
-        with building_directory(output_dir) as directory, torch.no_grad():
+        with building_directory(output_dir) as directory, torch.no_grad(), positions_from_formula(model):
             encoder = OnnxEncoder(model).eval()
             encoder_hidden_states = encoder(input_ids, attention_mask)
-            # Lengths up to the positional table: the graphs slice it (the model itself computes positions beyond).
-            positions = config.max_position_embeddings
-            batch = torch.export.Dim("batch")
-            source, target = torch.export.Dim("source", max=positions), torch.export.Dim("target", max=positions)
+            batch, source, target = (torch.export.Dim(name) for name in ("batch", "source", "target"))
             _export_graph(
                 encoder,
                 (input_ids, attention_mask),
@@ -140,7 +169,6 @@ def to_onnx(
                     "encoder.onnx": "input_ids, attention_mask -> encoder_hidden_states",
                     "decoder.onnx": "decoder_input_ids, encoder_hidden_states, encoder_attention_mask -> logits",
                 },
-                max_positions=config.max_position_embeddings,
             )
     finally:
         model.set_attn_implementation(implementation)
