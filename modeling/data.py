@@ -597,15 +597,32 @@ def tokenize_parallel_dataset(
 
     The text column is dropped so that `DataCollatorForSeq2Seq` can pad the rest; keep the untokenised
     DatasetDict for references. Sequences longer than `max_length` tokens are truncated, keeping their
-    final `</s>`, and counted in the log; none are dropped, so test sets stay complete (over-long
-    training pairs are better removed by `clean_parallel_dataset`). Results are cached by `datasets`.
+    final `</s>`, and counted in the log (and in a training run's `data_stats.json`); none are dropped, so test
+    sets stay complete (over-long training pairs are better removed by `clean_parallel_dataset`). Results are
+    cached by `datasets`.
     `max_length` is at least 2: one token and `</s>`. `num_proc` processes tokenise each split; by default
     (None) one per available core for a large split (WMT's: one process took 11 minutes for English-German),
     one for the others.
     """
+    return tokenize_counting_truncations(
+        ds, tokenizer, source_lang, target_lang, max_length=max_length, num_proc=num_proc
+    )[0]
+
+
+def tokenize_counting_truncations(
+    ds: datasets.DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    source_lang: str,
+    target_lang: str,
+    *,
+    max_length: int | None = None,
+    num_proc: int | None = None,
+) -> tuple[datasets.DatasetDict, dict[str, int]]:
+    """`tokenize_parallel_dataset`, and each split's number of sequences truncated (a pair cut on both sides
+    counts two), for the run's records: a log line alone is lost with the log."""
     if max_length is not None and max_length < 2:  # 0 would keep every sequence whole, below 0 cut out tokens
         raise ValueError(f"max_length must be at least 2 (one token and the end-of-sentence token), got {max_length}")
-    out = {}
+    out, truncations = {}, {}
     for split, part in ds.items():
         languages = (source_lang, target_lang)
         encoded = part.map(
@@ -623,7 +640,8 @@ def tokenize_parallel_dataset(
         if truncated:
             logger.warning("%s: truncated %d sequences to max_length=%d tokens", split, truncated, max_length)
         out[split] = encoded.remove_columns("truncated")
-    return datasets.DatasetDict(out)
+        truncations[split] = truncated
+    return datasets.DatasetDict(out), truncations
 
 
 # The tokenised columns, as small as they hold (datasets would store labels in 64 bits: English-French WMT's

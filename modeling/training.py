@@ -85,7 +85,7 @@ from .data import (
     load_parallel_dataset,
     require_rows,
     split_source,
-    tokenize_parallel_dataset,
+    tokenize_counting_truncations,
 )
 from .files import check_replaceable, check_writable, is_open_as, open_lock_file, write_files_into, write_json
 from .hub_client import (
@@ -837,11 +837,13 @@ def _write_run_records(
     data_args: DataArguments,
     text: datasets.DatasetDict,
     cleaning: dict[str, int],
+    truncations: dict[str, int],
     *,
     hub_model_id: str | None = None,
     conversion: dict[str, Any] | None = None,
 ) -> None:
     """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.model_card`) reads;
+    `truncations`: each split's sequences cut to `max_length` tokens (`tokenize_counting_truncations`);
     `conversion`: the `_conversion_record` of the model fine-tuned.
 
     `TrainingArguments.to_dict` writes every `*_token` field as a placeholder (`"<HUB_TOKEN>"`), never its value.
@@ -877,6 +879,8 @@ def _write_run_records(
         "target_lang": data_args.target_lang,
         "sentence_pairs": {split: len(part) for split, part in text.items()},
         "cleaning": cleaning,
+        # Cut to max_length tokens, </s> kept: a cut training target teaches the model to stop there.
+        "truncated_to_max_length": {"max_length": data_args.max_length, "sequences": truncations},
         "vocab_size": len(trainer.processing_class),
     }
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
@@ -1017,6 +1021,7 @@ class _PreparedRun(NamedTuple):
 
     text: datasets.DatasetDict
     cleaning: dict[str, int]
+    truncations: dict[str, int]
     tokenizer: PreTrainedTokenizerBase
     model: PreTrainedModel
     identity: dict[str, Any]
@@ -1053,7 +1058,7 @@ def _prepare_run(
     if training_args.should_save:
         write_json(output_dir / RUN_IDENTITY_FILE, identity)
     with training_args.main_process_first(local=False, desc="tokenisation"):
-        tokenized = tokenize_parallel_dataset(
+        tokenized, truncations = tokenize_counting_truncations(
             text,
             tokenizer,
             data_args.source_lang,
@@ -1061,7 +1066,7 @@ def _prepare_run(
             max_length=data_args.max_length,
             num_proc=data_args.preprocessing_num_workers,
         )
-    return _PreparedRun(text, cleaning, tokenizer, model, identity, tokenized)
+    return _PreparedRun(text, cleaning, truncations, tokenizer, model, identity, tokenized)
 
 
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> str:
@@ -1113,7 +1118,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 raise _stop_preempted(
                     training_args, preemption.requested.name, step, checkpoint, together=False
                 ) from None  # each process stops where it is: no collective
-            text, cleaning, tokenizer, model, identity, tokenized = prepared
+            text, cleaning, truncations, tokenizer, model, identity, tokenized = prepared
             evaluate = training_args.eval_strategy != "no"
             bleu_size = _bleu_sample_size(data_args, preset)
             trainer = TokenBudgetSeq2SeqTrainer(
@@ -1139,6 +1144,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                     data_args,
                     text,
                     cleaning,
+                    truncations,
                     hub_model_id=hub_model_id,
                     conversion=identity["fairseq_conversion"],
                 )

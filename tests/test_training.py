@@ -178,7 +178,7 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     # the token-holding original: to_dict masks
     trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
     model_args, data_args = ModelArguments(preset="tiny"), DataArguments(data_dir="d")
-    _write_run_records(trainer, model_args, data_args, {"train": [None] * 3}, {}, hub_model_id=REPO_ID)
+    _write_run_records(trainer, model_args, data_args, {"train": [None] * 3}, {}, {}, hub_model_id=REPO_ID)
     text = (tmp_path / "training_args.json").read_text()
     assert HUB_TOKEN not in text
     records = json.loads(text)
@@ -190,7 +190,7 @@ def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batc
     given = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     derived = dataclasses.replace(given, max_tokens_per_device=3323)
     trainer = SimpleNamespace(args=derived, processing_class=[None] * 64, max_tokens_limit=4096)
-    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {})
+    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
     records = json.loads((tmp_path / "training_args.json").read_text())
     assert (records["max_tokens_per_device"], records["max_tokens_per_device_given"]) == (3323, 4096)
 
@@ -347,7 +347,7 @@ def test_a_signal_while_the_data_is_prepared_stops_with_the_update_of_a_checkpoi
         return load_text(*arguments, **kwargs)
 
     monkeypatch.setattr(training, "_load_text", signalled_while_loading)
-    monkeypatch.setattr(training, "tokenize_parallel_dataset", lambda *arguments, **kwargs: tokenised.append(1))
+    monkeypatch.setattr(training, "tokenize_counting_truncations", lambda *arguments, **kwargs: tokenised.append(1))
     with pytest.raises(TrainingPreempted, match=r"at update 2, with the checkpoint .*kept"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, resume_from_checkpoint=str(kept)))
     assert json.loads((run / "preempted.json").read_text())["step"] == 2
@@ -1083,3 +1083,22 @@ def test_fine_tuning_a_hub_repo_reads_it_at_the_commit_of_its_first_read(hub_her
     push_model_dir(tmp_path / "second", "tester/base", token=HUB_TOKEN)
     loaded = AutoModelForSeq2SeqLM.from_pretrained("tester/base", **_revision_of("tester/base", model_args))
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_the_sequences_truncated_to_max_length_are_counted_in_data_stats(tmp_path, datasets_cache):
+    """Pairs over --max_length tokens are cut (their </s> kept: a cut target teaches the model to stop there); the
+    count was only logged, and the run's records, which the card shows, said nothing of it."""
+    data = DataArguments(
+        data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)),
+        source_lang="en",
+        target_lang="de",
+        vocab_size=64,
+        max_length=4,
+    )
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, eval_strategy="no"))
+    stats = json.loads((run / "data_stats.json").read_text())["truncated_to_max_length"]
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    lines = [(tmp_path / "data" / f"train.{lang}").read_text().splitlines() for lang in ("en", "de")]
+    over = sum(len(ids) > 4 for side in lines for ids in tokenizer(side)["input_ids"])
+    assert over > 0 and stats == {"max_length": 4, "sequences": {"train": over}}
