@@ -484,7 +484,7 @@ def test_marian_export_round_trips_exactly(trained, tokenizer, tmp_path, layout)
         assert torch.equal(back[name], tensor), name
     assert all(not back[name].any() for name in back if name.endswith("_proj.bias"))  # the paper has none
     record = json.loads((tmp_path / "marian" / "export.json").read_text())
-    assert record["format"] == "marian" and len(record["not_expressed"]) == 3  # GNMT form, source + 50, the cap
+    assert record["format"] == "marian" and len(record["not_expressed"]) == 4  # GNMT, source + 50, caps, sources
 
 
 def test_marian_export_carries_generates_decoding_rules_and_lists_fairseqs(tokenizer, tmp_path):
@@ -502,6 +502,7 @@ def test_marian_export_carries_generates_decoding_rules_and_lists_fairseqs(token
         "forced_eos_keeps_log_prob=True",
         "beam_finalization='first'",
         "no max_length or max_new_tokens",
+        "sources over 64 tokens",
     ]
 
 
@@ -517,6 +518,20 @@ def test_marian_export_does_not_cut_translations_at_transformers_default_length(
         assert marian.generate(**batch, num_beams=2, min_new_tokens=30).shape[1] > 21
     record = json.loads((tmp_path / "marian" / "export.json").read_text())
     assert any("max_length=40" in line for line in record["not_expressed"])
+
+
+def test_marian_exports_tokenizer_warns_of_sources_longer_than_the_positional_table(tokenizer, tmp_path):
+    """MarianMTModel fails on a source longer than its positional table with "IndexError: index out of range in
+    self", naming no limit: the exported tokenizer's model_max_length was this project's 1024 whatever the table,
+    so nothing warned of it first (as it does of Marian checkpoints on the Hub), and export.json did not list it."""
+    model = tiny_model(len(tokenizer), max_position_embeddings=40)
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    assert tokenizer.model_max_length == 1024, "the caller's tokenizer keeps its own"
+    exported = AutoTokenizer.from_pretrained(tmp_path / "marian")
+    assert exported.model_max_length == 40, "what transformers' tokenizer warns of a longer source by"
+    assert len(exported(" ".join(["the dog."] * 20), truncation=True)["input_ids"]) == 40
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert any(line.startswith("sources over 40 tokens: MarianMTModel fails") for line in record["not_expressed"])
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -83,6 +84,17 @@ def _fairseq_decoding_not_expressed(model: TransformerForConditionalGeneration) 
     return not_expressed
 
 
+def _within_positions(tokenizer: PreTrainedTokenizerBase, positions: int) -> PreTrainedTokenizerBase:
+    """`tokenizer`, or a copy of it whose `model_max_length` is `positions` where it was longer: MarianMTModel fails
+    on a longer source with an IndexError that names no limit, which transformers' tokenizer then warns of first
+    ("longer than the specified maximum sequence length for this model")."""
+    if tokenizer.model_max_length <= positions:
+        return tokenizer
+    within = copy.copy(tokenizer)  # the caller's tokenizer keeps its own
+    within.model_max_length = positions
+    return within
+
+
 def to_marian(
     model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None, output_dir: str | Path
 ) -> Path:
@@ -107,9 +119,15 @@ def to_marian(
             f"no max_length or max_new_tokens: MarianMTModel stops every sentence at max_length={limits.max_length} "
             "tokens (the positional table), where transformers' default would be 20"
         )
+    positions = model.config.max_position_embeddings
+    not_expressed.append(
+        f"sources over {positions} tokens: MarianMTModel fails on them (IndexError: index out of range in self, its "
+        f"positional table has {positions} rows), where generate() encodes them whole; the tokenizer warns of them "
+        f"(model_max_length={positions}) and cuts them with truncation=True"
+    )
     with building_directory(output_dir) as directory:
         marian.save_pretrained(directory)
         if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
+            _within_positions(tokenizer, positions).save_pretrained(directory)
         write_record(directory, "marian", model, not_expressed=not_expressed)
     return Path(output_dir)
