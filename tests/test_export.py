@@ -299,6 +299,22 @@ def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokeniz
     assert ct2_translations(tmp_path / "ct2", tokenizer, **options) == [strip(row) for row in generated.tolist()]
 
 
+def test_ctranslate2_options_let_a_long_source_translate_as_far_as_the_paper_limit_lets_generate(tokenizer, tmp_path):
+    """Under the paper's limit (source + 50) and no cap, the options took CTranslate2's 256 tokens: the translation
+    of a source over 206 tokens, whole from generate(), was cut there without a word."""
+    model = tiny_model(len(tokenizer), max_position_embeddings=512)  # random: its translations run to the limit
+    model.generation_config.num_beams = 1
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
+    assert options["max_decoding_length"] == 512
+    source = [" ".join(["the dog."] * 70)]
+    with torch.no_grad():
+        (generated,) = [strip(row) for row in model.generate(**tokenizer(source, return_tensors="pt")).tolist()]
+    assert len(generated) > 256
+    (translated,) = ct2_translations(tmp_path / "ct2", tokenizer, source, **options)
+    assert translated[: len(generated)] == generated
+
+
 def test_ctranslate2_options_take_min_length_less_the_decoder_start_token(tokenizer):
     model = tiny_model(len(tokenizer))
     batch = tokenizer(SOURCES, padding=True, return_tensors="pt")

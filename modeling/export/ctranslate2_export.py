@@ -193,7 +193,9 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     the generation config's; CTranslate2 stops a sentence's search once `beam_size` hypotheses have finished, as
     `early_stopping=True` does. `max_decoding_length` counts the end-of-sentence token, as `max_new_tokens` does:
     it is the new tokens generate() allows (`_new_tokens`: `max_new_tokens`, else `max_length` less the decoder
-    start token) when the config caps them, else 256 (CTranslate2's default), within the positional table.
+    start token) when the config caps them, else the positional table's length under the paper's per-sentence
+    limit (`max_length_offset`: the longest source CTranslate2 takes may run that far), else 256 (CTranslate2's
+    default), within the positional table.
     `min_decoding_length` is `min_new_tokens` (else `min_length` less the decoder start token): 0 allows an empty
     translation, as `generate()` does by default (CTranslate2's default, 1, does not; fairseq's decoding sets 1);
     CTranslate2 removes the blocked end-of-sentence before its softmax, generate() after it (listed).
@@ -208,7 +210,10 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     generation = model.generation_config
     positions = model.config.max_position_embeddings
     cap = _new_tokens(generation, "max")
-    limit = cap if cap is not None else 256
+    # Uncapped, the paper's limit (source + offset) lets a source of up to max_input_length tokens run on to the
+    # table: CTranslate2's 256 cut the translations that generate() lets run past it (sources over 206 tokens).
+    uncapped = positions if getattr(generation, "max_length_offset", None) is not None else 256
+    limit = cap if cap is not None else uncapped
     a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
     fairseq_limit = a is not None or b is not None
     if fairseq_limit:
