@@ -315,6 +315,16 @@ def test_ctranslate2_options_let_a_long_source_translate_as_far_as_the_paper_lim
     assert translated[: len(generated)] == generated
 
 
+def test_ctranslate2_exports_tokenizer_warns_of_sources_it_cuts(tokenizer, tmp_path):
+    """CTranslate2 cuts a source at max_input_length (the positional table's rows) without a word: the exported
+    tokenizer's model_max_length was this project's 1024 whatever the table, so nothing warned of it."""
+    export.to_ctranslate2(tiny_model(len(tokenizer), max_position_embeddings=40), tokenizer, tmp_path / "ct2")
+    assert tokenizer.model_max_length == 1024, "the caller's tokenizer keeps its own"
+    assert AutoTokenizer.from_pretrained(tmp_path / "ct2").model_max_length == 40
+    not_expressed = json.loads((tmp_path / "ct2" / "export.json").read_text())["not_expressed"]
+    assert any(line.startswith("max_input_length=40") and "model_max_length=40" in line for line in not_expressed)
+
+
 def test_ctranslate2_options_take_min_length_less_the_decoder_start_token(tokenizer):
     model = tiny_model(len(tokenizer))
     batch = tokenizer(SOURCES, padding=True, return_tensors="pt")

@@ -127,6 +127,18 @@ def _with_installed_classes(model: Any) -> TransformerForConditionalGeneration:
     return twin.train(model.training)
 
 
+def within_positions(tokenizer: Any, positions: int) -> Any:
+    """`tokenizer`, or a copy of it whose `model_max_length` is `positions` where it was longer, for a runtime that
+    takes no longer source (MarianMTModel fails on one with an IndexError that names no limit, CTranslate2 cuts
+    it): transformers' tokenizer then warns of one ("longer than the specified maximum sequence length for this
+    model"), and `truncation=True` cuts there."""
+    if tokenizer.model_max_length <= positions:
+        return tokenizer
+    within = copy.copy(tokenizer)  # the caller's tokenizer keeps its own
+    within.model_max_length = positions
+    return within
+
+
 def single_eos(config: TransformerConfig, target: str) -> int:
     """The one end-of-sentence token id that `target` takes, refused in one line if there are none or several."""
     eos = config.eos_token_id

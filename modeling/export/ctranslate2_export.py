@@ -21,6 +21,7 @@ from .common import (
     paper_decoding_not_expressed,
     refuse,
     single_eos,
+    within_positions,
     write_record,
 )
 
@@ -230,7 +231,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     not_expressed = paper_decoding_not_expressed(model, "CTranslate2")
     not_expressed.append(
         f"max_input_length={positions}: CTranslate2 cuts a longer source to its first {positions} tokens (the "
-        "positional table's rows), where generate() encodes it whole"
+        "positional table's rows), where generate() encodes it whole; the tokenizer warns of one "
+        f"(model_max_length={positions})"
     )
     if fairseq_limit:
         forced = getattr(generation, "forced_eos_keeps_log_prob", False)
@@ -342,7 +344,7 @@ def to_ctranslate2(
     output_dir = Path(output_dir)
     with building_directory(output_dir) as directory:
         ModelConverter().convert(str(directory), quantization=quantization, force=True)
-        tokenizer.save_pretrained(directory)
+        within_positions(tokenizer, model.config.max_position_embeddings).save_pretrained(directory)
         write_json(directory / CTRANSLATE2_OPTIONS_FILE, options)
         write_record(
             directory, "ctranslate2", model, quantization=quantization or "float32", not_expressed=not_expressed

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from .common import (
     paper_decoding_not_expressed,
     refuse,
     single_eos,
+    within_positions,
     write_record,
 )
 
@@ -84,17 +84,6 @@ def _fairseq_decoding_not_expressed(model: TransformerForConditionalGeneration) 
     return not_expressed
 
 
-def _within_positions(tokenizer: PreTrainedTokenizerBase, positions: int) -> PreTrainedTokenizerBase:
-    """`tokenizer`, or a copy of it whose `model_max_length` is `positions` where it was longer: MarianMTModel fails
-    on a longer source with an IndexError that names no limit, which transformers' tokenizer then warns of first
-    ("longer than the specified maximum sequence length for this model")."""
-    if tokenizer.model_max_length <= positions:
-        return tokenizer
-    within = copy.copy(tokenizer)  # the caller's tokenizer keeps its own
-    within.model_max_length = positions
-    return within
-
-
 def to_marian(
     model: TransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None, output_dir: str | Path
 ) -> Path:
@@ -128,6 +117,6 @@ def to_marian(
     with building_directory(output_dir) as directory:
         marian.save_pretrained(directory)
         if tokenizer is not None:
-            _within_positions(tokenizer, positions).save_pretrained(directory)
+            within_positions(tokenizer, positions).save_pretrained(directory)
         write_record(directory, "marian", model, not_expressed=not_expressed)
     return Path(output_dir)
