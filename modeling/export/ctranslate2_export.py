@@ -231,8 +231,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     not_expressed = paper_decoding_not_expressed(model, "CTranslate2")
     not_expressed.append(
         f"max_input_length={positions}: CTranslate2 cuts a longer source to its first {positions} tokens (the "
-        "positional table's rows), where generate() encodes it whole; the tokenizer warns of one "
-        f"(model_max_length={positions})"
+        "positional table's rows), where generate() encodes it whole; the tokenizer exported with it warns of one "
+        f"(model_max_length at most {positions})"
     )
     if fairseq_limit:
         forced = getattr(generation, "forced_eos_keeps_log_prob", False)

@@ -111,8 +111,8 @@ def to_marian(
     positions = model.config.max_position_embeddings
     not_expressed.append(
         f"sources over {positions} tokens: MarianMTModel fails on them (IndexError: index out of range in self, its "
-        f"positional table has {positions} rows), where generate() encodes them whole; the tokenizer warns of them "
-        f"(model_max_length={positions}) and cuts them with truncation=True"
+        f"positional table has {positions} rows), where generate() encodes them whole; a tokenizer exported with it "
+        f"warns of them (model_max_length at most {positions}) and cuts them with truncation=True"
     )
     with building_directory(output_dir) as directory:
         marian.save_pretrained(directory)
