@@ -111,7 +111,7 @@ def write_error(error: BaseException, path: str | os.PathLike) -> UnwritableErro
             return None
         # "[Errno 5] Input/output error" alone: a write's or an fsync's, which name no file
         return UnwritableError(code, f"{os.strerror(code)} while writing {os.fspath(path)}")
-    words = next((str(seen) for seen in _chain(error) if _TORCH_WRITER_FAILED.search(str(seen))), None)
+    words = next((str(seen) for seen in exception_chain(error) if _TORCH_WRITER_FAILED.search(str(seen))), None)
     if words is not None:
         return UnwritableError(
             errno.EIO,
@@ -129,10 +129,13 @@ _TORCH_WRITER_FAILED = re.compile(r"inline_container\.cc|PytorchStreamWriter|ios
 _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """`error`, then what caused it, and so on."""
+def exception_chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then its cause (else the exception it was raised while handling), and so on, each once: a chain can
+    loop (`raise err.__cause__` inside `except ... as err` makes the cause's context `err`)."""
     seen: BaseException | None = error
-    while seen is not None:
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
         yield seen
         seen = seen.__cause__ or seen.__context__
 
@@ -140,7 +143,7 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 def _os_errors(error: BaseException) -> Iterator[tuple[int, BaseException]]:
     """Each error in `error`'s chain that has an errno (an OSError, or a Rust library's error whose message ends in
     its number), with that errno."""
-    for seen in _chain(error):
+    for seen in exception_chain(error):
         if isinstance(seen, OSError) and seen.errno is not None:
             yield seen.errno, seen
         elif (match := _OS_ERROR_CODE.search(str(seen))) is not None:

@@ -10,6 +10,7 @@ import lzma
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -134,6 +135,32 @@ def test_an_error_that_names_its_file_or_is_no_file_systems_is_raised_as_it_is(t
             with atomic_path(tmp_path / "config.json"):
                 raise failure
         assert error.value is failure
+
+
+def unwrapped_error() -> None:
+    """Raise the cause of a library's wrapper, as code that unwraps one does: the cause's context is the wrapper,
+    whose cause it is, a loop."""
+    try:
+        try:
+            raise ValueError("the real error")
+        except ValueError as cause:
+            raise RuntimeError("a wrapper") from cause
+    except RuntimeError as wrapper:
+        raise wrapper.__cause__ from None
+
+
+def test_an_error_whose_chain_loops_is_raised_as_it_is(tmp_path):
+    """Looking for a full disk along the error's causes and contexts went round that loop for ever."""
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("following the error's chain never ended"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(ValueError, match="the real error"):
+            with atomic_path(tmp_path / "out.txt"):
+                unwrapped_error()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert leftovers(tmp_path) == []
 
 
 def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_path):
