@@ -31,7 +31,7 @@ import tokenizers
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from .files import file_sha256, file_states, iter_lines
+from .files import DiskFullError, disk_full_error, exception_chain, file_sha256, file_states, iter_lines
 from .hub_client import use_hub_timeouts
 from .tokenization import visible_words
 
@@ -125,11 +125,13 @@ def load_parallel_dataset(
 def _naming_an_unwritable_cache(cache_dir: str | None) -> Iterator[None]:
     """datasets writes every corpus it reads, a local one too, into its cache (and a lock beside a cached one): a
     cache it cannot write (HF_HOME on a shared file system, read-only on compute nodes) is named with the way out,
-    instead of "[Errno 30] Read-only file system: '.../datasets'"."""
+    instead of "[Errno 30] Read-only file system: '.../datasets'"; one that is full, as `DiskFullError`
+    (`_naming_a_full_disk`)."""
+    cache = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
     try:
-        yield
+        with _naming_a_full_disk(cache):
+            yield
     except OSError as error:
-        cache = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
         written = Path(error.filename) if error.filename else None
         if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or written is None:
             raise
@@ -143,6 +145,36 @@ def _naming_an_unwritable_cache(cache_dir: str | None) -> Iterator[None]:
         named = OSError(f"cannot write the datasets cache {cache} ({error.strerror}): {way_out}")
         named.errno = error.errno
         raise named from error
+
+
+@contextmanager
+def _naming_a_full_disk(cache: Path) -> Iterator[None]:
+    """A full disk while datasets writes its cache raised as `DiskFullError` naming `cache`: datasets said "[Errno
+    28] No space left on device" (a map) and, writing a local corpus, "An error occurred while generating the
+    dataset", with a traceback, naming neither the full disk nor where it writes."""
+    try:
+        yield
+    except Exception as error:
+        full = _full_disk(error, cache)
+        if full is None:
+            raise
+        raise full from error
+
+
+def _full_disk(error: BaseException, cache: Path) -> DiskFullError | None:
+    """`DiskFullError` for `cache` where `error` comes of an OSError of a full disk: errno ENOSPC, or (pyarrow's
+    write errors carry none) no errno on a nearly full disk (`disk_full_error`); None for any other error."""
+    for seen in exception_chain(error):
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, None):
+            return disk_full_error(seen, cache)
+    return None
+
+
+def _cache_directory(part: datasets.Dataset) -> Path:
+    """Where datasets writes what it computes from `part`: beside its Arrow file, else in its default cache."""
+    if part.cache_files:
+        return Path(part.cache_files[0]["filename"]).parent
+    return Path(datasets.config.HF_DATASETS_CACHE)
 
 
 def _load_hub_splits(
@@ -503,20 +535,21 @@ def clean_parallel_dataset(
     out, counts = dict(ds), {}
     for name in splits:
         split = resolve_split(ds, name)
-        codes_ds = ds[split].map(
-            _rejection_codes,
-            batched=True,
-            input_columns="translation",
-            remove_columns=ds[split].column_names,
-            fn_kwargs={
-                "languages": (source_lang, target_lang),
-                "max_length": max_length,
-                "max_ratio": max_ratio,
-            },
-            num_proc=num_proc,
-            desc=f"clean {split}",
-            new_fingerprint=_cleaning_fingerprint(ds[split], (source_lang, target_lang), max_length, max_ratio),
-        )
+        with _naming_a_full_disk(_cache_directory(ds[split])):
+            codes_ds = ds[split].map(
+                _rejection_codes,
+                batched=True,
+                input_columns="translation",
+                remove_columns=ds[split].column_names,
+                fn_kwargs={
+                    "languages": (source_lang, target_lang),
+                    "max_length": max_length,
+                    "max_ratio": max_ratio,
+                },
+                num_proc=num_proc,
+                desc=f"clean {split}",
+                new_fingerprint=_cleaning_fingerprint(ds[split], (source_lang, target_lang), max_length, max_ratio),
+            )
         codes = codes_ds.with_format("arrow")["reject"].to_numpy()
         by_rule = np.bincount(codes, minlength=5)
         kept = by_rule[_KEEP] + by_rule[_UNMEASURED]
@@ -625,17 +658,18 @@ def tokenize_counting_truncations(
     out, truncations = {}, {}
     for split, part in ds.items():
         languages = (source_lang, target_lang)
-        encoded = part.map(
-            _encode,
-            batched=True,
-            input_columns="translation",
-            remove_columns=part.column_names,
-            features=TOKENISED_FEATURES,
-            fn_kwargs={"tokenizer": tokenizer, "languages": languages, "max_length": max_length},
-            num_proc=num_proc if num_proc is not None else tokenisation_workers(len(part)),
-            new_fingerprint=_tokenization_fingerprint(part, tokenizer, languages, max_length),
-            desc=f"tokenise {split}",
-        )
+        with _naming_a_full_disk(_cache_directory(part)):
+            encoded = part.map(
+                _encode,
+                batched=True,
+                input_columns="translation",
+                remove_columns=part.column_names,
+                features=TOKENISED_FEATURES,
+                fn_kwargs={"tokenizer": tokenizer, "languages": languages, "max_length": max_length},
+                num_proc=num_proc if num_proc is not None else tokenisation_workers(len(part)),
+                new_fingerprint=_tokenization_fingerprint(part, tokenizer, languages, max_length),
+                desc=f"tokenise {split}",
+            )
         truncated = pc.sum(encoded.with_format("arrow")["truncated"]).as_py() or 0
         if truncated:
             logger.warning("%s: truncated %d sequences to max_length=%d tokens", split, truncated, max_length)

@@ -35,6 +35,7 @@ from modeling.data import (
     tokenisation_workers,
     tokenize_parallel_dataset,
 )
+from modeling.files import DiskFullError
 from modeling.tokenization import train_shared_bpe
 
 EN = ["a man runs .", "two dogs play in the park .", "a woman in a red shirt .", "the boy eats ."]
@@ -236,6 +237,37 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_p
     monkeypatch.setattr(datasets.Dataset, "from_generator", elsewhere)
     with pytest.raises(PermissionError, match=r"Permission denied: '/somewhere/else'"):
         load(tmp_path)
+
+
+def no_space_left(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_a_local_corpus_is_cached_names_the_cache(tmp_path, monkeypatch):
+    """datasets writes a local corpus into its cache: a full disk then ended train.py, train_tokenizer.py and
+    evaluate.py with a traceback of "An error occurred while generating the dataset", naming neither the full disk
+    nor the cache."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_examples_on_file", no_space_left)
+    cache = tmp_path / "cache"
+    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {re.escape(str(cache))} \("):
+        load(tmp_path, cache_dir=str(cache))
+
+
+@pytest.mark.parametrize("step", ["clean", "tokenise"])
+def test_a_full_disk_while_cleaning_or_tokenising_names_the_cache(tmp_path, monkeypatch, datasets_cache, step):
+    """Their maps write Arrow files beside the corpus's: datasets said only "[Errno 28] No space left on device"."""
+    text = load_parallel_dataset(
+        source_lang="en", target_lang="de", data_dir=write_corpus(tmp_path, 20, word_for_word)
+    )
+    cache = Path(text["train"].cache_files[0]["filename"]).parent
+    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_batch", no_space_left)
+    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {re.escape(str(cache))} \("):
+        if step == "clean":
+            clean_parallel_dataset(text, "en", "de")
+        else:
+            tokenize_parallel_dataset(text, train_shared_bpe(EN + DE, vocab_size=120), "en", "de")
 
 
 def test_missing_or_unreadable_inputs(tmp_path):
