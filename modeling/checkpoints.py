@@ -52,7 +52,9 @@ TRAINING_ARGS_FILE = "training_args.json"
 # The model card and its figure, rendered into a model directory from records (`modeling.model_card`): a directory
 # replaced by a new build (a conversion, an average) loses them, and the next push renders them again.
 CURVES_FILE = "training_curves.png"
-MODEL_CARD_FILES = ("README.md", CURVES_FILE)
+# Where the card's figure is drawn before it is moved in: a killed render leaves it, which a replacement takes too.
+MODEL_CARD_STAGING = ".model_card.partial"
+MODEL_CARD_FILES = ("README.md", CURVES_FILE, MODEL_CARD_STAGING)
 DATA_STATS_FILE = "data_stats.json"
 PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
@@ -489,6 +491,7 @@ __all__ = [
     "CURVES_FILE",
     "DATA_STATS_FILE",
     "MODEL_CARD_FILES",
+    "MODEL_CARD_STAGING",
     "IncompleteCheckpointError",
     "PREEMPTED_FILE",
     "RUN_IDENTITY_FILE",

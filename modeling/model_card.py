@@ -22,7 +22,6 @@ import dataclasses
 import json
 import math
 import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from .checkpoints import (
     CONVERSION_FILE,
     CURVES_FILE,
     DATA_STATS_FILE,
+    MODEL_CARD_STAGING,
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
@@ -49,7 +49,7 @@ from .checkpoints import (
     weights_record,
 )
 from .evaluation import DECODING_SETTINGS
-from .files import atomic_path, write_text
+from .files import atomic_path, remove_tree, write_text
 from .generation_transformer import set_paper_decoding, unset_decoding_defaults
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -621,18 +621,24 @@ def write_model_card(
     conversion = read_record(model_dir / CONVERSION_FILE) if (model_dir / CONVERSION_FILE).is_file() else None
     conversion = conversion or fine_tuned_conversion
     # The curves are plotted aside and moved in (a rename, in the same directory) with the card: a template that
-    # fails leaves nothing written.
-    with tempfile.TemporaryDirectory(dir=model_dir) as staging:
+    # fails leaves nothing written. Aside under one name, a killed render's removed here: a new name each time left
+    # one more directory in the model's at every kill, which a new average or conversion refused to replace.
+    staging = model_dir / MODEL_CARD_STAGING
+    remove_tree(staging)
+    staging.mkdir()
+    try:
         curves = None
         if inputs["log_history"]:
             try:
-                curves = plot_training_curves(inputs["log_history"], Path(staging) / CURVES_FILE)
+                curves = plot_training_curves(inputs["log_history"], staging / CURVES_FILE)
             except ValueError:  # a history without losses or BLEU: the card says there are no curves
                 curves = None
         weights = {"averaged_checkpoints": averaged, "best_checkpoint": best}
         card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, weights)
         if curves is not None:
             shutil.move(curves, model_dir / CURVES_FILE)
+    finally:
+        remove_tree(staging)
     return write_text(model_dir / "README.md", str(card))
 
 

@@ -5,10 +5,12 @@ import ast
 import json
 import os
 import re
+import shutil
+import signal
 from unittest import mock
 
 import pytest
-from helpers import LOG_HISTORY, tiny_config, tiny_model, tiny_tokenizer
+from helpers import FAIRSEQ_FIXTURES, LOG_HISTORY, tiny_config, tiny_model, tiny_tokenizer
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 from transformers import GenerationConfig
@@ -269,6 +271,46 @@ def test_a_converted_model_whose_generation_config_was_edited_says_what_it_holds
     assert "The conversion wrote into\n`generation_config.json` what `fairseq-interactive" in card
     assert "kept; it was edited since, and holds: beam 5, score / length^α length penalty 0.6," in card
     assert "# generation_config.json holds its decoding: beam 5, score / length^α length penalty 0.6" in card
+
+
+def kill_a_card_render(model_dir, card_dir) -> None:
+    """Render the card of `model_dir` in a child process that is killed (SIGKILL) once the figure is drawn."""
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of pytest runs here; it leaves by SIGKILL or os._exit
+        try:
+            model_card._render_card_of = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+            model_card.write_model_card(model_dir, repo_id=REPO_ID, card_from=[card_dir])
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def test_a_card_render_killed_midway_leaves_nothing_that_a_new_conversion_refuses(
+    converted_fairseq_dir, card_dir, tmp_path
+):
+    """push_to_hub.py killed while it rendered the card left the figure's staging directory in the model's, under a
+    new name at every kill (tmpXXXXXXXX): converting again into that directory was refused, after the whole
+    conversion, for holding it."""
+    from modeling.fairseq import convert_fairseq
+
+    model_dir = shutil.copytree(converted_fairseq_dir, tmp_path / "model")
+    converted = sorted(path.name for path in model_dir.iterdir())
+    kill_a_card_render(model_dir, card_dir)
+    model_card.write_model_card(model_dir, repo_id=REPO_ID, card_from=[card_dir])  # a new render clears it away
+    assert sorted(path.name for path in model_dir.iterdir()) == sorted(
+        [*converted, "README.md", "training_curves.png"]
+    )
+    kill_a_card_render(model_dir, card_dir)  # and a kill that no render follows
+    convert_fairseq(
+        FAIRSEQ_FIXTURES / "transformer_wmt_en_de" / "model.pt",
+        FAIRSEQ_FIXTURES,
+        model_dir,
+        source_lang="en",
+        target_lang="de",
+        bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+    )
+    assert sorted(path.name for path in model_dir.iterdir()) == converted
 
 
 def test_a_fine_tuned_models_card_names_its_base_model_as_training_recorded_it():
