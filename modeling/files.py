@@ -213,6 +213,16 @@ def _temporary_name(path: Path) -> Path:
         return candidate
 
 
+_TEMPORARY_NAME = re.compile(r"\.(?P<name>.+)\.tmp-\d+-[0-9a-f]{8}")
+
+
+def _written_by_atomic_path(name: str) -> str | None:
+    """The file whose temporary (`_temporary_name`) `name` is: left by a writer killed before renaming it into
+    place, it is part of that file, and goes where the file goes. None for any other name."""
+    match = _TEMPORARY_NAME.fullmatch(name)
+    return match["name"] if match else None
+
+
 def _written(path: Path) -> Path:
     """Where `path` is written: itself, or where the links on the way to it lead (the writers here follow them)."""
     resolved = Path(os.path.realpath(path))
@@ -514,7 +524,11 @@ def replacing_directory(
         check_replaceable(path, marker, what)
         path = Path(path)
         replaced = set(regenerated) | {entry.name for entry in partial.iterdir()}
-        others = sorted(entry.name for entry in path.iterdir() if entry.name not in replaced) if path.is_dir() else []
+        others = sorted(
+            entry.name
+            for entry in (path.iterdir() if path.is_dir() else ())
+            if entry.name not in replaced and _written_by_atomic_path(entry.name) not in replaced
+        )
         if others:
             raise FileExistsError(
                 f"{path} holds {others} besides {what}, which replacing it would delete: move them out of it, or "

@@ -510,6 +510,7 @@ def test_a_previous_directory_holding_more_than_a_build_writes_is_refused_and_ke
         (partial / "weights.bin").write_text("new weights")
     assert (out / "weights.bin").read_text() == "new weights"
     (out / "README.md").write_text("a card, which the next push renders again")
+    (out / ".README.md.tmp-4242-0123abcd").write_text("a card whose writer was killed before renaming it")
     with replacing_directory(out, "record.json", "a thing", regenerated=["README.md"]) as partial:
         write_json(partial / "record.json", {"build": 3})
         (partial / "weights.bin").write_text("newer weights")
