@@ -18,24 +18,40 @@ the same where a launcher such as torchrun turns the workers' 75 into its own 1)
 
 import signal
 import sys
+import time
+
+# modeling.callbacks.DUPLICATE_SIGNAL_SECONDS, which cannot be imported before torch: a launcher (torchrun, srun)
+# forwards the signal it got to workers that may have got it too.
+DUPLICATE_SIGNAL_SECONDS = 1.0
 
 
 class SignalsAtLaunch:
     """Keeps the first preemption signal that comes while the libraries load (importing torch and transformers
     takes 5-9 s on a busy node), for `PreemptionCallback`, which takes it over as received: the run then stops
     before training, with preempted.json and exit code 75. Without it, the signal's default action killed the
-    launch (143, no record), which README's requeue loop reports as a failure. Later signals meanwhile are the same
-    request: the launch stops within seconds."""
+    launch (143, no record), which README's requeue loop reports as a failure.
+
+    A second SIGINT or SIGTERM meanwhile (another one, or the same more than a second after the first) puts the
+    replaced handlers back and is raised again, as `PreemptionCallback` does: an impatient user gets out at once
+    (Ctrl-C twice), also from a load that hangs or a caller that goes on after an import failed (IPython's `%run`)."""
 
     def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
         self.received: signal.Signals | None = None
+        self._received_at = 0.0
         self.replaced = {  # what the process was started ignoring stays ignored, as PreemptionCallback leaves it
             sig: signal.signal(sig, self) for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN
         }
 
     def __call__(self, signum: int, frame: object) -> None:
+        received, now = signal.Signals(signum), time.monotonic()
         if self.received is None:
-            self.received = signal.Signals(signum)
+            self.received, self._received_at = received, now
+            return
+        duplicate = received == self.received and now - self._received_at < DUPLICATE_SIGNAL_SECONDS
+        if duplicate or received not in (signal.SIGINT, signal.SIGTERM):
+            return
+        self.release()
+        signal.raise_signal(received)
 
     def release(self) -> None:
         """Put back the handlers it replaced where it is still in place (no callback took over: the run failed

@@ -36,7 +36,12 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modeling import arguments
 from modeling.arguments import TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS, PreemptionCallback, SignalledBeforeTraining
+from modeling.callbacks import (
+    DUPLICATE_SIGNAL_SECONDS,
+    PREEMPTION_SIGNALS,
+    PreemptionCallback,
+    SignalledBeforeTraining,
+)
 from modeling.checkpoints import checkpoint_problems
 from modeling.presets import get_preset
 from modeling.training import TrainingPreempted, train
@@ -592,6 +597,30 @@ def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_th
     unused = script.SignalsAtLaunch((signal.SIGUSR1,))  # a launch that failed before training: nothing took over
     unused.release()
     assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch):
+    """Ctrl-C twice while the libraries load (or hang loading): the keeper swallowed every signal after the first,
+    where README and `PreemptionCallback` promise that a second SIGINT or SIGTERM stops at once. A launcher's copy
+    of the first (the same signal within a second) is still one request."""
+    script = load_train_script()
+    assert script.DUPLICATE_SIGNAL_SECONDS == DUPLICATE_SIGNAL_SECONDS, "the script names it too"
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    previous = signal.getsignal(signal.SIGINT)
+    at_launch = script.SignalsAtLaunch((signal.SIGINT, signal.SIGUSR1))
+    try:
+        signal.raise_signal(signal.SIGINT)
+        clock[0] += 0.5
+        signal.raise_signal(signal.SIGINT)  # forwarded by a launcher: the same request
+        signal.raise_signal(signal.SIGUSR1)  # not a request to stop at once
+        assert at_launch.received == signal.SIGINT and signal.getsignal(signal.SIGINT) is at_launch
+        clock[0] += 1.0
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is previous, "the handler from before the launch is back"
+    finally:
+        at_launch.release()
 
 
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
