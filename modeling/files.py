@@ -98,10 +98,11 @@ def write_error(error: BaseException, path: str | os.PathLike) -> UnwritableErro
     """One line naming `path` for a write that failed in the file system: `disk_full_error`'s, else an
     `UnwritableError` with the reason the file system gave (EIO from an NFS server, EROFS, ...), or, for torch's
     writer, which gives none, its own words. None for an error that names its file already (`open`'s, `rename`'s)
-    and for one that is not the file system's (a bug's: its traceback says more). Call it before removing what
-    the failed write left."""
+    and for one that is not the file system's (a bug's: its traceback says more), or already one line (a nested
+    write's: raised again from itself, it lost its cause, the file system's own error). Call it before removing
+    what the failed write left."""
     if isinstance(error, UnwritableError):
-        return error
+        return None
     full = disk_full_error(error, path)
     if full is not None:
         return full

@@ -163,6 +163,23 @@ def test_an_error_whose_chain_loops_is_raised_as_it_is(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_a_nested_write_that_the_file_system_refused_keeps_its_cause(tmp_path, monkeypatch):
+    """A file written atomically inside a directory built atomically (a checkpoint's state inside its staging
+    directory): the outer block raised the inner one's error again from itself, and the file system's own error
+    ("[Errno 5] Input/output error", where the write failed) was gone from the traceback."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    failure = OSError(errno.EIO, "Input/output error")
+    with pytest.raises(UnwritableError) as error:
+        with atomic_directory(tmp_path / "checkpoint-2") as staging:
+            with atomic_path(staging / "trainer_state.json"):
+                raise failure
+    assert (
+        str(error.value)
+        == f"Input/output error while writing {tmp_path / 'checkpoint-2.partial' / 'trainer_state.json'}"
+    )
+    assert error.value.__cause__ is failure
+
+
 def test_a_directory_is_swapped_whole_and_a_failed_build_leaves_the_old_one(tmp_path):
     target = tmp_path / "averaged"
     with atomic_directory(target) as staging:
