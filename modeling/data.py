@@ -162,10 +162,11 @@ def _naming_a_full_disk(cache: Path) -> Iterator[None]:
 
 
 def _full_disk(error: BaseException, cache: Path) -> DiskFullError | None:
-    """`DiskFullError` for `cache` where `error` comes of an OSError of a full disk: errno ENOSPC, or (pyarrow's
-    write errors carry none) no errno on a nearly full disk (`disk_full_error`); None for any other error."""
+    """`DiskFullError` for `cache` where `error` comes of an OSError of a full disk: errno ENOSPC or EDQUOT (a
+    quota), or (pyarrow's write errors carry none) no errno on a nearly full disk (`disk_full_error`); None for any
+    other error."""
     for seen in exception_chain(error):
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, None):
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, None):
             return disk_full_error(seen, cache)
     return None
 

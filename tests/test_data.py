@@ -243,15 +243,20 @@ def no_space_left(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_a_full_disk_while_a_local_corpus_is_cached_names_the_cache(tmp_path, monkeypatch):
+def quota_exceeded(*args, **kwargs):
+    raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+
+@pytest.mark.parametrize(("failure", "message"), [(no_space_left, "No space left"), (quota_exceeded, "Disk quota")])
+def test_a_full_disk_while_a_local_corpus_is_cached_names_the_cache(tmp_path, monkeypatch, failure, message):
     """datasets writes a local corpus into its cache: a full disk then ended train.py, train_tokenizer.py and
     evaluate.py with a traceback of "An error occurred while generating the dataset", naming neither the full disk
-    nor the cache."""
+    nor the cache; a full quota, with its bare "[Errno 122] Disk quota exceeded"."""
     write_lines(tmp_path / "train.en", EN)
     write_lines(tmp_path / "train.de", DE)
-    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_examples_on_file", no_space_left)
+    monkeypatch.setattr(datasets.arrow_writer.ArrowWriter, "write_examples_on_file", failure)
     cache = tmp_path / "cache"
-    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {re.escape(str(cache))} \("):
+    with pytest.raises(DiskFullError, match=rf"^{message} .* while writing {re.escape(str(cache))}"):
         load(tmp_path, cache_dir=str(cache))
 
 
