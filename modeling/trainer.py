@@ -351,7 +351,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, **kwargs)
         self.bleu_dataset = bleu_dataset
         self._loss_only = False
-        self._evaluation_loss_totals: torch.Tensor | None = None  # [summed loss, labelled tokens] while evaluating
+        # [summed loss, labelled tokens, batches left out for a non-finite loss] while evaluating
+        self._evaluation_loss_totals: torch.Tensor | None = None
         self._evaluation_batches = 0  # on each process, in the last evaluation loop
         self._sampler_epoch = SamplerEpochCallback()
         self.add_callback(self._sampler_epoch)
@@ -1057,16 +1058,25 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         dataset: the Trainer's is the unweighted mean of its batches' means, which weighs the tokens of a short last
         batch (or of a batch split for several processes) more than the others, and changes with the batching and
         the number of processes."""
-        self._evaluation_loss_totals = torch.zeros(2, device=self.args.device)  # float32: MPS has no float64
+        self._evaluation_loss_totals = torch.zeros(3, device=self.args.device)  # float32: MPS has no float64
         try:
             output = super().evaluation_loop(
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
             )
-            loss_sum, tokens = self.accelerator.reduce(self._evaluation_loss_totals, "sum").tolist()
+            loss_sum, tokens, left_out = self.accelerator.reduce(self._evaluation_loss_totals, "sum").tolist()
         finally:
             self._evaluation_loss_totals = None
         self._evaluation_batches = len(dataloader)
         key = f"{metric_key_prefix}_loss"
+        if left_out and tokens:  # the Trainer leaves them out without a word: the loss is that of part of the split
+            logger.warning(
+                "%s: %d of the %d batches evaluated had a non-finite loss (NaN or inf), left out of %s "
+                "(logging_nan_inf_filter): the model may be diverging",
+                description,
+                left_out,
+                self._evaluation_batches * self.accelerator.num_processes,
+                key,
+            )
         if key in output.metrics and tokens:
             output.metrics[key] = loss_sum / tokens
         return output
@@ -1120,13 +1130,16 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
     def _add_to_evaluation_loss(self, loss: torch.Tensor, labels: torch.Tensor) -> None:
         """Count a batch's mean loss for each of its labelled tokens. Not a batch without any (its loss is 0 / 0),
-        nor, as the Trainer filters its logs (`logging_nan_inf_filter`), a non-finite loss."""
+        nor, as the Trainer leaves them out (`logging_nan_inf_filter`), a non-finite loss: that is counted apart."""
         totals = self._evaluation_loss_totals
         tokens = labels.ne(-100).sum().to(totals)
         loss = loss.detach().to(totals)
-        if not tokens or (self.args.logging_nan_inf_filter and not torch.isfinite(loss)):
+        if not tokens:
             return
-        totals += torch.stack([loss * tokens, tokens])
+        if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
+            totals[2] += 1  # warned of after the loop
+            return
+        totals[:2] += torch.stack([loss * tokens, tokens])
 
 
 def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callable[[EvalPrediction], dict]:

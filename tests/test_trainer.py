@@ -346,6 +346,29 @@ def test_the_evaluation_loss_is_per_labelled_token_of_the_whole_split_whatever_i
         assert trainer.predict(split, max_new_tokens=2).metrics["test_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_an_evaluation_batch_with_a_non_finite_loss_is_left_out_of_the_loss_with_a_warning(tmp_path, caplog):
+    """As the Trainer does (`logging_nan_inf_filter`), but it said nothing: eval_loss was then that of part of the
+    split, finite, and could rank best a model whose loss overflowed on the rest."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    split = copy_dataset([3, 10, 10, 10, 4, 6, 9, 5], len(tokenizer), seed=4)
+    trainer = make_trainer(training_args(tmp_path, max_tokens_per_device=12), split, tokenizer, model)
+    compute_loss, batches = trainer.compute_loss, []
+
+    def first_batch_overflows(model, inputs, *args, **kwargs):
+        batches.append(inputs["labels"])
+        loss, outputs = compute_loss(model, inputs, *args, **kwargs)
+        return (loss * float("inf") if len(batches) == 1 else loss), outputs
+
+    trainer.compute_loss = first_batch_overflows
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        loss = trainer.evaluate(split)["eval_loss"]
+    left_out = [[token for token in row if token != -100] for row in batches[0].tolist()]
+    rest = trainer.data_collator([example for example in split if example["labels"] not in left_out])
+    assert len(batches) > 2 and loss == pytest.approx(LabelSmoother(epsilon=0.1)(model(**rest), rest["labels"]).item())
+    assert f"1 of the {len(batches)} batches evaluated had a non-finite loss" in caplog.text
+
+
 def test_the_evaluation_steps_per_second_count_the_token_budget_batches(tmp_path):
     """The Trainer counted per_device_eval_batch_size (8) sentences per batch: 1 batch for these 8 sentences."""
     tokenizer = word_tokenizer()
