@@ -1119,7 +1119,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if smooth_here:
                 self.label_smoother = None
         if loss is not None and self._evaluation_loss_totals is not None and labels_given is not None:
-            self._add_to_evaluation_loss(loss, labels_given)
+            once, counted = self._rows_evaluated_once(len(labels_given)), loss
+            if 0 < once < len(labels_given):  # the loss of the rows counted once, from another call of the model
+                # `compute_loss`, not `prediction_step`: this process alone makes the call, with no collective
+                with torch.no_grad(), self.compute_loss_context_manager():
+                    counted = self.compute_loss(model, {name: value[:once] for name, value in inputs.items()})
+            if once:
+                self._add_to_evaluation_loss(counted, labels_given[:once])
         if generated is not None:
             # Token batches hold different numbers of sentences on different processes, and the evaluation loop
             # gathers equal shapes only: pad with rows of -100, which `bleu_metrics` drops.
@@ -1127,6 +1133,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if labels is not None:
                 labels = self.accelerator.pad_across_processes(labels, dim=0, pad_index=-100)
         return loss, generated, labels
+
+    def _rows_evaluated_once(self, rows: int) -> int:
+        """How many of this process's batch of `rows` are not repeats. On several processes, accelerate completes the
+        last batch of a loader of fixed-size batches (`predict`'s: the Trainer's own) with the first examples: of
+        the rows of the processes in turn, the first `remainder` are the split's last ones, the others repeats."""
+        state = self.accelerator.gradient_state
+        if self.accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
+            return rows  # evaluation's token-budget batches are never repeated (`split_batches_to_multiple`)
+        return min(max(state.remainder - self.args.process_index * rows, 0), rows)
 
     def _add_to_evaluation_loss(self, loss: torch.Tensor, labels: torch.Tensor) -> None:
         """Count a batch's mean loss for each of its labelled tokens. Not a batch without any (its loss is 0 / 0),

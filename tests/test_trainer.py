@@ -262,6 +262,9 @@ trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, mod
                        eval_dataset=three, bleu_dataset=three, compute_metrics=bleu_metrics(tokenizer, "de"))
 metrics = trainer.train().metrics
 metrics |= trainer.evaluate()
+# `predict` takes the Trainer's batches of 8: accelerate completes the last one with repeats of the first examples.
+eleven = copy_dataset([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 9], len(tokenizer), seed=7)
+metrics["eleven_test_loss"] = trainer.predict(eleven, max_new_tokens=2).metrics["test_loss"]
 if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
@@ -305,6 +308,11 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     expected = LabelSmoother(epsilon=0.1)(model(**whole), whole["labels"]).item()
     assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
     assert metrics["eval_sample_loss"] == pytest.approx(expected, rel=1e-5)
+    # The 5 examples repeated on the second process counted twice: 4.305 where the 11 examples' loss is 4.367.
+    eleven = copy_dataset([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 9], len(tokenizer), seed=7)
+    whole = make_trainer(training_args(tmp_path / "single"), eleven, tokenizer, model).data_collator(list(eleven))
+    expected = LabelSmoother(epsilon=0.1)(model(**whole), whole["labels"]).item()
+    assert metrics["eleven_test_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
