@@ -48,6 +48,7 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
+from accelerate.utils import recursively_apply
 from torch.utils.data import DataLoader, Sampler
 from transformers import EvalPrediction, PreTrainedTokenizerBase, Seq2SeqTrainer, TrainerState
 from transformers.integrations import TensorBoardCallback
@@ -1059,6 +1060,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         batch (or of a batch split for several processes) more than the others, and changes with the batching and
         the number of processes."""
         self._evaluation_loss_totals = torch.zeros(3, device=self.args.device)  # float32: MPS has no float64
+        self.gather_function = self._gather_each_example_once  # `Seq2SeqTrainer` sets the plain `gather`
         try:
             output = super().evaluation_loop(
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
@@ -1133,6 +1135,18 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if labels is not None:
                 labels = self.accelerator.pad_across_processes(labels, dim=0, pad_index=-100)
         return loss, generated, labels
+
+    def _gather_each_example_once(self, tensors: Any) -> Any:
+        """`accelerator.gather`, less the rows of the examples that accelerate repeats to complete the last batch of a
+        loader of fixed-size batches (`predict`'s) on several processes, which `predict` returned as translations of
+        their own. `Seq2SeqTrainer` gathers with `gather`, not `gather_for_metrics`, whose `remainder` rows would cut
+        a batch of `num_return_sequences` rows per example short: each example keeps all its rows here."""
+        gathered = self.accelerator.gather(tensors)
+        state = self.accelerator.gradient_state
+        if self.accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
+            return gathered  # evaluation's token-budget batches are never repeated (`split_batches_to_multiple`)
+        examples = state.active_dataloader.total_batch_size  # in the last batches of the processes, in turn
+        return recursively_apply(lambda rows: rows[: len(rows) // examples * state.remainder], gathered)
 
     def _rows_evaluated_once(self, rows: int) -> int:
         """How many of this process's batch of `rows` are not repeats. On several processes, accelerate completes the

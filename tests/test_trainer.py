@@ -264,7 +264,13 @@ metrics = trainer.train().metrics
 metrics |= trainer.evaluate()
 # `predict` takes the Trainer's batches of 8: accelerate completes the last one with repeats of the first examples.
 eleven = copy_dataset([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 9], len(tokenizer), seed=7)
-metrics["eleven_test_loss"] = trainer.predict(eleven, max_new_tokens=2).metrics["test_loss"]
+predicted = trainer.predict(eleven, max_new_tokens=2)
+metrics["eleven_test_loss"] = predicted.metrics["test_loss"]
+metrics["eleven_predictions"] = predicted.predictions.tolist()
+metrics["eleven_label_ids"] = predicted.label_ids.tolist()
+trainer.compute_metrics = None  # BLEU takes one translation per example
+two_each = trainer.predict(eleven, max_new_tokens=2, num_beams=2, num_return_sequences=2).predictions
+metrics["eleven_two_each"] = two_each.tolist()
 if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
@@ -313,6 +319,15 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     whole = make_trainer(training_args(tmp_path / "single"), eleven, tokenizer, model).data_collator(list(eleven))
     expected = LabelSmoother(epsilon=0.1)(model(**whole), whole["labels"]).item()
     assert metrics["eleven_test_loss"] == pytest.approx(expected, rel=1e-5)
+    # One translation per example, in order, as on one process: not those of the repeats too (16 rows).
+    args = training_args(tmp_path / "single", predict_with_generate=True, generation_max_length=4)
+    one_process = make_trainer(args, eleven, tokenizer, model)
+    predicted = one_process.predict(eleven, max_new_tokens=2)
+    assert metrics["eleven_predictions"] == predicted.predictions.tolist()
+    assert metrics["eleven_label_ids"] == predicted.label_ids.tolist()
+    # With `num_return_sequences`, each example keeps its rows (`gather_for_metrics` would keep 11 of the 22).
+    two_each = one_process.predict(eleven, max_new_tokens=2, num_beams=2, num_return_sequences=2).predictions
+    assert metrics["eleven_two_each"] == two_each.tolist()
 
 
 def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
