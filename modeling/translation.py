@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -63,6 +64,14 @@ from .tokenization import is_blank
 
 logger = logging.getLogger(__name__)
 
+# What some reader of a text file ends a line at: "\n"; "\r", at which Python's universal newlines do (`sacrebleu REF
+# < hypotheses` reads them so, as fairseq's scripts and `open()` do); the other separators of `str.splitlines`
+# (vertical tab, form feed, the file, group and record separators, NEL, U+2028, U+2029). A model trained on web text
+# (ParaCrawl and CommonCrawl hold them inside sentences) emits them: a translation holding one read as two lines there,
+# every later one beside another sentence (sacreBLEU refuses such a file). Every score (13a, chrF, Moses) reads each
+# as a space.
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
 
 class TranslationInProgressError(RuntimeError):
     """Another process is translating into the same file."""
@@ -85,8 +94,9 @@ def translate(
     beam*: at most `max_tokens / num_beams` padded source tokens per batch, since beam search decodes `num_beams`
     hypotheses of each sentence at once (beam 1000 takes one sentence at a time rather than running out of
     memory). Sorting wastes far less compute on padding than fixed-size batches. Empty or blank lines (`is_blank`) are
-    never sent to the model and come back as empty lines, so line-aligned files stay aligned. Decoding settings default
-    to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
+    never sent to the model and come back as empty lines, so line-aligned files stay aligned; a character in a
+    translation that some reader of a text file ends a line at (`_LINE_BREAKS`) becomes a space. Decoding settings
+    default to the model's generation config (the paper's beam 4 and length penalty); `num_beams` and
     `generate_kwargs` override them. `workers` > 1 translates that many batches at once (`generate_batches`).
 
     Calls may overlap on several threads sharing one model and tokenizer (a service), each with its own settings,
@@ -125,7 +135,7 @@ def translate(
             for batch, generated in zip(batches, generated_batches, strict=True):
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for k, text in zip(batch, texts, strict=True):
-                    outputs[todo[k]] = text.strip()
+                    outputs[todo[k]] = _LINE_BREAKS.sub(" ", text).strip()
                 bar.update(len(batch))
     return outputs
 

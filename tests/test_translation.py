@@ -91,6 +91,27 @@ def test_translate_of_only_empty_lines_does_not_call_the_model(tokenizer):
     assert model.calls == []
 
 
+# What `str.splitlines` ends a line at ("\r" too, as Python's universal newlines do), "\n" aside.
+LINE_BREAKS_BUT_NEWLINE = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def test_a_line_break_inside_a_translation_becomes_a_space_so_no_reader_splits_it(tmp_path, capsys):
+    # Web text (ParaCrawl, CommonCrawl) holds them inside sentences, so a BPE trained on it has them and a model emits
+    # them: kept, `sacrebleu REF < hypotheses` (universal newlines) read one holding "\r" as two lines and refused
+    # the file ("System and reference streams have different lengths"); str.splitlines split it at any of them.
+    breaks = [*LINE_BREAKS_BUT_NEWLINE, "\n"]
+    texts = [text for pair in synthetic_pairs(100) for text in pair] + [f"a{mark}b" for mark in breaks]
+    tokenizer = train_shared_bpe(texts, vocab_size=96, min_frequency=1)
+    sentences = [f"the dog{mark}sees a cat." for mark in breaks]
+
+    assert translate(EchoModel(), tokenizer, sentences) == ["the dog sees a cat."] * len(breaks)
+
+    source = tmp_path / "news.en"  # each line read whole: only "\n" ends a line of a file read
+    source.write_bytes("".join(sentence + "\n" for sentence in sentences[:-1]).encode())
+    assert translate_file(EchoModel(), tokenizer, source, None) == len(breaks) - 1
+    assert capsys.readouterr().out.splitlines() == ["the dog sees a cat."] * (len(breaks) - 1)
+
+
 @pytest.mark.parametrize(
     ("sentences", "error", "message"),
     [
