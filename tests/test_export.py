@@ -405,6 +405,26 @@ def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_ke
     assert written == expected[:5] + ["", ""] + expected[5:] + [""]  # one line per line, the last one ended
 
 
+def test_the_ctranslate2_readme_file_translation_writes_a_line_break_inside_a_translation_as_a_space(
+    tokenizer, tmp_path, monkeypatch, capsys
+):
+    export.to_ctranslate2(tiny_model(len(tokenizer)), tokenizer, tmp_path / "ct2")
+    blocks = re.findall(r"```python\n(.*?)```", (tmp_path / "ct2" / "README.md").read_text(), flags=re.DOTALL)
+    (tmp_path / "news.en").write_text("a dog.\nthe cat.\n")
+    load = AutoTokenizer.from_pretrained
+
+    def tokenizer_of_web_text(*args, **kwargs):  # a model trained on ParaCrawl emits "\r", U+2028, ... in a sentence
+        loaded = load(*args, **kwargs)
+        loaded.decode = lambda ids, **settings: "a\rdog\u2028runs\x85fast\nnow"
+        return loaded
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", tokenizer_of_web_text)
+    monkeypatch.chdir(tmp_path)
+    exec(blocks[0] + blocks[1], {})
+    capsys.readouterr()
+    assert (tmp_path / "news.de").read_bytes() == b"a dog runs fast now\n" * 2  # was a line of each piece
+
+
 def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):
     model = trained["interleaved", False]
     weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}

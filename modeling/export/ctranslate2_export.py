@@ -290,16 +290,22 @@ print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0])) for r 
 A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by length into batches of at most
 `max_batch_size` tokens, and writes one line per line, in order (a line empty or of spaces stays empty; the
 others are stripped, as `modeling.translation.translate` strips them; a line of invisible characters only, which
-`translate` leaves empty, is translated).
+`translate` leaves empty, is translated). It writes each translation as `target_detokenize_fn` gives it: a line
+break in one ("\\r", U+2028, ...: a model trained on web text emits them) becomes a space there, as `translate` makes
+it, or the file would hold more lines than the source, every later one beside another sentence.
 
 ```python
+def one_line(tokens):
+    return " ".join(tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)).splitlines())
+
+
 translator.translate_file(
     "news.en",
     "news.de",
     max_batch_size=4096,
     batch_type="tokens",
     source_tokenize_fn=lambda line: tokenizer.convert_ids_to_tokens(tokenizer(line.strip())["input_ids"]),
-    target_detokenize_fn=lambda tokens: tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)),
+    target_detokenize_fn=one_line,
     **options,
 )
 ```
