@@ -382,6 +382,24 @@ def test_train_peers_gives_every_trainer_the_same_tokens_and_vocabulary(tmp_path
     assert not (prepared.text / "train.en").exists()
 
 
+def test_train_peers_reads_a_stray_carriage_return_inside_a_sentence_as_text(tmp_path, benchmarks_importable):
+    import gzip
+
+    from train_peers import prepare
+
+    data = write_multi30k_like(tmp_path / "data", pairs=20)
+    sides = {}
+    for lang, stray_at in (("en", 3), ("de", 12)):  # as CommonCrawl holds them; the counts still agree
+        lines = gzip.decompress((data / f"train.{lang}.gz").read_bytes()).decode().split("\n")[:-1]
+        lines[stray_at] = lines[stray_at].replace(" ", "\r", 1)
+        sides[lang] = lines
+        (data / f"train.{lang}.gz").write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
+
+    prepared = prepare(data, tmp_path / "work", limit=None, vocab_size=80)
+    for lang, lines in sides.items():  # was each pair from the stray on beside another's, 21 of them
+        assert (prepared.text / f"train.{lang}").read_bytes().decode().split("\n")[:-1] == lines
+
+
 def test_train_peers_spells_whitespace_tokens_so_the_peers_read_them_as_one(benchmarks_importable):
     from collections import Counter
 
