@@ -25,6 +25,7 @@ if Version(transformers.__version__) < Version(MINIMUM_TRANSFORMERS):
 
 from huggingface_hub.dataclasses import strict  # noqa: E402 (after the version check)
 from transformers import PreTrainedConfig  # noqa: E402
+from transformers.activations import ACT2FN  # noqa: E402
 
 POSITIONAL_ENCODING_LAYOUTS = ("interleaved", "concatenated")
 POSITIONAL_ENCODING_FREQUENCIES = ("paper", "tensor2tensor")
@@ -132,12 +133,28 @@ class TransformerConfig(PreTrainedConfig):
         """A plain ValueError naming the first value the model cannot be built from. (Their types are checked by the
         strict dataclass: an int, a float.) Not on each assignment: overrides come one by one, and a valid change
         of two fields (d_model and the heads) passes through an invalid state."""
+        if self.d_model < 2 or self.d_model % 2 != 0:
+            raise ValueError(
+                f"d_model must be a positive even number (sinusoids come in sin/cos pairs), got {self.d_model}."
+            )
+        for name in ("vocab_size", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+            # max_position_embeddings also bounds the exports' and fairseq decoding's sentence lengths.
+            if (size := getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, got {size}.")
         for name in ("encoder_layers", "decoder_layers"):
             if (layers := getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1 (N of Table 3), got {layers}.")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0 <= (rate := getattr(self, name)) <= 1:
-                raise ValueError(f"{name} must be a probability between 0 and 1, got {rate}.")
+            # 1 zeroes all it applies to, and training goes on: a model blind to its input, or to the source.
+            if not 0 <= (rate := getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a probability in [0, 1) (1 drops everything), got {rate}.")
+        for name in ("layer_norm_eps", "init_std"):
+            if (value := getattr(self, name)) is not None and value < 0:
+                raise ValueError(f"{name} must not be negative, got {value}.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"Unknown activation_function {self.activation_function!r}; expected one of {sorted(ACT2FN)}."
+            )
         for side in ("encoder", "decoder"):
             heads = getattr(self, f"{side}_attention_heads")
             if heads < 1 or self.d_model % heads != 0:
@@ -156,8 +173,6 @@ class TransformerConfig(PreTrainedConfig):
         offset = self.positional_encoding_offset
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"positional_encoding_offset must be a non-negative integer, got {offset!r}.")
-        if self.d_model % 2 != 0:
-            raise ValueError(f"d_model ({self.d_model}) must be even: sinusoids come in sin/cos pairs.")
 
     @classmethod
     def base(cls, **overrides: Any) -> "TransformerConfig":
