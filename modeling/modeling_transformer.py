@@ -12,6 +12,7 @@ This file travels with every checkpoint as remote code: it imports only torch, t
 """
 
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -388,6 +389,21 @@ class TransformerPreTrainedModel(PreTrainedModel):
                 "AutoModel": f"{module}.TransformerModel",
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        """`PreTrainedModel`'s, which drops the checkpoint's `shared.weight` that an untied model has no use for
+        (`_keys_to_ignore_on_load_unexpected`); refused where that matrix was the checkpoint's only embeddings: a
+        tied checkpoint loaded with `tie_word_embeddings=False` would start all three matrices from random values,
+        which the load report listed as missing, among warnings, before training went on with them."""
+        untied_embeddings_missing = any(key.endswith("embed_tokens.weight") for key in loading_info.missing_keys)
+        holds_shared = any(re.search(r"(^|\.)shared\.weight$", key) for key in loading_info.unexpected_keys)
+        if not self.config.tie_word_embeddings and untied_embeddings_missing and holds_shared:
+            raise ValueError(
+                "tie_word_embeddings=False, but the checkpoint holds one embedding matrix shared by the encoder, the "
+                "decoder and the output projection (shared.weight): untied, those three would start from random "
+                "values. Load it with tie_word_embeddings=True, as it was saved."
+            )
+        super()._adjust_missing_and_unexpected_keys(loading_info)
 
     def _resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True

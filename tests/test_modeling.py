@@ -554,6 +554,15 @@ def test_an_untied_checkpoint_holding_the_unused_shared_matrix_loads_without_it(
     assert torch.equal(loaded.eval()(**batch()).logits, model(**batch()).logits)
 
 
+@pytest.mark.parametrize("auto_class", [AutoModelForSeq2SeqLM, AutoModel])
+def test_a_tied_checkpoint_loaded_untied_is_refused_rather_than_its_embeddings_started_again(tmp_path, auto_class):
+    """Its one matrix, `shared`, is what untied checkpoints held unused: it was dropped without a word, and the three
+    untied matrices began from random values, listed among the load report's missing keys."""
+    tiny_model().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^tie_word_embeddings=False, but the checkpoint holds one embedding matrix"):
+        auto_class.from_pretrained(tmp_path, tie_word_embeddings=False)
+
+
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
