@@ -648,6 +648,8 @@ def _check_run_arguments(
                 f"{', '.join(resized)}: the architecture of {model_args.model_name_or_path} cannot change when "
                 "fine-tuning it (--dropout can)"
             )
+        if model_args.dropout is not None:  # set when the model loads, after the data: checked by the same rule now
+            TransformerConfig(dropout=model_args.dropout)
 
 
 def _check_evaluation(

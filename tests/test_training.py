@@ -132,6 +132,19 @@ def test_fine_tuning_a_model_directory_without_its_tokenizer_is_refused_before_t
     assert check_fine_tuning_source(given) == TransformerConfig.model_type
 
 
+def test_a_dropout_the_model_refuses_is_refused_before_the_data_is_read_when_fine_tuning(tmp_path):
+    """The config refused it as the model loaded, once the training text had been read and cleaned."""
+    pretrained = tmp_path / "pretrained"
+    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
+    word_tokenizer().save_pretrained(pretrained)
+    nowhere = DataArguments(data_dir=str(tmp_path / "no-data"), source_lang="en", target_lang="de")
+    with pytest.raises(
+        ValueError, match=r"^dropout must be a probability in \[0, 1\) \(1 drops everything\), got 1.5"
+    ):
+        train(ModelArguments(model_name_or_path=str(pretrained), dropout=1.5), nowhere, tiny_run_args(tmp_path / "ft"))
+    assert not (tmp_path / "ft").exists(), "refused before anything else"
+
+
 def test_fine_tuning_with_an_extended_tokenizer_grows_the_vocabulary_and_a_foreign_one_is_refused(
     tmp_path, datasets_cache
 ):
