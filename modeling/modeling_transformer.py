@@ -391,18 +391,28 @@ class TransformerPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
-        """`PreTrainedModel`'s, which drops the checkpoint's `shared.weight` that an untied model has no use for
-        (`_keys_to_ignore_on_load_unexpected`); refused where that matrix was the checkpoint's only embeddings: a
-        tied checkpoint loaded with `tie_word_embeddings=False` would start all three matrices from random values,
-        which the load report listed as missing, among warnings, before training went on with them."""
-        untied_embeddings_missing = any(key.endswith("embed_tokens.weight") for key in loading_info.missing_keys)
-        holds_shared = any(re.search(r"(^|\.)shared\.weight$", key) for key in loading_info.unexpected_keys)
-        if not self.config.tie_word_embeddings and untied_embeddings_missing and holds_shared:
-            raise ValueError(
-                "tie_word_embeddings=False, but the checkpoint holds one embedding matrix shared by the encoder, the "
-                "decoder and the output projection (shared.weight): untied, those three would start from random "
-                "values. Load it with tie_word_embeddings=True, as it was saved."
-            )
+        """`PreTrainedModel`'s, refusing a checkpoint whose embeddings do not match `tie_word_embeddings` (an
+        override of its config's): tied matrices loaded untied would start the three from random values (the
+        checkpoint's one `shared.weight` is dropped as what old untied checkpoints hold unused), untied ones loaded
+        tied stay three matrices that transformers leaves untied, under a config that says otherwise and that
+        exports and conversions trust. Either came with warnings only, and the model trained and saved on."""
+        if not self.config.tie_word_embeddings:
+            untied_embeddings_missing = any(key.endswith("embed_tokens.weight") for key in loading_info.missing_keys)
+            holds_shared = any(re.search(r"(^|\.)shared\.weight$", key) for key in loading_info.unexpected_keys)
+            if untied_embeddings_missing and holds_shared:
+                raise ValueError(
+                    "tie_word_embeddings=False, but the checkpoint holds one embedding matrix shared by the encoder, "
+                    "the decoder and the output projection (shared.weight): untied, those three would start from "
+                    "random values. Load it with tie_word_embeddings=True, as it was saved."
+                )
+        else:
+            stacks = self.base_model
+            embeddings = [stacks.encoder.embed_tokens, stacks.decoder.embed_tokens, self.get_output_embeddings()]
+            if any(module is not None and module.weight is not stacks.shared.weight for module in embeddings):
+                raise ValueError(
+                    "tie_word_embeddings=True, but the checkpoint holds different embedding matrices for the encoder, "
+                    "the decoder or the output projection: load it with tie_word_embeddings=False, as it was saved."
+                )
         super()._adjust_missing_and_unexpected_keys(loading_info)
 
     def _resize_token_embeddings(

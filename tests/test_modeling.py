@@ -563,6 +563,15 @@ def test_a_tied_checkpoint_loaded_untied_is_refused_rather_than_its_embeddings_s
         auto_class.from_pretrained(tmp_path, tie_word_embeddings=False)
 
 
+@pytest.mark.parametrize("auto_class", [AutoModelForSeq2SeqLM, AutoModel])
+def test_an_untied_checkpoint_loaded_tied_is_refused_rather_than_left_untied_under_a_tied_config(tmp_path, auto_class):
+    """transformers warned and left the three matrices untied; the config said tied, which exports and conversions
+    trust (MarianMT's takes the shared matrix alone)."""
+    tiny_model(tie_word_embeddings=False).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^tie_word_embeddings=True, but the checkpoint holds different embedding"):
+        auto_class.from_pretrained(tmp_path, tie_word_embeddings=True)
+
+
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
