@@ -401,17 +401,18 @@ class TransformerPreTrainedModel(PreTrainedModel):
             holds_shared = any(re.search(r"(^|\.)shared\.weight$", key) for key in loading_info.unexpected_keys)
             if untied_embeddings_missing and holds_shared:
                 raise ValueError(
-                    "tie_word_embeddings=False, but the checkpoint holds one embedding matrix shared by the encoder, "
-                    "the decoder and the output projection (shared.weight): untied, those three would start from "
-                    "random values. Load it with tie_word_embeddings=True, as it was saved."
+                    f"tie_word_embeddings=False, but {self.name_or_path} holds one embedding matrix shared by the "
+                    "encoder, the decoder and the output projection (shared.weight): untied, those three would start "
+                    "from random values. Load it with tie_word_embeddings=True, as it was saved."
                 )
         else:
             stacks = self.base_model
             embeddings = [stacks.encoder.embed_tokens, stacks.decoder.embed_tokens, self.get_output_embeddings()]
             if any(module is not None and module.weight is not stacks.shared.weight for module in embeddings):
                 raise ValueError(
-                    "tie_word_embeddings=True, but the checkpoint holds different embedding matrices for the encoder, "
-                    "the decoder or the output projection: load it with tie_word_embeddings=False, as it was saved."
+                    f"tie_word_embeddings=True, but {self.name_or_path} holds different embedding matrices for the "
+                    "encoder, the decoder or the output projection: load it with tie_word_embeddings=False, as it was "
+                    "saved."
                 )
         super()._adjust_missing_and_unexpected_keys(loading_info)
 

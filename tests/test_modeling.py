@@ -559,8 +559,11 @@ def test_a_tied_checkpoint_loaded_untied_is_refused_rather_than_its_embeddings_s
     """Its one matrix, `shared`, is what untied checkpoints held unused: it was dropped without a word, and the three
     untied matrices began from random values, listed among the load report's missing keys."""
     tiny_model().save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"^tie_word_embeddings=False, but the checkpoint holds one embedding matrix"):
+    with pytest.raises(ValueError) as refused:
         auto_class.from_pretrained(tmp_path, tie_word_embeddings=False)
+    assert str(refused.value).startswith(
+        f"tie_word_embeddings=False, but {tmp_path} holds one embedding matrix shared"
+    )
 
 
 @pytest.mark.parametrize("auto_class", [AutoModelForSeq2SeqLM, AutoModel])
@@ -568,8 +571,11 @@ def test_an_untied_checkpoint_loaded_tied_is_refused_rather_than_left_untied_und
     """transformers warned and left the three matrices untied; the config said tied, which exports and conversions
     trust (MarianMT's takes the shared matrix alone)."""
     tiny_model(tie_word_embeddings=False).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"^tie_word_embeddings=True, but the checkpoint holds different embedding"):
+    with pytest.raises(ValueError) as refused:
         auto_class.from_pretrained(tmp_path, tie_word_embeddings=True)
+    assert str(refused.value).startswith(
+        f"tie_word_embeddings=True, but {tmp_path} holds different embedding matrices"
+    )
 
 
 @pytest.mark.parametrize(
