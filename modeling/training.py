@@ -749,14 +749,18 @@ def _own_vocabulary(name: str, model_args: ModelArguments) -> dict[str, int] | N
 
 
 def _model(
-    model_args: ModelArguments, preset: TrainingPreset, vocab_size: int, source_type: str | None
+    model_args: ModelArguments,
+    preset: TrainingPreset,
+    tokenizer: PreTrainedTokenizerBase,
+    source_type: str | None,
 ) -> PreTrainedModel:
-    """The preset's model, freshly initialised, or the weights of `model_name_or_path` to fine-tune, whose
-    model_type `check_fine_tuning_source` returned as `source_type` (a MarianMT checkpoint is converted exactly,
+    """The preset's model for `tokenizer`, freshly initialised, or the weights of `model_name_or_path` to fine-tune,
+    whose model_type `check_fine_tuning_source` returned as `source_type` (a MarianMT checkpoint is converted exactly,
     keeping Marian's concatenated sinusoid layout)."""
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
-        return TransformerForConditionalGeneration(preset.model_config(vocab_size, **overrides))
+        config = preset.model_config(len(tokenizer), **_special_token_ids(tokenizer), **overrides)
+        return TransformerForConditionalGeneration(config)
     hub = _revision_of(model_args.model_name_or_path, model_args)
     if source_type == MARIAN_MODEL_TYPE:
         from transformers import MarianMTModel
@@ -769,6 +773,19 @@ def _model(
     else:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **hub, **overrides)
     return model
+
+
+def _special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    """A new model's special token ids: the tokenizer's, the decoder starting from its end-of-sentence (fairseq's
+    convention, the shared BPE's ids by default). A given tokenizer's </s> at another id than the BPE's 2 (T5's order:
+    <pad>, </s>, <unk>) left the decoder starting from, and generate() stopping at, the token at 2 (<unk> there) too:
+    the Trainer aligns eos and pad only, and keeps the config's eos as a second one."""
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.eos_token_id,
+    }
 
 
 def bleu_sample(dataset: datasets.Dataset, size: int) -> datasets.Dataset:
@@ -1048,7 +1065,7 @@ def _prepare_run(
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-    model = _model(model_args, preset, len(tokenizer), source_type)
+    model = _model(model_args, preset, tokenizer, source_type)
     _match_vocabulary(model, tokenizer, model_args)
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).

@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerFast
 
 from modeling import TransformerConfig, TransformerForConditionalGeneration
@@ -297,6 +298,22 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     """A shared BPE over the toy vocabulary: every word is one token, ids 0-2 are <pad>, <unk>, </s>."""
     sentences = [" ".join(WORDS), " ".join(WORD_EN_DE.values())] * 3
     return train_shared_bpe(sentences, vocab_size=64, min_frequency=1)
+
+
+def word_level_tokenizer(
+    special_tokens: list[str], template: str | None = "$A </s>", **tokens: str
+) -> PreTrainedTokenizerFast:
+    """A tokenizer of the toy vocabulary, one token per word, built by hand as a user brings one: `special_tokens`
+    first, at ids 0, 1, ... in that order; `template` (None: none) is the post-processor of a sentence; `tokens` the
+    roles (`pad_token="<pad>"`, ...)."""
+    sentences = [" ".join(WORDS), " ".join(WORD_EN_DE.values())]
+    tokenizer = Tokenizer(models.WordLevel(unk_token=tokens.get("unk_token")))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.train_from_iterator(sentences, trainers.WordLevelTrainer(special_tokens=special_tokens))
+    if template is not None:
+        specials = [(token, tokenizer.token_to_id(token)) for token in special_tokens if token in template.split()]
+        tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=specials)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **tokens)
 
 
 def save_tiny_checkpoint(directory: str | Path) -> tuple[TransformerForConditionalGeneration, PreTrainedTokenizerFast]:

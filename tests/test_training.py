@@ -29,6 +29,7 @@ from helpers import (
     tiny_translator,
     training_args,
     word_for_word,
+    word_level_tokenizer,
     word_tokenizer,
     write_corpus,
 )
@@ -607,7 +608,7 @@ def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(t
     marian_dir = tiny_marian_dir(tmp_path / "marian", len(tokenizer))
     tokenizer.save_pretrained(marian_dir)  # its tokenizer is kept
     model_args = ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0)
-    converted = _model(model_args, get_preset("tiny"), 64, check_fine_tuning_source(model_args))
+    converted = _model(model_args, get_preset("tiny"), tokenizer, check_fine_tuning_source(model_args))
     marian = MarianMTModel.from_pretrained(marian_dir).eval()
     batch = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "decoder_input_ids": torch.tensor([[0, 8, 9]])}
     assert converted.config.positional_encoding_layout == "concatenated"
@@ -775,6 +776,24 @@ def test_a_tokenizer_left_without_a_run_identity_is_not_reused_for_other_data(
         train(model_args, other_data, tiny_run_args(other, overwrite_output_dir=True))
     assert "removed the earlier run's tokenizer.json" in caplog.text
     assert (other / "tokenizer.json").read_text() != ours
+
+
+def test_a_new_model_takes_the_special_token_ids_of_the_given_tokenizer(tmp_path, datasets_cache):
+    """T5's order, </s> at 1 and <unk> at 2: the decoder started from <unk> and generate() stopped at it too (the
+    Trainer made the generation config's eos [1, 2])."""
+    tokenizer = word_level_tokenizer(
+        ["<pad>", "</s>", "<unk>"], pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    output_dir = train(model_args, data, tiny_run_args(tmp_path / "run", save_strategy="no"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    config = model.config
+    assert (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (0, 1, 1)
+    assert model.generation_config.eos_token_id == 1, "stops at </s> alone, not at <unk>"
+    assert model.model.shared.padding_idx == 0
 
 
 def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_starts_from(tmp_path):
