@@ -545,6 +545,7 @@ def _tokenizer(
     if name is not None:
         tokenizer = AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args))
         _take_the_run_languages(tokenizer, name, data_args)
+        _check_given_tokenizer(tokenizer, name, train_text[0]["translation"], data_args)
         return tokenizer
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(local=False, desc="shared BPE"):
@@ -564,6 +565,36 @@ def _tokenizer(
         # tokenizer.json last: its presence is what tells a later run that the BPE is there, whole.
         write_files_into(output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
         return tokenizer
+
+
+def _check_given_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, name: str, pair: dict[str, str], data_args: DataArguments
+) -> None:
+    """A tokenizer to train with must pad, and end every target with its end-of-sentence token, the one token from
+    which the model learns where a translation ends: refused in one line otherwise. Before, one without a pad token
+    failed at the first batch, the run already recorded; one without an eos token (BERT's WordPiece ends with [SEP])
+    trained a model that generate() stopped at the config's default id 2, one that never appended it a model that
+    never learns to stop."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"The tokenizer {name} has no pad_token, which batches are padded with: give it one "
+            "(tokenizer.add_special_tokens({'pad_token': '<pad>'}), saved)"
+        )
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(
+            f"The tokenizer {name} has no eos_token: the model learns to end a translation with it, and generate() "
+            "stops there; give it one that it appends to every sentence"
+        )
+    # The first training pair, encoded as `modeling.data` encodes every pair (a word of one's own could be unknown to
+    # a vocabulary without an unknown token).
+    labels = tokenizer(pair[data_args.source_lang], text_target=pair[data_args.target_lang])["labels"]
+    if not labels or labels[-1] != eos:
+        raise ValueError(
+            f"The tokenizer {name} does not end a sentence with its eos_token {tokenizer.eos_token!r} (id {eos}): the "
+            f"first training target ends with {labels[-5:]}, and a model trained on such targets never learns to "
+            "stop; append it in the tokenizer's post-processor"
+        )
 
 
 def _revision_of(name: str, model_args: ModelArguments) -> dict[str, str]:

@@ -796,6 +796,39 @@ def test_a_new_model_takes_the_special_token_ids_of_the_given_tokenizer(tmp_path
     assert model.model.shared.padding_idx == 0
 
 
+REFUSED_TOKENIZERS = {
+    "no pad token": (["<unk>", "</s>"], "$A </s>", {"unk_token": "<unk>", "eos_token": "</s>"}, "has no pad_token"),
+    "no eos token": (
+        ["[PAD]", "[UNK]", "[SEP]"],
+        "$A [SEP]",
+        {"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]"},
+        "has no eos",
+    ),
+    "no eos appended": (
+        ["<pad>", "<unk>", "</s>"],
+        None,
+        {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "</s>"},
+        "does not end",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_TOKENIZERS)
+def test_a_given_tokenizer_that_cannot_pad_or_end_targets_is_refused_before_the_run_is_recorded(
+    case, tmp_path, datasets_cache
+):
+    """Before, a tokenizer without a pad token failed at the first batch with transformers' message, the run
+    already recorded; without an eos token, or one not appended, a model trained that never learned to stop."""
+    special_tokens, template, tokens, message = REFUSED_TOKENIZERS[case]
+    word_level_tokenizer(special_tokens, template, **tokens).save_pretrained(tmp_path / "tokenizer")
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    with pytest.raises(ValueError, match=rf"^The tokenizer {tmp_path / 'tokenizer'} {message}"):
+        train(model_args, data, tiny_run_args(tmp_path / "run"))
+    assert not (tmp_path / "run" / "run_identity.json").exists()
+
+
 def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_starts_from(tmp_path):
     tokenizer = word_tokenizer()
     run = tmp_path / "ft"
