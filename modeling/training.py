@@ -806,6 +806,18 @@ def _model(
     return model
 
 
+def _padding_on_the_right(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """`tokenizer`, or a copy of it that pads on the right where it pads on the left: the collator pads sources and
+    labels on the tokenizer's side, and left padding shifted every sentence's positions in the encoder and put
+    padding between the decoder's start token and the target (decoder inputs `</s> <pad> <pad> y1 ...`), which
+    generate() never gives it."""
+    if tokenizer.padding_side == "right":
+        return tokenizer
+    right = copy.deepcopy(tokenizer)
+    right.padding_side = "right"
+    return right
+
+
 def _special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
     """A new model's special token ids: the tokenizer's, the decoder starting from its end-of-sentence (fairseq's
     convention, the shared BPE's ids by default). A given tokenizer's </s> at another id than the BPE's 2 (T5's order:
@@ -1174,7 +1186,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             trainer = TokenBudgetSeq2SeqTrainer(
                 model=model,
                 args=_without_hub_push(training_args),
-                data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+                data_collator=DataCollatorForSeq2Seq(_padding_on_the_right(tokenizer), model=model),
                 train_dataset=tokenized["train"],
                 eval_dataset=tokenized["validation"] if evaluate else None,
                 bleu_dataset=bleu_sample(tokenized["validation"], bleu_size) if evaluate and bleu_size > 0 else None,

@@ -829,6 +829,23 @@ def test_a_given_tokenizer_that_cannot_pad_or_end_targets_is_refused_before_the_
     assert not (tmp_path / "run" / "run_identity.json").exists()
 
 
+def test_a_tokenizer_that_pads_on_the_left_trains_as_one_that_pads_on_the_right(tmp_path, datasets_cache):
+    """The collator pads on the tokenizer's side: left padding shifted the sources' positions and put padding
+    between the decoder's start token and the target, which generate() never does."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    curves = []
+    for side in ("right", "left"):
+        word_tokenizer().save_pretrained(tmp_path / side)
+        settings = tmp_path / side / "tokenizer_config.json"  # where a tokenizer says it pads on the left
+        settings.write_text(json.dumps(json.loads(settings.read_text()) | {"padding_side": side}))
+        model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / side), **TINY)
+        args = tiny_run_args(tmp_path / f"run-{side}", max_steps=4, save_strategy="no")
+        state = json.loads((Path(train(model_args, data, args)) / "trainer_state.json").read_text())
+        curves.append(list(losses(state["log_history"]).values()))
+    assert curves[0] == curves[1]
+
+
 def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_starts_from(tmp_path):
     tokenizer = word_tokenizer()
     run = tmp_path / "ft"
