@@ -207,6 +207,23 @@ def test_the_architecture_table_shows_the_decoders_heads_and_d_ff_beside_the_enc
         assert row in card.text
 
 
+def test_a_model_that_differs_from_the_paper_in_its_activation_or_tying_says_so():
+    """A Marian conversion (swish) or a gelu or untied model read as the paper's ReLU model with tied embeddings:
+    the table omitted the activation, and the text said "tied" whatever the config."""
+    paper = render_model_card(model_name="tiny", repo_id=REPO_ID, model_config=tiny_config().to_dict()).text
+    assert "| feed-forward activation | relu |" in paper and "tied embeddings and pre-softmax projection" in paper
+    assert "feed-forward activation (the paper" not in paper
+    config = tiny_config(activation_function="gelu", tie_word_embeddings=False, scale_embedding=False)
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, model_config=config.to_dict()).text
+    for said in (
+        "separate (untied) embeddings and pre-softmax projection, a gelu feed-forward activation (the paper's is",
+        "| feed-forward activation | gelu |",
+        "| embeddings scaled by sqrt(d_model) | False |",
+        "| tied embeddings / pre-softmax projection | False |",
+    ):
+        assert said in card
+
+
 def test_card_without_measurements_says_so_and_invents_nothing():
     card = render_model_card(model_name="tiny", repo_id=REPO_ID)
     assert "model-index" not in str(card)
