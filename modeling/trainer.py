@@ -1183,8 +1183,11 @@ def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callab
     unscored = _unscored_metrics(target_lang)
 
     def compute(prediction: EvalPrediction) -> dict[str, float]:
-        real = (prediction.label_ids != -100).any(axis=1)
-        predictions, labels = prediction.predictions[real], prediction.label_ids[real]
+        predictions, labels = prediction.predictions, prediction.label_ids
+        if len(predictions) > len(labels):  # num_return_sequences rows per example, the best first: that one is scored
+            predictions = predictions[:: len(predictions) // len(labels)]
+        real = (labels != -100).any(axis=1)
+        predictions, labels = predictions[real], labels[real]
         predictions = np.where(predictions != -100, predictions, pad)
         labels = np.where(labels != -100, labels, pad)
         hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -28,7 +29,7 @@ from helpers import (
 )
 from safetensors.torch import load_file, save_file
 from torch.utils.tensorboard import SummaryWriter
-from transformers import TrainerCallback, modeling_utils
+from transformers import EvalPrediction, TrainerCallback, modeling_utils
 from transformers.trainer_pt_utils import LabelSmoother
 
 import modeling.trainer as trainer_module
@@ -935,6 +936,21 @@ def test_a_run_preempted_at_an_evaluation_resumes_with_the_losses_of_the_uninter
     assert sorted(after) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
         assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+def test_bleu_metrics_score_the_best_of_several_sequences_returned_per_example():
+    """With num_return_sequences in the generation config, the evaluation gathers that many rows per example: the
+    metrics failed with a bare IndexError ("size of axis is 4 but size of corresponding boolean axis is 3")."""
+    tokenizer = word_tokenizer()
+    sentences = tokenizer(["the dog sees a cat", "a red ball"], padding=True, return_tensors="np")["input_ids"]
+    padding = np.full((1, sentences.shape[1]), -100)  # a row prediction_step adds to gather unequal batches
+    labels = np.concatenate([sentences, padding])
+    other = tokenizer(["ball ball", "cat"], padding="max_length", max_length=sentences.shape[1], return_tensors="np")
+    best_first = np.stack(
+        [sentences[0], other["input_ids"][0], sentences[1], other["input_ids"][1], *padding, *padding]
+    )
+    metrics = bleu_metrics(tokenizer, "de")(EvalPrediction(predictions=best_first, label_ids=labels))
+    assert metrics["sentences"] == 2 and metrics["bleu"] == pytest.approx(100.0)
 
 
 @pytest.mark.parametrize("target_lang", ["de", "zh"])
