@@ -784,13 +784,15 @@ def _model(
     preset: TrainingPreset,
     tokenizer: PreTrainedTokenizerBase,
     source_type: str | None,
+    recorded_config: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
     """The preset's model for `tokenizer`, freshly initialised, or the weights of `model_name_or_path` to fine-tune,
     whose model_type `check_fine_tuning_source` returned as `source_type` (a MarianMT checkpoint is converted exactly,
-    keeping Marian's concatenated sinusoid layout)."""
+    keeping Marian's concatenated sinusoid layout). `recorded_config` is the config of the run being resumed."""
     overrides = model_args.config_overrides()
     if model_args.model_name_or_path is None:
-        config = preset.model_config(len(tokenizer), **_special_token_ids(tokenizer), **overrides)
+        special_ids = _special_token_ids(tokenizer, recorded_config)
+        config = preset.model_config(len(tokenizer), **special_ids, **overrides)
         return TransformerForConditionalGeneration(config)
     hub = _revision_of(model_args.model_name_or_path, model_args)
     if source_type == MARIAN_MODEL_TYPE:
@@ -818,17 +820,39 @@ def _padding_on_the_right(tokenizer: PreTrainedTokenizerBase) -> PreTrainedToken
     return right
 
 
-def _special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+def _special_token_ids(
+    tokenizer: PreTrainedTokenizerBase, recorded_config: dict[str, Any] | None = None
+) -> dict[str, int | None]:
     """A new model's special token ids: the tokenizer's, the decoder starting from its end-of-sentence (fairseq's
     convention, the shared BPE's ids by default). A given tokenizer's </s> at another id than the BPE's 2 (T5's order:
     <pad>, </s>, <unk>) left the decoder starting from, and generate() stopping at, the token at 2 (<unk> there) too:
-    the Trainer aligns eos and pad only, and keeps the config's eos as a second one."""
-    return {
+    the Trainer aligns eos and pad only, and keeps the config's eos as a second one.
+
+    A resumed run (`recorded_config`, its recorded config) that started and ended sentences at the tokenizer's eos
+    keeps its recorded pad and bos: runs begun before these ids were the tokenizer's recorded pad 0 and no bos
+    whatever the tokenizer (fairseq's order <s>, <pad>, </s>), a model that learns the same, and were refused."""
+    ids = {
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "decoder_start_token_id": tokenizer.eos_token_id,
     }
+    if recorded_config is not None and all(recorded_config.get(key) == ids[key] for key in _SENTENCE_BOUNDARY_IDS):
+        ids.update({key: recorded_config.get(key) for key in ("pad_token_id", "bos_token_id")})
+    return ids
+
+
+_SENTENCE_BOUNDARY_IDS = ("eos_token_id", "decoder_start_token_id")
+
+
+def _recorded_config(output_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
+    """The model config recorded by the run resumed from `checkpoint`, or in `output_dir` (as `_check_same_run`
+    reads them); None for a new run."""
+    for source in ([Path(checkpoint)] if checkpoint else []) + [output_dir]:
+        recorded = read_run_identity(source)
+        if recorded is not None:
+            return recorded.get("config")
+    return None
 
 
 def bleu_sample(dataset: datasets.Dataset, size: int) -> datasets.Dataset:
@@ -1108,7 +1132,7 @@ def _prepare_run(
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-    model = _model(model_args, preset, tokenizer, source_type)
+    model = _model(model_args, preset, tokenizer, source_type, _recorded_config(output_dir, checkpoint))
     _match_vocabulary(model, tokenizer, model_args)
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).

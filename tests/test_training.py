@@ -796,6 +796,27 @@ def test_a_new_model_takes_the_special_token_ids_of_the_given_tokenizer(tmp_path
     assert model.model.shared.padding_idx == 0
 
 
+def test_a_run_begun_before_new_models_took_the_tokenizers_pad_and_bos_resumes(tmp_path, datasets_cache):
+    """A run with fairseq's order (<s>, <pad>, </s>) begun before recorded pad 0 and no bos, whatever the tokenizer,
+    and ended sentences at its </s> as now: it was refused ('config.bos_token_id: null vs 0; config.pad_token_id: 0
+    vs 1'), its checkpoints lost, for ids that change nothing it learned."""
+    special_tokens = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "bos_token": "<s>"}
+    word_level_tokenizer(["<s>", "<pad>", "</s>", "<unk>"], **special_tokens).save_pretrained(tmp_path / "tokenizer")
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    run = tmp_path / "run"
+    train(model_args, data, tiny_run_args(run, eval_strategy="no"))
+    for identity_file in (run / "run_identity.json", run / "checkpoint-2" / "run_identity.json"):
+        identity = json.loads(identity_file.read_text())
+        assert (identity["config"]["pad_token_id"], identity["config"]["bos_token_id"]) == (1, 0)
+        identity["config"].update(pad_token_id=0, bos_token_id=None)  # as such a run recorded them
+        identity_file.write_text(json.dumps(identity))
+    train(model_args, data, tiny_run_args(run, eval_strategy="no", max_steps=4, resume_from_checkpoint="last"))
+    assert (run / "checkpoint-4").is_dir()
+    assert json.loads((run / "checkpoint-4" / "run_identity.json").read_text())["config"]["pad_token_id"] == 0
+
+
 REFUSED_TOKENIZERS = {
     "no pad token": (["<unk>", "</s>"], "$A </s>", {"unk_token": "<unk>", "eos_token": "</s>"}, "has no pad_token"),
     "no eos token": (
