@@ -435,13 +435,31 @@ class _PartialTranslation:
             earlier = json.loads(self.record_path.read_text(encoding="utf-8"))
             differs = [key for key, value in self.identity.items() if earlier.get(key) != value]
             lines, size, source_sha256 = int(earlier["lines"]), int(earlier["bytes"]), str(earlier["source_sha256"])
-            if not differs and lines > 0 and 0 <= size <= self.path.stat().st_size:
+            if differs:
+                why = f"another {', '.join(differs)}"
+            elif not (lines > 0 and 0 <= size <= self.path.stat().st_size):
+                why = f"{self.path.name} is shorter than its record says"
+            elif self._holds_a_line_break_inside_a_line(size):
+                why = f"{self.path.name} holds a line break inside a translation, written before they became spaces"
+            else:
                 return lines, size, source_sha256
-            why = f"another {', '.join(differs)}" if differs else f"{self.path.name} is shorter than its record says"
         except (OSError, ValueError, KeyError, TypeError) as error:
             why = f"its record {self.record_path.name} is unreadable: {error!r}"
         logger.warning("Not resuming the translation in %s (%s): starting over", self.path, why)
         return None
+
+    def _holds_a_line_break_inside_a_line(self, size: int) -> bool:
+        """Whether the first `size` bytes of the partial translation hold a character some reader ends a line at
+        (`_LINE_BREAKS`) inside a line: a partial file written before `translate` made them spaces, which resumed
+        would keep them beside translations without."""
+        with open(self.path, "rb") as handle:
+            for line in handle:  # binary: split at b"\n" alone
+                if _LINE_BREAKS.search(line[:size].decode("utf-8", "replace").removesuffix("\n")):
+                    return True
+                size -= len(line)
+                if size <= 0:
+                    return False
+        return False
 
     def _hash(self, lines: Iterable[str]) -> None:
         for line in lines:

@@ -718,6 +718,27 @@ def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translat
     assert sizes == [3, 3] and destination.read_text().split("\n")[:-1] == expected
 
 
+def test_a_partial_translation_holding_a_line_break_inside_a_line_is_not_continued(
+    file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
+):
+    """Written before `translate` made "\r", U+2028, ... spaces: resumed, the file mixed lines holding them (which
+    `sacrebleu REF < hypotheses` splits) with lines without, the record vouching for the same bytes."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    partial = killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
+    written = partial.read_text(encoding="utf-8")
+    as_left_before = written.replace(" ", "\r", 1)  # as the earlier rule left one: the same bytes
+    assert as_left_before != written
+    partial.write_bytes(as_left_before.encode())
+
+    sizes = counting_translate(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="modeling.translation"):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert sum(sizes) == len(lines), "started over"
+    assert destination.read_bytes().decode().split("\n")[:-1] == expected
+    assert "holds a line break inside a translation" in caplog.text
+
+
 def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp_path, monkeypatch, caplog):
     """A requeued job that sees its data elsewhere (another mount, a copy, gzipped): the lines decide, not the path."""
     source, lines, model, expected = file_to_translate
