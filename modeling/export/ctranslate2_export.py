@@ -291,12 +291,13 @@ A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by l
 `max_batch_size` tokens, and writes one line per line, in order (a line empty or of spaces stays empty; the
 others are stripped, as `modeling.translation.translate` strips them; a line of invisible characters only, which
 `translate` leaves empty, is translated). It writes each translation as `target_detokenize_fn` gives it: a line
-break in one ("\\r", U+2028, ...: a model trained on web text emits them) becomes a space there, as `translate` makes
-it, or the file would hold more lines than the source, every later one beside another sentence.
+break in one ("\\r", U+2028, ...: a model trained on web text emits them) becomes a space there and the translation is
+stripped, as `translate` makes it, or the file would hold more lines than the source, every later one beside another
+sentence.
 
 ```python
 def one_line(tokens):
-    return " ".join(tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)).splitlines())
+    return " ".join(tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)).splitlines()).strip()
 
 
 translator.translate_file(
