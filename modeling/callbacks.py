@@ -117,6 +117,24 @@ class StopAfterMinutesCallback(TrainerCallback):
             control.should_save = True
 
 
+class TrainingClockCallback(TrainerCallback):
+    """When the updates of the last `train()` began, by the monotonic clock. The Trainer's train_runtime, and the
+    rates divided by it, subtract two `time.time()` readings, which a step of the system clock between them (NTP,
+    a clock set by hand, a VM's clock set right after a pause) shifts by the whole step: set back an hour during a
+    run, it logged train_runtime -3599 s and negative samples and steps per second, which the card showed."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def wall_clock_start(self) -> float:
+        """The `time.time()` start from which the Trainer's `time.time() - start` is the monotonic time since the
+        updates began."""
+        return time.time() - (time.perf_counter() - self.started)
+
+
 class SamplerEpochCallback(TrainerCallback):
     """Tells the token-budget sampler which epoch starts, so that its order depends on (seed, epoch) only.
 

@@ -70,6 +70,7 @@ from .callbacks import (
     SaveEveryMinutesCallback,
     StopAfterMinutesCallback,
     TensorBoardGivenUpCallback,
+    TrainingClockCallback,
     any_rank,
 )
 from .checkpoints import (
@@ -355,6 +356,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         # [summed loss, labelled tokens, batches left out for a non-finite loss] while evaluating
         self._evaluation_loss_totals: torch.Tensor | None = None
         self._evaluation_batches = 0  # on each process, in the last evaluation loop
+        self._evaluation_samples = 0  # the examples of the last evaluation loop
+        self._evaluation_seconds = 0.0  # the last evaluation loop's, by the monotonic clock
+        self._training_clock = TrainingClockCallback()
+        self.add_callback(self._training_clock)
         self._sampler_epoch = SamplerEpochCallback()
         self.add_callback(self._sampler_epoch)
         self.preemption = preemption if preemption is not None else PreemptionCallback()
@@ -977,7 +982,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if self._interval_start is not None:  # no log in this call: the interval goes on
             self._interval_start += time.perf_counter() - start
 
+    def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> TrainOutput:
+        # train_runtime and its rates by the monotonic clock (`TrainingClockCallback`), not by `time.time()`
+        return super()._finalize_training(trial, num_train_samples, self._training_clock.wall_clock_start())
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if start_time is not None:  # a training log's train_runtime (include_num_input_tokens_seen), as above
+            start_time = self._training_clock.wall_clock_start()
         # Training logs (those with "loss") are made on every process at the same update: reducing is safe there.
         if "loss" in logs and self._interval_start is not None:
             logs = {**logs, **self._throughput_logs()}
@@ -987,12 +998,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             sentences = torch.tensor(self._sentences_trained, device=self.args.device)
             sentences = self.accelerator.reduce(sentences, "sum").item()
             logs["train_samples_per_second"] = round(sentences / logs["train_runtime"], 3)
-        for key in [key for key in logs if key.endswith("_steps_per_second") and key != "train_steps_per_second"]:
-            # An evaluation's (`evaluate` logs its metrics, and returns the dict logged): the batches each process
-            # evaluated per second. The Trainer counts per_device_eval_batch_size (8) sentences per batch, which
-            # token-budget batches are not.
-            runtime = logs[key.replace("_steps_per_second", "_runtime")]
-            logs[key] = round(self._evaluation_batches / runtime, 3)
+        for key in [key for key in logs if key.endswith("_runtime") and key != "train_runtime"]:
+            # An evaluation's (`evaluate` logs its metrics, and returns the dict logged), by the monotonic clock: the
+            # Trainer subtracts two `time.time()` readings (see `TrainingClockCallback`). Its steps per second are
+            # the batches each process evaluated per second: the Trainer counts per_device_eval_batch_size (8)
+            # sentences per batch, which token-budget batches are not.
+            prefix, seconds = key.removesuffix("_runtime"), self._evaluation_seconds
+            logs[key] = round(seconds, 4)
+            logs[f"{prefix}_samples_per_second"] = round(self._evaluation_samples / seconds, 3)
+            logs[f"{prefix}_steps_per_second"] = round(self._evaluation_batches / seconds, 3)
         super().log(logs, start_time)
 
     # --- evaluation ---
@@ -1061,6 +1075,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         the number of processes."""
         self._evaluation_loss_totals = torch.zeros(3, device=self.args.device)  # float32: MPS has no float64
         self.gather_function = self._gather_each_example_once  # `Seq2SeqTrainer` sets the plain `gather`
+        started = time.perf_counter()
         try:
             output = super().evaluation_loop(
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
@@ -1068,7 +1083,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             loss_sum, tokens, left_out = self.accelerator.reduce(self._evaluation_loss_totals, "sum").tolist()
         finally:
             self._evaluation_loss_totals = None
-        self._evaluation_batches = len(dataloader)
+        # What the Trainer's runtime measures: the loop, less the model's preparation in it (if it was the first)
+        preparation = output.metrics.get(f"{metric_key_prefix}_model_preparation_time", 0.0)
+        self._evaluation_seconds = time.perf_counter() - started - preparation
+        self._evaluation_batches, self._evaluation_samples = len(dataloader), output.num_samples
         key = f"{metric_key_prefix}_loss"
         if left_out and tokens:  # the Trainer leaves them out without a word: the loss is that of part of the split
             logger.warning(

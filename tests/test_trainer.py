@@ -406,6 +406,36 @@ def test_the_evaluation_steps_per_second_count_the_token_budget_batches(tmp_path
     assert trainer.state.log_history[-1]["eval_steps_per_second"] == metrics["eval_steps_per_second"]
 
 
+def test_runtimes_and_rates_hold_when_the_system_clock_is_set_back(tmp_path, monkeypatch):
+    """NTP setting the system clock back an hour after each update and each evaluation batch: the Trainer measures
+    its runtimes with time.time(), and logged train_runtime -3599 s, eval_runtime -7199 s and negative rates."""
+    wall, set_back = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: wall() - set_back[0])
+
+    class ClockSetBack(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            set_back[0] += 3600
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            set_back[0] += 3600
+
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=2, warmup_steps=1, max_tokens_per_device=12)
+    args.include_num_input_tokens_seen = "all"  # every training log then holds train_runtime and its rate too
+    split = copy_dataset([3, 10, 10, 10, 4, 6, 9, 5], len(tokenizer), seed=4)
+    trainer = make_trainer(args, split, tokenizer, tiny_model(len(tokenizer)), callbacks=[ClockSetBack()])
+    trainer.train()
+    trainer.evaluate(split)
+    timings = [
+        (key, value) for entry in trainer.state.log_history for key, value in entry.items() if "_runtime" in key
+    ]
+    rates = [
+        (key, value) for entry in trainer.state.log_history for key, value in entry.items() if "per_second" in key
+    ]
+    assert len(timings) == 4 and all(0 < seconds < 600 for _, seconds in timings), timings
+    assert len(rates) > 4 and all(rate > 0 for _, rate in rates), rates
+
+
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     tokenizer = word_tokenizer()
     lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
