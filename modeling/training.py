@@ -30,6 +30,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -1053,7 +1054,8 @@ def _stop_preempted(
             "signal": signal_name,
             "step": step,
             "checkpoint": checkpoint,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            # ISO 8601 with the offset as "+01:00": strftime's "+0100" is refused by RFC 3339 parsers and Python < 3.11
+            "time": datetime.now().astimezone().isoformat(timespec="seconds"),
             "resume": "--resume_from_checkpoint last",
         }
         write_json(Path(training_args.output_dir) / PREEMPTED_FILE, record)

@@ -9,9 +9,11 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -278,6 +280,15 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     # average_checkpoints.py --last 4 on this run would take the best in place of the deleted checkpoint-3.
     with pytest.raises(ValueError, match="checkpoint-1 is not one of the last 4 saves"):
         last_checkpoints(run, 4)
+
+
+def test_the_preemption_record_says_when_in_iso_8601_with_its_utc_offset(tmp_path):
+    """preempted.json's time was "2026-12-05T14:31:59+0100": extended ISO 8601 with a basic offset, which RFC 3339
+    parsers (Go's time.RFC3339) and Python before 3.11 (`datetime.fromisoformat`) refuse."""
+    training._stop_preempted(training_args(tmp_path), "SIGTERM", 3, None, together=False)
+    recorded = json.loads((tmp_path / "preempted.json").read_text())["time"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", recorded), recorded
+    assert abs(datetime.now(UTC) - datetime.fromisoformat(recorded)) < timedelta(minutes=1)
 
 
 def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trains_nothing(
