@@ -1146,12 +1146,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                     counted = self.compute_loss(model, {name: value[:once] for name, value in inputs.items()})
             if once:
                 self._add_to_evaluation_loss(counted, labels_given[:once])
-        if generated is not None:
-            # Token batches hold different numbers of sentences on different processes, and the evaluation loop
-            # gathers equal shapes only: pad with rows of -100, which `bleu_metrics` drops.
-            generated = self.accelerator.pad_across_processes(generated, dim=0, pad_index=-100)
-            if labels is not None:
-                labels = self.accelerator.pad_across_processes(labels, dim=0, pad_index=-100)
         return loss, generated, labels
 
     def _gather_each_example_once(self, tensors: Any) -> Any:
@@ -1159,12 +1153,24 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         loader of fixed-size batches (`predict`'s) on several processes, which `predict` returned as translations of
         their own. `Seq2SeqTrainer` gathers with `gather`, not `gather_for_metrics`, whose `remainder` rows would cut
         a batch of `num_return_sequences` rows per example short: each example keeps all its rows here."""
-        gathered = self.accelerator.gather(tensors)
+        if self.accelerator.num_processes == 1:
+            return self.accelerator.gather(tensors)
+        gathered = recursively_apply(self._gather_rows, tensors)
         state = self.accelerator.gradient_state
-        if self.accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
+        if not state.end_of_dataloader or state.remainder <= 0:
             return gathered  # evaluation's token-budget batches are never repeated (`split_batches_to_multiple`)
         examples = state.active_dataloader.total_batch_size  # in the last batches of the processes, in turn
         return recursively_apply(lambda rows: rows[: len(rows) // examples * state.remainder], gathered)
+
+    def _gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The `rows` of every process, in the order of the processes. Token batches hold different numbers of
+        sentences on different processes, and `gather` takes equal shapes only: they are padded to the same number
+        to be gathered, and the padding dropped, so that a `compute_metrics` sees each example once (padding rows
+        of -100 were scored as empty sentences)."""
+        counts = self.accelerator.gather(torch.tensor([len(rows)], device=rows.device)).tolist()
+        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(rows, dim=0, pad_index=-100))
+        most = max(counts)
+        return torch.cat([gathered[rank * most : rank * most + count] for rank, count in enumerate(counts)])
 
     def _rows_evaluated_once(self, rows: int) -> int:
         """How many of this process's batch of `rows` are not repeats. On several processes, accelerate completes the
@@ -1195,7 +1201,7 @@ def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callab
 
     References are the decoded labels: the detokenised target up to the BPE's unknown characters, good enough to
     follow training; final scores come from `modeling.evaluation` on the raw text. Rows whose labels are all -100
-    are padding added to gather batches of unequal sizes (see `TokenBudgetSeq2SeqTrainer.prediction_step`).
+    (no reference: padding rows, which `TokenBudgetSeq2SeqTrainer` drops before `compute_metrics`) are not scored.
     """
     pad = tokenizer.pad_token_id
     unscored = _unscored_metrics(target_lang)

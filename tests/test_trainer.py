@@ -272,6 +272,13 @@ metrics["eleven_label_ids"] = predicted.label_ids.tolist()
 trainer.compute_metrics = None  # BLEU takes one translation per example
 two_each = trainer.predict(eleven, max_new_tokens=2, num_beams=2, num_return_sequences=2).predictions
 metrics["eleven_two_each"] = two_each.tolist()
+# A user's own compute_metrics (run_translation.py's), on token batches of unequal sizes on the two processes.
+seen = []
+trainer.compute_metrics = lambda prediction: seen.append(prediction) or {{}}
+trainer.args.include_for_metrics = ["inputs"]
+trainer.bleu_dataset = eleven
+trainer.evaluate()
+metrics["eleven_seen"] = [getattr(seen[0], name).tolist() for name in ("predictions", "label_ids", "inputs")]
 if trainer.is_world_process_zero():
     torch.save(model.state_dict(), os.path.join({out!r}, "weights.pt"))
     with open(os.path.join({out!r}, "metrics.json"), "w") as f:
@@ -329,6 +336,29 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
     # With `num_return_sequences`, each example keeps its rows (`gather_for_metrics` would keep 11 of the 22).
     two_each = one_process.predict(eleven, max_new_tokens=2, num_beams=2, num_return_sequences=2).predictions
     assert metrics["eleven_two_each"] == two_each.tolist()
+    # A user's compute_metrics sees one row per example, as on one process (no rows of -100 padding, scored as
+    # empty sentences), the inputs too (gathered unpadded, they aborted gloo: "Received data size doesn't match").
+    seen = []
+    args = training_args(
+        tmp_path / "single", predict_with_generate=True, generation_max_length=4, include_for_metrics=["inputs"]
+    )
+    one_process = make_trainer(
+        args,
+        eleven,
+        tokenizer,
+        model,
+        eval_dataset=eleven,
+        bleu_dataset=eleven,
+        compute_metrics=lambda prediction: seen.append(prediction) or {},
+    )
+    one_process.evaluate()
+    expected = [getattr(seen[0], name).tolist() for name in ("predictions", "label_ids", "inputs")]
+    assert [unpadded(rows) for rows in metrics["eleven_seen"]] == [unpadded(rows) for rows in expected]
+
+
+def unpadded(rows: list[list[int]]) -> list[list[int]]:
+    """`rows` without their padding: the batch's pad (0) and -100, which pads the batches to one length."""
+    return [[token for token in row if token not in (0, -100)] for row in rows]
 
 
 def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
