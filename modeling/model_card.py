@@ -82,6 +82,7 @@ SHOWN_TRAINING_ARGS = (
     "max_grad_norm",
     "label_smoothing_factor",
     "seed",
+    "data_seed",
     "bf16",
     "fp16",
 )
@@ -370,10 +371,13 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]:
     """The hyperparameters the card shows; `num_train_epochs` not where `max_steps` set the length instead (the
-    Trainer ignores it then: a run of 52 epochs showed "num_train_epochs 3.0")."""
+    Trainer ignores it then: a run of 52 epochs showed "num_train_epochs 3.0"); `data_seed` where set, since the
+    batches' order then comes from it and not from `seed` (a card of seed 0 alone did not reproduce them)."""
     if not training_args:
         return {}
     shown = {key: training_args[key] for key in SHOWN_TRAINING_ARGS if key in training_args}
+    if shown.get("data_seed") is None:
+        shown.pop("data_seed", None)
     max_steps = shown.get("max_steps")
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
         shown.pop("num_train_epochs", None)

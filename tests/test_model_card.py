@@ -676,6 +676,14 @@ def test_num_train_epochs_is_not_shown_where_max_steps_set_the_length():
     assert "| num_train_epochs | 3.0 |" in by_epochs.text
 
 
+def test_a_data_seed_is_shown_beside_the_seed_where_it_set_the_batch_order():
+    """The trainer shuffles batches with data_seed when given: a card showing seed 0 alone did not reproduce them."""
+    own = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args={"seed": 0, "data_seed": 7})
+    assert "| seed | 0 |" in own.text and "| data_seed | 7 |" in own.text
+    from_seed = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args={"seed": 0, "data_seed": None})
+    assert "| seed | 0 |" in from_seed.text and "data_seed" not in from_seed.text
+
+
 def test_the_card_of_a_run_that_loaded_its_best_checkpoint_describes_that_checkpoint(card_dir, tmp_path):
     """Under load_best_model_at_end the final model holds its best checkpoint's weights: the card gave the last
     update's length, loss and curves."""
