@@ -108,6 +108,7 @@ from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, ev
 
 logger = logging.getLogger(__name__)
 
+LOADING_ARGUMENTS = ("is_local", "local_files_only")  # of transformers 5's tokenizer from_pretrained
 BLEU_SAMPLE_SEED = 0  # the validation sample scored by BLEU is the same for every run, whatever the training seed
 MARIAN_MODEL_TYPE = "marian"
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
@@ -544,7 +545,7 @@ def _tokenizer(
     """
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name is not None:
-        tokenizer = AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args))
+        tokenizer = _without_loading_arguments(AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args)))
         _take_the_run_languages(tokenizer, name, data_args)
         _check_given_tokenizer(tokenizer, name, train_text[0]["translation"], data_args)
         return tokenizer
@@ -553,7 +554,7 @@ def _tokenizer(
         path = output_dir / "tokenizer.json"
         if path.is_file():
             logger.info("Using the tokenizer of the earlier run in %s", output_dir)
-            tokenizer = AutoTokenizer.from_pretrained(output_dir)
+            tokenizer = _without_loading_arguments(AutoTokenizer.from_pretrained(output_dir))
             if read_run_identity(output_dir) is not None:
                 _check_earlier_bpe(tokenizer, path, vocab_size)
             # Without an identity, the main process finds a BPE that was there before this run started (a plain
@@ -566,6 +567,15 @@ def _tokenizer(
         # tokenizer.json last: its presence is what tells a later run that the BPE is there, whole.
         write_files_into(output_dir, tokenizer.save_pretrained, last=("tokenizer.json",), name="tokenizer")
         return tokenizer
+
+
+def _without_loading_arguments(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """`tokenizer` without what transformers' `from_pretrained` adds to the arguments `save_pretrained` writes to
+    tokenizer_config.json (`is_local`, `local_files_only`): how it was loaded, not what it is. A resumed run's
+    tokenizer_config.json, in its later checkpoints and final model, differed from the uninterrupted run's."""
+    for name in LOADING_ARGUMENTS:
+        tokenizer.init_kwargs.pop(name, None)
+    return tokenizer
 
 
 def _check_given_tokenizer(

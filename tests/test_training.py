@@ -255,6 +255,20 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     assert json.loads((run / "checkpoint-2" / "config.json").read_text())["d_model"] == 16, "started over"
 
 
+def test_a_resumed_run_saves_the_tokenizer_files_of_the_uninterrupted_run(tmp_path, datasets_cache):
+    """transformers' from_pretrained adds how it loaded a tokenizer (`is_local`, `local_files_only`) to what
+    save_pretrained writes: the resumed run's later checkpoints and final model had another tokenizer_config.json."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    model_args = ModelArguments(preset="tiny", **TINY)
+    run = tmp_path / "run"
+    train(model_args, data, tiny_run_args(run, max_steps=1, save_steps=1))
+    train(model_args, data, tiny_run_args(run, max_steps=2, save_steps=1, resume_from_checkpoint="last"))
+    uninterrupted = (run / "checkpoint-1" / "tokenizer_config.json").read_text()
+    assert (run / "checkpoint-2" / "tokenizer_config.json").read_text() == uninterrupted
+    assert (run / "tokenizer_config.json").read_text() == uninterrupted
+
+
 def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_not_of_an_old_best(
     tmp_path, datasets_cache
 ):
