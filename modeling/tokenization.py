@@ -41,6 +41,8 @@ PAD_TOKEN, UNK_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "</s>"
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, EOS_TOKEN]  # ids 0, 1, 2 in this order
 VOCAB_MULTIPLE = 8
 MODEL_MAX_LENGTH = 1024
+# What transformers 5's tokenizer from_pretrained adds to its init_kwargs: how it was loaded, not what it is.
+LOADING_ARGUMENTS = ("is_local", "local_files_only")
 
 logger = logging.getLogger(__name__)
 

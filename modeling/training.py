@@ -102,13 +102,19 @@ from .modeling_transformer import TransformerForConditionalGeneration
 from .presets import TrainingPreset, get_preset
 from .schedule import check_warmup_steps
 from .scoring import check_scorable
-from .tokenization import VOCAB_MULTIPLE, check_vocab_size, iter_corpus_text, round_up, train_shared_bpe
+from .tokenization import (
+    LOADING_ARGUMENTS,
+    VOCAB_MULTIPLE,
+    check_vocab_size,
+    iter_corpus_text,
+    round_up,
+    train_shared_bpe,
+)
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, evaluation_metrics
 
 logger = logging.getLogger(__name__)
 
-LOADING_ARGUMENTS = ("is_local", "local_files_only")  # of transformers 5's tokenizer from_pretrained
 BLEU_SAMPLE_SEED = 0  # the validation sample scored by BLEU is the same for every run, whatever the training seed
 MARIAN_MODEL_TYPE = "marian"
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).

@@ -60,7 +60,7 @@ from .hub_client import (
     pinned_commit,
     use_hub_timeouts,
 )
-from .tokenization import is_blank
+from .tokenization import LOADING_ARGUMENTS, is_blank
 
 logger = logging.getLogger(__name__)
 
@@ -481,7 +481,9 @@ def model_fingerprint(model: PreTrainedModel) -> str:
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 of the tokenizer's definition: a fast tokenizer's JSON; otherwise its class, vocabulary and the
-    arguments it was made with, a file among them by its content (fairseq's BPE merges), wherever it lies."""
+    arguments it was made with, a file among them by its content (fairseq's BPE merges), wherever it lies and
+    however it was loaded (`LOADING_ARGUMENTS`: a fairseq model's partial translation, resumed offline, was
+    started over as another tokenizer's)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         definition = backend.to_str()
@@ -491,7 +493,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
         arguments = {
             name: file_sha256(value) if isinstance(value, str) and os.path.isfile(value) else str(value)
             for name, value in tokenizer.init_kwargs.items()
-            if name != "name_or_path"
+            if name != "name_or_path" and name not in LOADING_ARGUMENTS
         }
         definition = json.dumps([type(tokenizer).__name__, tokenizer.get_vocab(), arguments], sort_keys=True)
     return hashlib.sha256(definition.encode()).hexdigest()

@@ -832,6 +832,8 @@ def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, token
     shutil.copytree(tmp_path / "here", tmp_path / "there")
     here, there = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("here", "there"))
     assert tokenizer_fingerprint(here) == tokenizer_fingerprint(there)
+    offline = AutoTokenizer.from_pretrained(tmp_path / "here", local_files_only=True)  # as HF_HUB_OFFLINE=1 loads
+    assert tokenizer_fingerprint(offline) == tokenizer_fingerprint(here)
     with open(tmp_path / "there" / "merges.txt", "a", encoding="utf-8") as handle:
         handle.write("x y\n")
     assert tokenizer_fingerprint(here) != tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "there"))
