@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import importlib.metadata
 import json
 import logging
 import os
+import platform
 import shutil
 import socket
 import time
@@ -115,6 +117,8 @@ from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, ev
 
 logger = logging.getLogger(__name__)
 
+# Recorded in training_args.json: what computes the weights, the data order and the BPE from the same seed.
+REPRODUCIBILITY_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy")
 BLEU_SAMPLE_SEED = 0  # the validation sample scored by BLEU is the same for every run, whatever the training seed
 MARIAN_MODEL_TYPE = "marian"
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
@@ -965,6 +969,7 @@ def _write_run_records(
         shown["learning_rate_schedule"] = "learning_rate × d_model^-0.5 × min(step^-0.5, step × warmup^-1.5)"
     name = model_args.model_name_or_path
     run = {"preset": model_args.preset, "model_name_or_path": name, "world_size": args.world_size}
+    run["library_versions"] = _library_versions()
     if model_args.model_revision is not None:
         run["model_revision"] = model_args.model_revision
     if trainer.max_tokens_limit != args.max_tokens_per_device:  # batches made smaller for tokens_per_update
@@ -987,6 +992,18 @@ def _write_run_records(
         "vocab_size": len(trainer.processing_class),
     }
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
+
+
+def _library_versions() -> dict[str, str]:
+    """The versions a rerun needs for the same weights: the same seed gives other initial weights, data order (numpy's
+    Generator), BPE or kernels under another torch, numpy, tokenizers or transformers."""
+    versions = {"python": platform.python_version()}
+    for package in REPRODUCIBILITY_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 def _warn_of_another_training_set(output_dir: Path, train: datasets.Dataset) -> None:

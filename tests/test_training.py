@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import platform
 import random
 import re
 import shutil
@@ -17,8 +18,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy
 import pytest
 import torch
+import transformers
 from helpers import (
     HUB_TOKEN,
     convert_fairseq_fixture,
@@ -209,6 +212,17 @@ def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batc
     _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
     records = json.loads((tmp_path / "training_args.json").read_text())
     assert (records["max_tokens_per_device"], records["max_tokens_per_device_given"]) == (3323, 4096)
+
+
+def test_the_records_name_the_library_versions_that_made_the_weights(tmp_path):
+    """The same seed gives other weights under another torch (initialisation, kernels), numpy (the data order)
+    or tokenizers (the BPE): a reviewer reproducing a run needs them."""
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
+    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
+    versions = json.loads((tmp_path / "training_args.json").read_text())["library_versions"]
+    assert (versions["torch"], versions["transformers"]) == (torch.__version__, transformers.__version__)
+    assert (versions["numpy"], versions["python"]) == (numpy.__version__, platform.python_version())
 
 
 # --- long runs: one output directory, one run -----------------------------------------------------------------
