@@ -352,11 +352,20 @@ def training_summary(log_history: Sequence[dict[str, Any]] | None) -> dict[str, 
 
 
 def _public(value: Any) -> Any:
-    """A local absolute path as a public card shows it, by its last component (`/home/alice/wmt14/data` says
-    nothing to the card's readers, and more than its writer may want); anything else as it is."""
-    if isinstance(value, str) and (value.startswith(("/", "~")) or Path(value).is_absolute()):
-        return Path(value).name or value
+    """A local path as a public card shows it, by its last component (`/home/alice/wmt14/data` says nothing to the
+    card's readers, and more than its writer may want); anything else as it is. Relative paths count: README's own
+    `--data-dir ../shared/data/multi30k` reached the card's `datasets` metadata, which names Hub datasets."""
+    if isinstance(value, str) and _is_local_path(value):
+        return Path(value).expanduser().resolve().name or value
     return value
+
+
+def _is_local_path(value: str) -> bool:
+    """`value` names a path of this machine: absolute, from the home or the current directory, or a relative path
+    that exists here (a Hub id, `org/name`, does not)."""
+    if value.startswith(("/", "~", "./", "../")) or value in (".", "..") or Path(value).is_absolute():
+        return True
+    return "/" in value and Path(value).exists()
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -392,6 +392,24 @@ def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
     assert "**multi30k" in card, "the evaluation's dataset, named"
 
 
+@pytest.mark.parametrize("data_dir", ["../corpora/multi30k", "./corpora/multi30k", "corpora/multi30k"])
+def test_a_relative_data_directory_is_named_by_its_last_component_and_kept_out_of_the_datasets_metadata(
+    data_dir, tmp_path, monkeypatch
+):
+    """README's own main job trains from `../shared/data/multi30k`: the card said "trained on
+    **../shared/data/multi30k**" and listed it in `datasets`, the metadata of Hub dataset ids."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "corpora" / "multi30k").mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(tmp_path / "runs" if data_dir.startswith("../") else tmp_path)
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, dataset_name=data_dir, data_stats={"dataset": data_dir}
+    )
+    assert card.data.datasets is None
+    assert "trained on **multi30k**" in card.text and "| dataset | multi30k |" in card.text
+    hub = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="wmt/wmt14")
+    assert hub.data.datasets == ["wmt/wmt14"], "a Hub dataset id stays one"
+
+
 def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monkeypatch, capsys):
     card = render_model_card(model_name="tiny", repo_id=REPO_ID).text
     deploy = card.split("## Deploy with CTranslate2", 1)[1]
