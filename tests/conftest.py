@@ -6,11 +6,11 @@ import datasets
 import pytest
 import torch
 from helpers import (
-    FAIRSEQ_FIXTURES,
     FAIRSEQ_MODELS,
     HUB_TOKEN,
     LOG_HISTORY,
     convert_fairseq_fixture,
+    convert_fairseq_fixture_into,
     mixed_corpus,
     save_tiny_checkpoint,
     synthetic_pairs,
@@ -141,17 +141,7 @@ def converted_fairseq():
 @pytest.fixture(scope="session")
 def converted_fairseq_dir(tmp_path_factory) -> Path:
     """The directory `modeling.fairseq.convert_fairseq` writes for the fixtures' transformer_wmt_en_de."""
-    from modeling.fairseq import convert_fairseq
-
-    directory = tmp_path_factory.mktemp("fairseq") / "converted"
-    return convert_fairseq(
-        FAIRSEQ_FIXTURES / "transformer_wmt_en_de" / "model.pt",
-        FAIRSEQ_FIXTURES,
-        directory,
-        source_lang="en",
-        target_lang="de",
-        bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
-    )
+    return convert_fairseq_fixture_into(tmp_path_factory.mktemp("fairseq") / "converted")
 
 
 @pytest.fixture

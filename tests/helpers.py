@@ -189,6 +189,20 @@ def convert_fairseq_fixture(name: str, **overrides):
     return from_fairseq(FAIRSEQ_FIXTURES / name / "model.pt", FAIRSEQ_FIXTURES, **arguments)
 
 
+def convert_fairseq_fixture_into(directory: Path) -> Path:
+    """`directory`, written by `modeling.fairseq.convert_fairseq` for the fixtures' transformer_wmt_en_de."""
+    from modeling.fairseq import convert_fairseq
+
+    return convert_fairseq(
+        FAIRSEQ_FIXTURES / "transformer_wmt_en_de" / "model.pt",
+        FAIRSEQ_FIXTURES,
+        directory,
+        source_lang="en",
+        target_lang="de",
+        bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+    )
+
+
 def right_padded(rows: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask of `rows`, right-padded with `pad`."""
     input_ids = torch.full((len(rows), max(map(len, rows))), pad)

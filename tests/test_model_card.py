@@ -10,7 +10,13 @@ import signal
 from unittest import mock
 
 import pytest
-from helpers import FAIRSEQ_FIXTURES, LOG_HISTORY, tiny_config, tiny_model, tiny_tokenizer
+from helpers import (
+    LOG_HISTORY,
+    convert_fairseq_fixture_into,
+    tiny_config,
+    tiny_model,
+    tiny_tokenizer,
+)
 from hub_server import card_metadata_errors
 from huggingface_hub import ModelCard
 from transformers import GenerationConfig
@@ -309,8 +315,6 @@ def test_a_card_render_killed_midway_leaves_nothing_that_a_new_conversion_refuse
     """push_to_hub.py killed while it rendered the card left the figure's staging directory in the model's, under a
     new name at every kill (tmpXXXXXXXX): converting again into that directory was refused, after the whole
     conversion, for holding it."""
-    from modeling.fairseq import convert_fairseq
-
     model_dir = shutil.copytree(converted_fairseq_dir, tmp_path / "model")
     converted = sorted(path.name for path in model_dir.iterdir())
     kill_a_card_render(model_dir, card_dir)
@@ -319,14 +323,7 @@ def test_a_card_render_killed_midway_leaves_nothing_that_a_new_conversion_refuse
         [*converted, "README.md", "training_curves.png"]
     )
     kill_a_card_render(model_dir, card_dir)  # and a kill that no render follows
-    convert_fairseq(
-        FAIRSEQ_FIXTURES / "transformer_wmt_en_de" / "model.pt",
-        FAIRSEQ_FIXTURES,
-        model_dir,
-        source_lang="en",
-        target_lang="de",
-        bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
-    )
+    convert_fairseq_fixture_into(model_dir)
     assert sorted(path.name for path in model_dir.iterdir()) == converted
 
 
