@@ -1156,11 +1156,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if self.accelerator.num_processes == 1:
             return self.accelerator.gather(tensors)
         gathered = recursively_apply(self._gather_rows, tensors)
-        state = self.accelerator.gradient_state
-        if not state.end_of_dataloader or state.remainder <= 0:
-            return gathered  # evaluation's token-budget batches are never repeated (`split_batches_to_multiple`)
-        examples = state.active_dataloader.total_batch_size  # in the last batches of the processes, in turn
-        return recursively_apply(lambda rows: rows[: len(rows) // examples * state.remainder], gathered)
+        remainder = self._examples_in_repeated_last_batches()
+        if remainder is None:
+            return gathered
+        examples = self.accelerator.gradient_state.active_dataloader.total_batch_size  # of the processes, in turn
+        return recursively_apply(lambda rows: rows[: len(rows) // examples * remainder], gathered)
 
     def _gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The `rows` of every process, in the order of the processes. Token batches hold different numbers of
@@ -1173,13 +1173,21 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         return torch.cat([gathered[rank * most : rank * most + count] for rank, count in enumerate(counts)])
 
     def _rows_evaluated_once(self, rows: int) -> int:
-        """How many of this process's batch of `rows` are not repeats. On several processes, accelerate completes the
-        last batch of a loader of fixed-size batches (`predict`'s: the Trainer's own) with the first examples: of
-        the rows of the processes in turn, the first `remainder` are the split's last ones, the others repeats."""
+        """How many of this process's batch of `rows` are not repeats (`_examples_in_repeated_last_batches`)."""
+        remainder = self._examples_in_repeated_last_batches()
+        if remainder is None:
+            return rows
+        return min(max(remainder - self.args.process_index * rows, 0), rows)
+
+    def _examples_in_repeated_last_batches(self) -> int | None:
+        """On several processes, accelerate completes the last batch of a loader of fixed-size batches (`predict`'s:
+        the Trainer's own) with the first examples: of the rows of the processes in turn, the first `remainder` are
+        the split's last examples, the others repeats. That number in such a batch; None in any other (evaluation's
+        token-budget batches are never repeated: `split_batches_to_multiple`)."""
         state = self.accelerator.gradient_state
         if self.accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
-            return rows  # evaluation's token-budget batches are never repeated (`split_batches_to_multiple`)
-        return min(max(state.remainder - self.args.process_index * rows, 0), rows)
+            return None
+        return state.remainder
 
     def _add_to_evaluation_loss(self, loss: torch.Tensor, labels: torch.Tensor) -> None:
         """Count a batch's mean loss for each of its labelled tokens. Not a batch without any (its loss is 0 / 0),
