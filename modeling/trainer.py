@@ -1195,12 +1195,14 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         totals = self._evaluation_loss_totals
         tokens = labels.ne(-100).sum().to(totals)
         loss = loss.detach().to(totals)
-        if not tokens:
-            return
-        if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
-            totals[2] += 1  # warned of after the loop
-            return
-        totals[:2] += torch.stack([loss * tokens, tokens])
+        # On the device, without asking it for a value: on a GPU that would wait for every batch.
+        counted = tokens > 0
+        if self.args.logging_nan_inf_filter:
+            finite = torch.isfinite(loss)
+            totals[2] += counted & ~finite  # warned of after the loop
+            counted &= finite
+        zero = torch.zeros_like(loss)
+        totals[:2] += torch.stack([torch.where(counted, loss * tokens, zero), torch.where(counted, tokens, zero)])
 
 
 def bleu_metrics(tokenizer: PreTrainedTokenizerBase, target_lang: str) -> Callable[[EvalPrediction], dict]:
