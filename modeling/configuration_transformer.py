@@ -8,6 +8,7 @@ Every way in (the installed package, `from_pretrained(..., trust_remote_code=Tru
 model's, so the version check below guards all five remote-code files.
 """
 
+import math
 from typing import Any
 
 import transformers
@@ -148,9 +149,11 @@ class TransformerConfig(PreTrainedConfig):
             # 1 zeroes all it applies to, and training goes on: a model blind to its input, or to the source.
             if not 0 <= (rate := getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a probability in [0, 1) (1 drops everything), got {rate}.")
-        for name in ("layer_norm_eps", "init_std"):
-            if (value := getattr(self, name)) is not None and value < 0:
-                raise ValueError(f"{name} must not be negative, got {value}.")
+        # 0 divides by zero on a constant row; NaN and infinity pass a comparison and poison every output.
+        if not 0 < self.layer_norm_eps < math.inf:
+            raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps}.")
+        if self.init_std is not None and not 0 <= self.init_std < math.inf:
+            raise ValueError(f"init_std must be a non-negative number, got {self.init_std}.")
         if self.activation_function not in ACT2FN:
             raise ValueError(
                 f"Unknown activation_function {self.activation_function!r}; expected one of {sorted(ACT2FN)}."

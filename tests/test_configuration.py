@@ -39,8 +39,11 @@ def test_presets_match_table_3():
         ({"encoder_ffn_dim": 0}, "encoder_ffn_dim must be at least 1, got 0"),
         ({"decoder_ffn_dim": -1}, "decoder_ffn_dim must be at least 1, got -1"),
         ({"max_position_embeddings": 0}, "max_position_embeddings must be at least 1, got 0"),
-        ({"layer_norm_eps": -1e-5}, "layer_norm_eps must not be negative, got -1e-05"),
-        ({"init_std": -0.02}, "init_std must not be negative, got -0.02"),
+        ({"layer_norm_eps": -1e-5}, "layer_norm_eps must be a positive number, got -1e-05"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be a positive number, got 0.0"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be a positive number, got nan"),
+        ({"init_std": -0.02}, "init_std must be a non-negative number, got -0.02"),
+        ({"init_std": float("inf")}, "init_std must be a non-negative number, got inf"),
         ({"activation_function": "ReLU"}, r"Unknown activation_function 'ReLU'; expected one of \['gelu', "),
     ],
 )
