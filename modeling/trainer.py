@@ -479,6 +479,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
             if state is not None and state.global_step >= total:
                 logger.info("%s is at update %d of %d: nothing left to train", checkpoint, state.global_step, total)
+                if self.is_world_process_zero():  # no save follows to clear them before it
+                    _remove_interrupted_saves(Path(self.args.output_dir))
                 self._load_from_checkpoint(str(checkpoint))
                 state.is_local_process_zero = self.is_local_process_zero()  # saved by the main process
                 state.is_world_process_zero = self.is_world_process_zero()

@@ -505,13 +505,18 @@ def test_resuming_a_checkpoint_at_max_steps_trains_nothing_and_loads_it(tmp_path
     finished = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
     finished.train()
     saved = load_file(tmp_path / "checkpoint-6" / "model.safetensors")
-    # The same command requeued after its last update (killed while averaging or pushing, say).
+    # The same command requeued after its last update (killed while averaging or pushing, say), beside what a save
+    # killed in an earlier launch left: no save of this one removes it.
+    leftover = tmp_path / ".checkpoint-7.partial" / "checkpoint-7"
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"half")
     rerun = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
     with caplog.at_level(logging.INFO):
         output = rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert output.metrics == {} and output.global_step == rerun.state.global_step == 6
     assert "checkpoint-6 is at update 6 of 6: nothing left to train" in caplog.text
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert not leftover.parent.exists()
     weights = rerun.model.state_dict()
     for name, tensor in saved.items():
         torch.testing.assert_close(weights[name], tensor, atol=0, rtol=0, msg=name)
