@@ -613,14 +613,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     line_number = 0
     try:
         with ExitStack() as stack:
-            for raw in _open_binary(path, stack):
+            for raw in _refusing_carriage_return_lines(_open_binary(path, stack), path):
                 line_number += 1
-                if line_number == 1 and not raw.endswith(b"\n") and _ends_lines_in_carriage_returns(raw):
-                    convert = "tr '\\r' '\\n'" + ("" if path == "-" else f" < {name}")
-                    raise ValueError(
-                        f"{name}: its lines end in \\r alone (classic Mac OS), so it would read as one line; "
-                        f"convert them (e.g. {convert})"
-                    )
                 line = raw.decode("utf-8").rstrip("\r\n")
                 # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
                 # that no hypothesis matches, a vocabulary entry).
@@ -636,8 +630,30 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
 
 
+def _refusing_carriage_return_lines(lines: Iterable[bytes], path: str) -> Iterator[bytes]:
+    """`lines`, unless they are one line that holds lines ended by "\\r" alone (classic Mac OS): with or without a
+    last "\\n" (which a tool appending to the file adds), it would read as a single sentence."""
+    lines = iter(lines)
+    first = next(lines, None)
+    if first is None:
+        return
+    if _ends_lines_in_carriage_returns(first.removesuffix(b"\n")):
+        second = next(lines, None)
+        if second is None:
+            name = "<stdin>" if path == "-" else path
+            convert = "tr '\\r' '\\n'" + ("" if path == "-" else f" < {name}")
+            raise ValueError(
+                f"{name}: its lines end in \\r alone (classic Mac OS), so it would read as one line; "
+                f"convert them (e.g. {convert})"
+            )
+        yield first
+        first = second
+    yield first
+    yield from lines
+
+
 def _ends_lines_in_carriage_returns(text: bytes) -> bool:
-    """Whether a file's whole text (it holds no "\\n") looks like lines ended by "\\r": two of them, or one ending
+    """Whether a file's only line (its last "\\n" removed) looks like lines ended by "\\r": two of them, or one ending
     it and another before. A single "\\r" inside one sentence is a stray character, kept."""
     inner = text.rstrip(b"\r")
     return inner.count(b"\r") >= 2 or (b"\r" in inner and text.endswith(b"\r"))

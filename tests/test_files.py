@@ -738,6 +738,12 @@ def test_a_file_whose_lines_end_in_carriage_returns_alone_is_refused(tmp_path):
     path.write_bytes(b"eins\rzwei\rdrei")  # without the last one
     with pytest.raises(ValueError, match=r"its lines end in \\r alone"):
         list(iter_lines(path))
+    for appended in (b"eins\rzwei\rdrei\n", b"eins\rzwei\rdrei\r\n"):  # a last line end added by another tool
+        path.write_bytes(appended)
+        with pytest.raises(ValueError, match=r"its lines end in \\r alone"):
+            list(iter_lines(path))
+    path.write_bytes(b"eins\rzwei\rdrei\nvier\n")  # stray ones inside a file of several lines: text
+    assert list(iter_lines(path)) == ["eins\rzwei\rdrei", "vier"]
     path.write_bytes(b"eins\r\nzwei\r\n")  # Windows' line ends stay fine
     assert list(iter_lines(path)) == ["eins", "zwei"]
     path.write_bytes(b"one sentence with a stray \r in it")  # one line, no newline: a stray character, kept
