@@ -145,11 +145,19 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
     return parser.parse_args_into_dataclasses(argv)
 
 
-def exit_now_on_signal(code: int) -> None:
+def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
     """After the checkpoint is saved, a further signal (a launcher stopping the other workers) exits at once with
-    `code`, rather than killing the process with another code."""
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, lambda *_: os._exit(code))
+    `code`, rather than killing the process with another code: for the rest of `main()` and again from `atexit` on.
+
+    Returns the handlers it replaced, which `main()` puts back as it ends: a caller that goes on (IPython's `%run`, a
+    test) kept handlers that `os._exit` it, so that its next Ctrl-C (a notebook's "interrupt kernel") ended the
+    whole process with code 75, and a later run in it restored them again after training."""
+    _at_exit(_exit_now_on_signal, code)
+    return _exit_now_on_signal(code)
+
+
+def _exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
+    return {sig: signal.signal(sig, lambda *_: os._exit(code)) for sig in PREEMPTION_SIGNALS}
 
 
 def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
@@ -161,12 +169,20 @@ def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
     Returns the handlers it replaced, which `main()` puts back as it returns: a caller that goes on (IPython's
     `%run`, a test) kept the signals ignored, and its next run installed no handler for them, since a signal the
     process ignores stays ignored (`PreemptionCallback`): a scheduler's SIGTERM and Ctrl-C were lost."""
-    atexit.register(_ignore_signals)
+    _at_exit(_ignore_signals)
     return _ignore_signals()
 
 
 def _ignore_signals() -> dict[signal.Signals, typing.Any]:
     return {sig: signal.signal(sig, signal.SIG_IGN) for sig in PREEMPTION_SIGNALS}
+
+
+def _at_exit(handle_signals: typing.Callable[..., typing.Any], *args: typing.Any) -> None:
+    """Have `handle_signals` handle them at exit in place of what an earlier `main()` in this process registered:
+    the last run's outcome decides how the process ends (atexit calls the first registered last)."""
+    for earlier in (_exit_now_on_signal, _ignore_signals):
+        atexit.unregister(earlier)
+    atexit.register(handle_signals, *args)
 
 
 def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:
@@ -200,12 +216,12 @@ def run() -> None:
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
     preempted = failure = crash = None
     interrupted = False
-    handlers = {}  # those in place before the run finished
+    handlers = {}  # those in place before the run ended, put back as main() returns or exits
     try:
         output_dir = train(model_args, data_args, training_args)
         handlers = ignore_signals_once_finished()
     except TrainingPreempted as stop:
-        exit_now_on_signal(EXIT_PREEMPTED)
+        handlers = exit_now_on_signal(EXIT_PREEMPTED)
         preempted = str(stop)
     except (OSError, ValueError, TrainingDiverged) as error:  # OSError: a full disk, Hub errors; one line each
         failure = f"error: {error}"
@@ -213,20 +229,22 @@ def run() -> None:
         crash = traceback.format_exc()
     except KeyboardInterrupt:  # a second Ctrl-C: out at once, as asked
         interrupted = True
-    leave_process_group()  # local: a rank that failed alone does not wait for the others
-    if interrupted:
-        die_of(signal.SIGINT)
-        sys.exit(128 + signal.SIGINT)  # where the signal could not end it: the shell's code for it
-    if crash is not None:
-        sys.stderr.write(crash)
-        sys.exit(1)
-    if failure is not None:
-        sys.exit(failure)
-    if preempted is not None:
-        log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
-        sys.exit(EXIT_PREEMPTED)
-    log.info("Model, tokenizer and generation config saved to %s", output_dir)
-    restore_signals(handlers)
+    try:
+        leave_process_group()  # local: a rank that failed alone does not wait for the others
+        if interrupted:
+            die_of(signal.SIGINT)
+            sys.exit(128 + signal.SIGINT)  # where the signal could not end it: the shell's code for it
+        if crash is not None:
+            sys.stderr.write(crash)
+            sys.exit(1)
+        if failure is not None:
+            sys.exit(failure)
+        if preempted is not None:
+            log.warning("Exiting with code %d (preempted): %s", EXIT_PREEMPTED, preempted)
+            sys.exit(EXIT_PREEMPTED)
+        log.info("Model, tokenizer and generation config saved to %s", output_dir)
+    finally:
+        restore_signals(handlers)
 
 
 if __name__ == "__main__":

@@ -652,6 +652,50 @@ def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatc
             signal.signal(sig, handler)
 
 
+def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_holds_at_exit(tmp_path, monkeypatch):
+    """A caller that goes on after a preempted `main()` (IPython's `%run`, a notebook) kept handlers that
+    `os._exit(75)` the process: its next Ctrl-C or "interrupt kernel" ended the whole kernel. They hold for the
+    rest of `main()` (the launcher stopping the other workers) and again at exit. A later run in the same process
+    decides how it ends: each finished run's atexit callback was added to the earlier ones, and a run preempted
+    after a finished one exited with 0, not 75, on a signal at exit (the first registered runs last)."""
+    script = load_train_script()
+    outcomes = [TrainingPreempted("SIGTERM", 3, None), str(tmp_path), TrainingPreempted("SIGTERM", 5, None)]
+    at_exit, during = [], []
+
+    def run(*arguments):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def unregister(function):
+        at_exit[:] = [registered for registered in at_exit if registered[0] is not function]
+
+    monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
+    monkeypatch.setattr(script, "train", run)
+    monkeypatch.setattr(script, "leave_process_group", lambda: during.append(signal.getsignal(signal.SIGTERM)))
+    monkeypatch.setattr(atexit, "register", lambda function, *args: at_exit.append((function, args)))
+    monkeypatch.setattr(atexit, "unregister", unregister)
+    record = lambda signum, frame: None  # noqa: E731
+    previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            script.main()
+        assert stopped.value.code == 75
+        assert during[0] is not record, "a signal while leaving the process group still exits with 75"
+        assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS), "the caller's handlers are back"
+        assert at_exit == [(script._exit_now_on_signal, (75,))]
+        script.main()
+        assert at_exit == [(script._ignore_signals, ())], "the finished run's exit, not the preempted one's"
+        with pytest.raises(SystemExit):
+            script.main()
+        assert at_exit == [(script._exit_now_on_signal, (75,))]
+        assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class Trainer:
     """What a run leaves: a trainer in a reference cycle (as the real one is), which holds the process group."""
 
@@ -695,7 +739,7 @@ def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(
 
     monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
     monkeypatch.setattr(script, "train", run)
-    monkeypatch.setattr(script, "exit_now_on_signal", lambda code: None)  # would os._exit pytest on a signal
+    monkeypatch.setattr(script, "exit_now_on_signal", lambda code: {})  # would os._exit pytest on a signal
     monkeypatch.setattr(script, "leave_process_group", leave_and_record)
     monkeypatch.setattr(script, "die_of", lambda received: left.append(received))  # would end pytest
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
