@@ -190,13 +190,6 @@ def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def die_of(received: signal.Signals) -> None:
-    """End the process by `received` itself, as an uncaught KeyboardInterrupt does: a shell script around the run
-    then stops too, where an exit code would let it go on to its next command."""
-    signal.signal(received, signal.SIG_DFL)
-    os.kill(os.getpid(), received)
-
-
 def main() -> None:
     try:
         run()
@@ -232,8 +225,11 @@ def run() -> None:
     try:
         leave_process_group()  # local: a rank that failed alone does not wait for the others
         if interrupted:
-            die_of(signal.SIGINT)
-            sys.exit(128 + signal.SIGINT)  # where the signal could not end it: the shell's code for it
+            # A new one, whose traceback holds nothing of the run. Uncaught, Python ends the process by SIGINT
+            # itself, so that a shell script around the run stops too (an exit code would let it go on); a
+            # caller that catches it (IPython's `%run`, a notebook's kernel) goes on, where killing the process
+            # by SIGINT ended the kernel.
+            raise KeyboardInterrupt
         if crash is not None:
             sys.stderr.write(crash)
             sys.exit(1)

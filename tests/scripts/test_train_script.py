@@ -696,6 +696,38 @@ def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_h
             signal.signal(sig, handler)
 
 
+SECOND_CTRL_C = """
+import importlib.util, sys, types
+spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+script.parse = lambda argv: (None, None, types.SimpleNamespace(should_log=False))
+def interrupted(*arguments):
+    raise KeyboardInterrupt  # what PreemptionCallback's second Ctrl-C raises in train()
+script.train = interrupted
+try:
+    script.main()  # a notebook's `%run`: the kernel catches it
+except KeyboardInterrupt:
+    print("went on", flush=True)
+script.main()  # the script itself: nothing catches it
+"""
+
+
+def test_a_second_ctrl_c_ends_the_script_by_sigint_and_a_caller_that_catches_it_goes_on():
+    """Ctrl-C twice: the script killed its own process by SIGINT, so that a shell loop around it stops. Called
+    in-process (IPython's `%run`, a notebook), that killed the kernel; the KeyboardInterrupt it raises instead
+    reaches the caller, and uncaught, Python itself ends the process by SIGINT."""
+    ended = subprocess.run(
+        [sys.executable, "-c", SECOND_CTRL_C, str(REPO_ROOT / "scripts" / "train.py")],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ended.stdout == "went on\n", ended.stderr
+    assert ended.returncode == -signal.SIGINT, ended.stderr
+
+
 class Trainer:
     """What a run leaves: a trainer in a reference cycle (as the real one is), which holds the process group."""
 
@@ -705,7 +737,13 @@ class Trainer:
 
 @pytest.mark.parametrize(
     ("outcome", "exit_code"),
-    [("finished", None), ("preempted", 75), ("failed", "error: disk on fire"), ("crashed", 1), ("interrupted", 130)],
+    [
+        ("finished", None),
+        ("preempted", 75),
+        ("failed", "error: disk on fire"),
+        ("crashed", 1),
+        ("interrupted", KeyboardInterrupt),  # uncaught, Python ends the process by SIGINT: a shell loop stops
+    ],
 )
 def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(
     outcome, exit_code, tmp_path, monkeypatch, capsys
@@ -741,14 +779,13 @@ def test_the_script_leaves_its_process_group_holding_nothing_of_the_run(
     monkeypatch.setattr(script, "train", run)
     monkeypatch.setattr(script, "exit_now_on_signal", lambda code: {})  # would os._exit pytest on a signal
     monkeypatch.setattr(script, "leave_process_group", leave_and_record)
-    monkeypatch.setattr(script, "die_of", lambda received: left.append(received))  # would end pytest
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        with pytest.raises(SystemExit) if exit_code else contextlib.nullcontext() as stopped:
+        raised = exit_code if isinstance(exit_code, type) else SystemExit
+        with pytest.raises(raised) if exit_code else contextlib.nullcontext() as stopped:
             script.main()
-        assert stopped is None or stopped.value.code == exit_code
-        dies = [signal.SIGINT] if outcome == "interrupted" else []  # of SIGINT, as Python does: a shell loop stops
-        assert left == [True, *dies], "the group destroyed once, after the trainer was gone"
+        assert stopped is None or raised is not SystemExit or stopped.value.code == exit_code
+        assert left == [True], "the group destroyed once, after the trainer was gone"
         if outcome == "crashed":
             assert "Traceback" in capsys.readouterr().err.splitlines()[0]
     finally:
