@@ -84,9 +84,8 @@ def hub_attempts() -> int:
     return int(_positive_setting(HUB_ATTEMPTS_ENV, DEFAULT_ATTEMPTS, int))
 
 
-def _bounding_timeouts(client: httpx2.Client) -> httpx2.Client:
-    """`client` with every request's limits bounded by `hub_timeout()` (read now), 10 s at most to connect."""
-    seconds = hub_timeout()
+def _bounding_timeouts(client: httpx2.Client, seconds: float) -> httpx2.Client:
+    """`client` with every request's limits bounded by `seconds`, 10 s at most to connect."""
     limits = httpx2.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds)).as_dict()
 
     def bound_timeouts(request: httpx2.Request) -> None:
@@ -105,14 +104,22 @@ def use_hub_timeouts() -> None:
     """Make every `huggingface_hub` request of this process wait at most `hub_timeout()` (read now).
 
     The clients still come from the factory in place (a user's own `set_client_factory`, for a proxy or
-    certificates, stays in force): each one it makes gains the bound."""
+    certificates, stays in force): each one it makes gains the bound.
+
+    Where the same bound is in place already (an earlier call), nothing is done: setting a factory closes
+    huggingface_hub's shared client, and every transfer under way on it, so that another thread's download failed
+    (`ReadError: [Errno 9] Bad file descriptor`) when this thread loaded a model by name."""
     factory = getattr(hf_http, "_GLOBAL_CLIENT_FACTORY", None) or hf_http.default_client_factory
-    factory = getattr(factory, "wrapped_factory", factory)  # called again: bound the same factory anew
+    seconds = hub_timeout()
+    if getattr(factory, "bounded_to", None) == seconds:
+        return
+    factory = getattr(factory, "wrapped_factory", factory)  # another bound: bound the same factory anew
 
     def bounded_factory() -> httpx2.Client:
-        return _bounding_timeouts(factory())
+        return _bounding_timeouts(factory(), seconds)
 
     bounded_factory.wrapped_factory = factory
+    bounded_factory.bounded_to = seconds
     set_client_factory(bounded_factory)
 
 

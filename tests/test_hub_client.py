@@ -8,7 +8,7 @@ from helpers import stalled_endpoint
 from huggingface_hub import get_session, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
-from modeling.hub_client import httpx2, use_hub_timeouts  # httpx under huggingface_hub 1.x
+from modeling.hub_client import HUB_TIMEOUT_ENV, httpx2, use_hub_timeouts  # httpx under huggingface_hub 1.x
 
 USER_HEADER = {"x-proxy-ticket": "from the user's own factory"}
 
@@ -40,6 +40,25 @@ def test_without_a_factory_of_the_users_the_library_default_gets_the_bound(quick
     use_hub_timeouts()
     hooks = get_session().event_hooks["request"]
     assert len(hooks) == 2, "huggingface_hub's own request hook, then the bound"
+
+
+def test_installing_the_bound_again_leaves_the_shared_client_and_its_transfers_open(quick_hub, monkeypatch):
+    """Each load by name and each `train()` installed the factory again, which closes huggingface_hub's shared
+    client: another thread's download under way on it failed (`ReadError: [Errno 9] Bad file descriptor`). A new
+    bound (another VASWANI_HUB_TIMEOUT) still takes effect."""
+    set_client_factory(default_client_factory)
+    use_hub_timeouts()
+    session = get_session()
+    use_hub_timeouts()  # another thread loads a model by its Hub id
+    assert get_session() is session and not session.is_closed
+    monkeypatch.setenv(HUB_TIMEOUT_ENV, "0.5")
+    use_hub_timeouts()
+    assert get_session() is not session
+    with stalled_endpoint() as endpoint:
+        start = time.monotonic()
+        with pytest.raises(httpx2.TimeoutException):
+            get_session().get(endpoint, timeout=None)
+        assert 0.4 < time.monotonic() - start < 3, "the new bound"
 
 
 def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable_hub(monkeypatch):
