@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import random
 import shutil
 import socket
 import time
@@ -38,6 +39,7 @@ from typing import IO, Any, NamedTuple
 
 import datasets
 import numpy as np
+import torch
 from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
@@ -220,6 +222,25 @@ def training_lock(training_args: TranslationTrainingArguments) -> Iterator[None]
         if handle is not None:
             _HELD_TRAINING_LOCKS.discard(handle)
             handle.close()
+
+
+@contextlib.contextmanager
+def _callers_random_state() -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators as the caller left them, however the run ends: a run seeds
+    them (`set_seed`, and the Trainer again), which left a notebook or a service drawing the same numbers after
+    every `train()` whatever it had seeded. CUDA's are put back where CUDA was started before the run (reading
+    them would start it)."""
+    cuda = torch.cuda.is_initialized()
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    devices = torch.cuda.get_rng_state_all() if cuda else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if devices is not None:
+            torch.cuda.set_rng_state_all(devices)
 
 
 def _locked_for_training(output_dir: Path) -> IO[str]:
@@ -1197,7 +1218,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     the shared BPE unless one is given, build the preset's model (or load `model_name_or_path`; MarianMT is
     converted exactly), record the run's identity, train with `TokenBudgetSeq2SeqTrainer` (resuming when
     `resume_from_checkpoint` says so), save the final model, and average the last `average_last_checkpoints`
-    checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`.
+    checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`. The run is seeded with
+    `training_args.seed`; the caller's global random generators are put back as they were when it returns or raises.
 
     From the start to the end of training, SIGTERM, SIGINT and SIGUSR1 stop the run after the update under way
     with a complete checkpoint (while the data is being prepared, at once: a BPE or a tokenisation of WMT's corpus
@@ -1223,7 +1245,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
 
         hub = prepare_push(training_args)
     preemption = PreemptionCallback()
-    with training_lock(training_args):
+    with _callers_random_state(), training_lock(training_args):
         with preemption.handling():
             checkpoint = prepare_output_dir(training_args, model_args)
             output_dir = Path(training_args.output_dir)
