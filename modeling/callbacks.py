@@ -8,13 +8,14 @@ one process only, is agreed on by all of them (the maximum of their flags).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 import torch
@@ -157,6 +158,25 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # A launcher (torchrun, srun) forwards the signal it got to workers that may have got it too: the same signal
 # twice within this many seconds counts once.
 DUPLICATE_SIGNAL_SECONDS = 1.0
+
+
+# How the preemption signals are handled from the interpreter's exit on: see `handle_signals_at_exit`.
+_AT_EXIT: list[Callable | signal.Handlers] = []
+
+
+def handle_signals_at_exit(handler: Callable | signal.Handlers) -> None:
+    """From the interpreter's exit on (its atexit callbacks, then its shutdown), `handler` handles the preemption
+    signals: the last call's, where a process runs scripts/train.py more than once. (IPython's `%run` executes the
+    file anew, so the script's own atexit callbacks were new functions each time and piled up, the first run's
+    last: an earlier run's outcome decided how the process ended after a later one.)"""
+    if not _AT_EXIT:
+        atexit.register(_handle_signals_at_exit)
+    _AT_EXIT[:] = [handler]
+
+
+def _handle_signals_at_exit() -> None:
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, _AT_EXIT[0])
 
 
 # The callback within `stopping_at_once`, if any: see `_restore_in_forked_child`.

@@ -68,7 +68,6 @@ SIGNALS_AT_LAUNCH = (
 )
 
 import argparse
-import atexit
 import logging
 import os
 import traceback
@@ -77,7 +76,7 @@ import typing
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS, leave_process_group
+from modeling.callbacks import PREEMPTION_SIGNALS, handle_signals_at_exit, leave_process_group
 from modeling.cli import log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
@@ -152,12 +151,9 @@ def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
     Returns the handlers it replaced, which `main()` puts back as it ends: a caller that goes on (IPython's `%run`, a
     test) kept handlers that `os._exit` it, so that its next Ctrl-C (a notebook's "interrupt kernel") ended the
     whole process with code 75, and a later run in it restored them again after training."""
-    _at_exit(_exit_now_on_signal, code)
-    return _exit_now_on_signal(code)
-
-
-def _exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
-    return {sig: signal.signal(sig, lambda *_: os._exit(code)) for sig in PREEMPTION_SIGNALS}
+    exit_now = lambda *_: os._exit(code)  # noqa: E731
+    handle_signals_at_exit(exit_now)
+    return _handle_signals_with(exit_now)
 
 
 def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
@@ -169,20 +165,12 @@ def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
     Returns the handlers it replaced, which `main()` puts back as it returns: a caller that goes on (IPython's
     `%run`, a test) kept the signals ignored, and its next run installed no handler for them, since a signal the
     process ignores stays ignored (`PreemptionCallback`): a scheduler's SIGTERM and Ctrl-C were lost."""
-    _at_exit(_ignore_signals)
-    return _ignore_signals()
+    handle_signals_at_exit(signal.SIG_IGN)
+    return _handle_signals_with(signal.SIG_IGN)
 
 
-def _ignore_signals() -> dict[signal.Signals, typing.Any]:
-    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in PREEMPTION_SIGNALS}
-
-
-def _at_exit(handle_signals: typing.Callable[..., typing.Any], *args: typing.Any) -> None:
-    """Have `handle_signals` handle them at exit in place of what an earlier `main()` in this process registered:
-    the last run's outcome decides how the process ends (atexit calls the first registered last)."""
-    for earlier in (_exit_now_on_signal, _ignore_signals):
-        atexit.unregister(earlier)
-    atexit.register(handle_signals, *args)
+def _handle_signals_with(handler: typing.Any) -> dict[signal.Signals, typing.Any]:
+    return {sig: signal.signal(sig, handler) for sig in PREEMPTION_SIGNALS}
 
 
 def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:

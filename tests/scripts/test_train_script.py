@@ -34,7 +34,7 @@ from helpers import (
 from huggingface_hub import metadata_load
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from modeling import arguments
+from modeling import arguments, callbacks
 from modeling.arguments import TranslationTrainingArguments
 from modeling.callbacks import (
     DUPLICATE_SIGNAL_SECONDS,
@@ -637,6 +637,7 @@ def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatc
     monkeypatch.setattr(script, "train", lambda *arguments: str(tmp_path))
     monkeypatch.setattr(script, "leave_process_group", lambda: os.kill(os.getpid(), signal.SIGTERM))
     monkeypatch.setattr(atexit, "register", at_exit.append)
+    monkeypatch.setattr(callbacks, "_AT_EXIT", [])  # as in a process that has not registered it yet
     record = lambda signum, frame: received.append(signum)  # noqa: E731
     previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
     try:
@@ -655,42 +656,38 @@ def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatc
 def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_holds_at_exit(tmp_path, monkeypatch):
     """A caller that goes on after a preempted `main()` (IPython's `%run`, a notebook) kept handlers that
     `os._exit(75)` the process: its next Ctrl-C or "interrupt kernel" ended the whole kernel. They hold for the
-    rest of `main()` (the launcher stopping the other workers) and again at exit. A later run in the same process
-    decides how it ends: each finished run's atexit callback was added to the earlier ones, and a run preempted
-    after a finished one exited with 0, not 75, on a signal at exit (the first registered runs last)."""
-    script = load_train_script()
-    outcomes = [TrainingPreempted("SIGTERM", 3, None), str(tmp_path), TrainingPreempted("SIGTERM", 5, None)]
+    rest of `main()` (the launcher stopping the other workers) and again at exit. The last run decides how the
+    process ends: `%run` executes the script anew, and each run's atexit callback was added to the earlier ones',
+    the first run's last, so that a signal at exit after a finished run ended it with the preempted run's 75."""
     at_exit, during = [], []
-
-    def run(*arguments):
-        outcome = outcomes.pop(0)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    def unregister(function):
-        at_exit[:] = [registered for registered in at_exit if registered[0] is not function]
-
-    monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
-    monkeypatch.setattr(script, "train", run)
-    monkeypatch.setattr(script, "leave_process_group", lambda: during.append(signal.getsignal(signal.SIGTERM)))
-    monkeypatch.setattr(atexit, "register", lambda function, *args: at_exit.append((function, args)))
-    monkeypatch.setattr(atexit, "unregister", unregister)
+    monkeypatch.setattr(atexit, "register", at_exit.append)
+    monkeypatch.setattr(callbacks, "_AT_EXIT", [])  # as in a process that has not registered it yet
     record = lambda signum, frame: None  # noqa: E731
     previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
+
+    def run_main(outcome):
+        script = load_train_script()  # `%run`: the file executed anew
+        monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
+        monkeypatch.setattr(script, "train", lambda *arguments: outcome())
+        monkeypatch.setattr(script, "leave_process_group", lambda: during.append(signal.getsignal(signal.SIGTERM)))
+        script.main()
+
+    def preempted():
+        raise TrainingPreempted("SIGTERM", 3, None)
+
     try:
         with pytest.raises(SystemExit) as stopped:
-            script.main()
+            run_main(preempted)
         assert stopped.value.code == 75
-        assert during[0] is not record, "a signal while leaving the process group still exits with 75"
+        assert during[0] not in (record, signal.SIG_IGN), "a signal while leaving the process group exits with 75"
         assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS), "the caller's handlers are back"
-        assert at_exit == [(script._exit_now_on_signal, (75,))]
-        script.main()
-        assert at_exit == [(script._ignore_signals, ())], "the finished run's exit, not the preempted one's"
-        with pytest.raises(SystemExit):
-            script.main()
-        assert at_exit == [(script._exit_now_on_signal, (75,))]
+        assert callbacks._AT_EXIT == [during[0]], "at exit too"
+        run_main(lambda: str(tmp_path))
         assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS)
+        for callback in at_exit:
+            callback()
+        assert len(at_exit) == 1, "one callback, however many runs"
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS), "the finished run's exit"
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
