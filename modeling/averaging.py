@@ -58,6 +58,7 @@ REPLACEABLE = "an average of checkpoints"  # what a directory holding that recor
 # Not copied from the newest checkpoint: the Trainer state of one point of training (besides the pickled states of
 # PICKLED_STATE_RE), and what describes that checkpoint's own weights.
 _NOT_COPIED = {TRAINER_STATE_NAME, "training_args.bin", WEIGHTS_INDEX_NAME, COMPLETE_MARKER}
+_Layout = dict[str, tuple[torch.Size, torch.dtype]]  # every tensor's shape and dtype, by name
 
 
 def last_checkpoints(
@@ -211,16 +212,40 @@ def _check_finite(weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
             )
 
 
-def _check_compatible(reference: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
-    if weights.keys() != reference.keys():
-        difference = sorted(weights.keys() ^ reference.keys())
+def _check_compatible(layout: _Layout, weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
+    if weights.keys() != layout.keys():
+        difference = sorted(weights.keys() ^ layout.keys())
         raise ValueError(f"{checkpoint} does not hold the same tensors as the others; differing: {difference[:10]}.")
     for name, tensor in weights.items():
-        if tensor.shape != reference[name].shape or tensor.dtype != reference[name].dtype:
+        shape, dtype = layout[name]
+        if tensor.shape != shape or tensor.dtype != dtype:
             raise ValueError(
-                f"{checkpoint}: {name} is {tuple(tensor.shape)} {tensor.dtype}, elsewhere "
-                f"{tuple(reference[name].shape)} {reference[name].dtype}."
+                f"{checkpoint}: {name} is {tuple(tensor.shape)} {tensor.dtype}, elsewhere {tuple(shape)} {dtype}."
             )
+
+
+def _add_checkpoint(
+    checkpoint: Path, sums: dict[str, torch.Tensor], others: dict[str, torch.Tensor], layout: _Layout
+) -> None:
+    """Add the checkpoint's floating-point tensors to their float64 `sums`, check its other tensors equal to
+    `others` and every tensor's shape and dtype to `layout` (filling them from the first checkpoint). It is let go
+    before the next one loads: memory holds one checkpoint and the sums (the first checkpoint was kept to the end
+    beside them, and each one until the next had loaded: 5 times a model's size at the peak, not 3)."""
+    weights = _load_weights(checkpoint)
+    _check_finite(weights, checkpoint)
+    if layout:
+        _check_compatible(layout, weights, checkpoint)
+    else:
+        layout.update({name: (tensor.shape, tensor.dtype) for name, tensor in weights.items()})
+    while weights:
+        name, tensor = weights.popitem()  # each tensor let go once added
+        if not tensor.is_floating_point():
+            if not torch.equal(others.setdefault(name, tensor), tensor):
+                raise ValueError(f"{checkpoint}: the non-float tensor {name} differs from the other checkpoints'.")
+        elif name in sums:
+            sums[name] += tensor  # float64 += float32 converts exactly, as tensor.double() did, without the copy
+        else:
+            sums[name] = tensor.double()
 
 
 def _newest(checkpoints: Sequence[Path]) -> Path:
@@ -284,24 +309,14 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     if not checkpoints:
         raise ValueError(f"None of the checkpoints to average is complete: {[str(p) for p in checkpoint_paths]}.")
 
-    reference: dict[str, torch.Tensor] = {}
     sums: dict[str, torch.Tensor] = {}
+    others: dict[str, torch.Tensor] = {}
+    layout: _Layout = {}
     for checkpoint in checkpoints:
-        weights = _load_weights(checkpoint)
-        _check_finite(weights, checkpoint)
-        if not reference:
-            reference = weights
-            sums = {name: tensor.double() for name, tensor in weights.items() if tensor.is_floating_point()}
-            continue
-        _check_compatible(reference, weights, checkpoint)
-        for name, tensor in weights.items():
-            if name in sums:
-                sums[name] += tensor.double()
-            elif not torch.equal(tensor, reference[name]):
-                raise ValueError(f"{checkpoint}: the non-float tensor {name} differs from the other checkpoints'.")
-    averaged = {
-        name: (sums[name] / len(checkpoints)).to(tensor.dtype) if name in sums else tensor
-        for name, tensor in reference.items()
+        _add_checkpoint(checkpoint, sums, others, layout)
+    averaged = {  # each sum let go once divided
+        name: others[name] if name in others else sums.pop(name).div_(len(checkpoints)).to(dtype)
+        for name, (_, dtype) in layout.items()
     }
 
     newest = _newest(checkpoints)

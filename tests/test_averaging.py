@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,26 @@ def test_average_of_two_checkpoints_is_their_mean_and_loads(tmp_path):
     generated = model.generate(**tokenizer(["the small dog"], return_tensors="pt"), max_new_tokens=4)
     assert generated.shape[0] == 1
     assert model.generation_config.num_beams == 4, "the generation config travels with the average"
+
+
+def test_each_checkpoint_is_let_go_before_the_next_is_loaded(tmp_path, monkeypatch):
+    """Memory holds one checkpoint and the float64 sums, however many are averaged: the first checkpoint was kept
+    to the end beside the sums, and each one until the next had loaded (5.3 times a model's size at the peak)."""
+    for step in (1, 2, 3):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+    loaded: list[weakref.ref] = []
+    load_weights = averaging._load_weights
+
+    def loading(checkpoint):
+        held = [ref().shape for ref in loaded if ref() is not None]
+        assert not held, f"loading {checkpoint.name} while {len(held)} tensors of earlier checkpoints are held"
+        weights = load_weights(checkpoint)
+        loaded.extend(weakref.ref(tensor) for tensor in weights.values() if tensor.is_floating_point())
+        return weights
+
+    monkeypatch.setattr(averaging, "_load_weights", loading)
+    average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    assert len(loaded) > 3 * 10, "every checkpoint was loaded"
 
 
 def test_the_averages_files_get_this_users_umask_not_the_checkpoints_modes(tmp_path):
