@@ -17,12 +17,13 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -325,11 +326,12 @@ def translate_file(
     as it is translated. To a file, each chunk is appended to `partial_translation_path(destination)` and flushed
     to disk, beside a record of how far it got (lines and bytes, sha256 of the source lines done, fingerprints of
     the weights and the tokenizer, the decoding settings); `destination` is replaced by the complete translation
-    only at the end, atomically. After a kill, the same call resumes after the last chunk written (from a file;
-    stdin or a pipe, read once, starts over; the source is known by its lines, so the same file at another path
-    resumes); a partial translation of another text, model or decoding is started over (logged), never continued
-    (`workers`, like torch's thread count, is not part of the decoding: a rerun with another number resumes); a
-    second process translating into the same file is refused (`TranslationInProgressError`).
+    only at the end, atomically. After a kill, the same call resumes after the last chunk written (the source is
+    known by its lines, so the same file at another path resumes, and so does the same text piped in again: the
+    lines of a pipe compared are kept aside on disk meanwhile, in case they are another text's); a partial
+    translation of another text, model or decoding is started over (logged), never continued (`workers`, like
+    torch's thread count, is not part of the decoding: a rerun with another number resumes); a second process
+    translating into the same file is refused (`TranslationInProgressError`).
     """
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be positive, got {chunk_lines}.")
@@ -384,26 +386,32 @@ class _PartialTranslation:
         self.destination, self.path = destination, partial_translation_path(destination)
         self.record_path = self.path.with_name(self.path.name + ".json")
         self.identity, self.source = identity, "-" if os.fspath(source) == "-" else os.path.abspath(source)
-        self.read_once = reads_once(source)  # a pipe: read once, from the start, never again to resume
+        self.read_once = reads_once(source)  # a pipe: read once, from the start, never again
         self.digest, self.lines, self.bytes = hashlib.sha256(), 0, 0
 
     def resume(self, handle: IO[bytes]) -> Iterator[str]:
         """The source lines still to translate: those after the recorded ones if the record is of this identity
         and the source still begins with the lines it translated (read once, hashed on the way), else all of them.
-        Cuts the file to what is kept."""
+        Cuts the file to what is kept. A pipe, which cannot be read again, has the lines it compares kept aside
+        in an unnamed temporary file beside the destination, to be translated from there if they are another
+        text's (a pipe started over every time: a piped translation killed near its end lost all of it)."""
         lines = iter_lines(self.source)
-        earlier = self._earlier_record() if not self.read_once else None
+        earlier = self._earlier_record()
         if earlier is not None:
             done, size, source_sha256 = earlier
-            self._hash(islice(lines, done))
+            kept = tempfile.TemporaryFile(dir=self.path.parent) if self.read_once else None
+            self._hash(islice(lines, done), kept)
             if self.digest.hexdigest() == source_sha256:
                 self.lines, self.bytes = done, size
                 logger.info("Resuming the translation into %s after line %d", self.destination, self.lines)
+                if kept is not None:
+                    kept.close()
             else:
                 logger.warning(
                     "%s holds the translation of another text than %s: starting over", self.path, self.source
                 )
-                self.digest, lines = hashlib.sha256(), iter_lines(self.source)
+                self.digest = hashlib.sha256()
+                lines = iter_lines(self.source) if kept is None else chain(_read_back(kept), lines)
         handle.truncate(self.bytes)  # a chunk written after the record's last update is written again
         return lines
 
@@ -461,9 +469,22 @@ class _PartialTranslation:
                     return False
         return False
 
-    def _hash(self, lines: Iterable[str]) -> None:
+    def _hash(self, lines: Iterable[str], kept: IO[bytes] | None = None) -> None:
+        """Add `lines` to the digest of the source lines translated, and write them to `kept` if given."""
         for line in lines:
-            self.digest.update(line.encode() + b"\n")
+            encoded = line.encode() + b"\n"
+            self.digest.update(encoded)
+            if kept is not None:
+                kept.write(encoded)
+
+
+def _read_back(kept: IO[bytes]) -> Iterator[str]:
+    """The lines `_PartialTranslation._hash` wrote to `kept`, which is closed at the end (an unnamed temporary file,
+    gone with it)."""
+    with kept:
+        kept.seek(0)
+        for line in kept:  # binary: split at b"\n" alone, as iter_lines read them
+            yield line[:-1].decode()
 
 
 def model_fingerprint(model: PreTrainedModel) -> str:

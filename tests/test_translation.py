@@ -680,19 +680,29 @@ def test_another_users_partial_translation_in_a_sticky_directory_is_refused_in_o
     assert sorted(path.name for path in tmp_path.iterdir()) == [partial.name, f"{partial.name}.json"]
 
 
-def test_a_pipe_is_read_once_from_its_start_and_never_resumed(file_to_translate, tokenizer, tmp_path, monkeypatch):
-    """A pipe (`--input-file <(zcat news.gz)`) cannot be read again from its start: a record of an earlier run
-    is not resumed from it (that would read the pipe's first lines to compare them, then open it again)."""
+@pytest.mark.parametrize("same_text", [True, False], ids=["the same text", "another text"])
+def test_a_pipe_is_read_once_from_its_start_and_resumed_if_it_carries_the_same_text(
+    same_text, file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A pipe (`zcat news.gz | translate.py --output-file news.de`) cannot be read again from its start: the lines
+    it gives to compare with the record of an earlier run are kept aside, translated if they are another text's.
+    A killed piped translation was started over, all it had written lost."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
     counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):  # a record of the first 6 lines, as a killed run from a file leaves it
+    with pytest.raises(Interrupt):  # a record of the first 6 lines
         translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    piped = lines if same_text else [f"{line} again" for line in lines]
     sizes = counting_translate(monkeypatch)
-    with fed_pipe(tmp_path / "pipe", source.read_text()) as pipe:
+    with fed_pipe(tmp_path / "pipe", "".join(line + "\n" for line in piped)) as pipe:
         assert translate_file(model, tokenizer, pipe, destination, chunk_lines=3, **SETTINGS) == len(lines)
-    assert sum(sizes) == len(lines), "every line, from the pipe's first"
-    assert destination.read_text().split("\n")[:-1] == expected
+    if same_text:
+        assert sizes == [3, 3], "only the 6 lines not yet translated"
+        assert destination.read_text().split("\n")[:-1] == expected
+    else:
+        assert sum(sizes) == len(lines), "every line, from the pipe's first"
+        assert destination.read_text().split("\n")[:-1] == translate(model, tokenizer, piped, **SETTINGS)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de", "pipe"], "nothing left beside"
 
 
 def test_a_destination_that_is_the_source_is_refused(file_to_translate, tokenizer, tmp_path):
