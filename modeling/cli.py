@@ -4,8 +4,15 @@ they log."""
 
 import argparse
 import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 from huggingface_hub.utils import logging as hub_logging
+
+logger = logging.getLogger(__name__)
 
 
 def summary(docstring: str | None) -> str | None:
@@ -53,3 +60,59 @@ def log_to_stderr(format: str, level: int | None = None) -> None:
     hub = hub_logging.get_logger()  # its root logger, given its handler when huggingface_hub was imported
     if hub.handlers:
         hub.propagate = False
+
+
+class GivenUpOnWriteError:
+    """A text stream that gives itself up, rather than the run, when a write to it fails: the terminal of an ssh
+    session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE), a log file on a full disk
+    (ENOSPC). Its further writes are dropped, and /dev/null takes the place of its file descriptor, for what writes
+    there without this wrapper: logging handlers made before it, C code, the interpreter's flush at exit. Raised,
+    the error of a progress bar or of the Trainer's `print` of the logs ended a run without a checkpoint, losing the
+    updates since the last one (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`)."""
+
+    def __init__(self, stream: TextIO, name: str):
+        self.stream, self.name = stream, name
+        self.given_up = False
+
+    def write(self, text: str) -> int:
+        if not self.given_up:
+            try:
+                return self.stream.write(text)
+            except OSError as error:
+                self._give_up(error)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.given_up:
+            try:
+                self.stream.flush()
+            except OSError as error:
+                self._give_up(error)
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)
+
+    def _give_up(self, error: OSError) -> None:
+        self.given_up = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError):  # no file descriptor (a caller's stream): its writes fail as they did
+            pass
+        logger.warning("Not writing to %s any more, the run goes on: %s", self.name, error)
+
+
+@contextmanager
+def giving_up_broken_output() -> Iterator[None]:
+    """Within the block, standard output and standard error are `GivenUpOnWriteError` streams: for the logs of a
+    long run, which can be lost without losing the run, and not for a script whose output is its result."""
+    replaced = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (
+        GivenUpOnWriteError(stream, name) if stream is not None else None  # None: started with the stream closed
+        for stream, name in ((sys.stdout, "standard output"), (sys.stderr, "standard error"))
+    )
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = replaced

@@ -77,7 +77,7 @@ from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.callbacks import PREEMPTION_SIGNALS, handle_signals_at_exit, leave_process_group
-from modeling.cli import log_to_stderr
+from modeling.cli import giving_up_broken_output, log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.trainer import TrainingDiverged
@@ -180,7 +180,8 @@ def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:
 
 def main() -> None:
     try:
-        run()
+        with giving_up_broken_output():  # a terminal gone or a log file on a full disk does not stop the run
+            run()
     finally:
         if SIGNALS_AT_LAUNCH is not None:
             SIGNALS_AT_LAUNCH.release()

@@ -1,14 +1,18 @@
 """Tests of modeling/cli.py: counts below one and non-integers are argparse errors naming the flag; translate.py and
-evaluate.py get the same decoding flags and defaults; the scripts' logging prints each record once."""
+evaluate.py get the same decoding flags and defaults; the scripts' logging prints each record once; a log stream
+that cannot be written is given up rather than the run."""
 
 import argparse
+import errno
+import logging
+import os
 import subprocess
 import sys
 
 import pytest
 from helpers import subprocess_env
 
-from modeling.cli import add_decoding_arguments, positive_int
+from modeling.cli import GivenUpOnWriteError, add_decoding_arguments, giving_up_broken_output, positive_int
 
 
 def test_positive_int_takes_counts_and_refuses_the_rest():
@@ -44,3 +48,49 @@ def test_the_scripts_logging_prints_a_huggingface_hub_warning_once():
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("retrying in 1s") == 1
     assert "WARNING: ours" in result.stderr
+
+
+def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(caplog):
+    """`train | tee log` with tee killed: every write raises EPIPE. Given up, the stream drops its writes, and
+    /dev/null takes its descriptor, so that what writes to it directly (a logging handler made before, the flush at
+    exit) cannot fail either."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", buffering=1) as raw:
+        stream = GivenUpOnWriteError(raw, "standard output")
+        with caplog.at_level(logging.WARNING, logger="modeling.cli"):
+            assert stream.write("{'loss': 3.2}\n") == len("{'loss': 3.2}\n")
+            stream.write("more\n")
+            stream.flush()
+        assert stream.given_up and stream.fileno() == write_end
+        assert os.write(write_end, b"direct") == len(b"direct"), "the descriptor writes into /dev/null"
+        raw.write("the raw stream too\n")
+    assert caplog.messages == ["Not writing to standard output any more, the run goes on: [Errno 32] Broken pipe"], (
+        "said once"
+    )
+
+
+class FullDisk:
+    """A log file on a full disk, without a descriptor (ENOSPC on every write)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "no descriptor")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_the_scripts_standard_streams_are_given_up_within_the_block_only(caplog):
+    before = sys.stdout, sys.stderr
+    with giving_up_broken_output():
+        assert isinstance(sys.stdout, GivenUpOnWriteError) and isinstance(sys.stderr, GivenUpOnWriteError)
+        sys.stdout.stream = FullDisk()
+        print("{'loss': 3.2}")
+        assert sys.stdout.given_up and not sys.stdout.isatty()
+    assert (sys.stdout, sys.stderr) == before
+    assert "Not writing to standard output any more, the run goes on: [Errno 28] No space left on device" in (
+        caplog.messages
+    )

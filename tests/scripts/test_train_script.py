@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -541,6 +542,43 @@ def test_sigterm_exits_75_with_a_checkpoint_and_the_same_command_resumes_it(tmp_
     assert sorted(actual_losses) == list(range(1, 61))
     for update in range(step + 1, 61):
         assert actual_losses[update] == pytest.approx(expected_losses[update], rel=1e-5, abs=1e-6), update
+
+
+def read_until_updates_logged(fd: int, updates: int, timeout: float = 120) -> None:
+    """Read a run's output from `fd` until `updates` updates are logged (or it ends)."""
+    output, deadline = b"", time.monotonic() + timeout
+    while output.count(b"'loss'") < updates and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            output += chunk
+    assert output.count(b"'loss'") >= updates, output[-3000:]
+
+
+def tiny_run_command(tmp_path: Path, max_steps: int) -> tuple[list[str], dict[str, str]]:
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    config = write_run_config(tmp_path / "run.yaml", data_dir, tmp_path / "run", max_steps=max_steps, save_steps=1000)
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), str(config), "--disable_tqdm", "false"]
+    return command, subprocess_env(PYTHONUNBUFFERED="1", HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+
+
+def test_a_killed_tee_leaves_the_run_to_finish(tmp_path):
+    """`train.py ... 2>&1 | tee log` with tee killed: every write to the pipe raises EPIPE. The next print of the
+    logs ended the run with "error: [Errno 32] Broken pipe", which nobody could read, and no checkpoint."""
+    command, env = tiny_run_command(tmp_path, max_steps=20)
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    try:
+        read_until_updates_logged(read_end, 3)
+        os.close(read_end)
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    run = tmp_path / "run"
+    assert process.returncode == 0
+    assert (run / "model.safetensors").is_file() and not checkpoint_problems(run / "checkpoint-20")
 
 
 def handles(pid: int, sig: signal.Signals) -> bool:
