@@ -154,7 +154,9 @@ class SamplerEpochCallback(TrainerCallback):
         self.sampler.set_epoch(state.global_step // updates_per_epoch)
 
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# SIGHUP: the terminal of an interactive run hung up (a dropped ssh connection). Its default action killed the run
+# with everything since the last checkpoint; torchrun, which gets it too, forwards it to its workers.
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 # A launcher (torchrun, srun) forwards the signal it got to workers that may have got it too: the same signal
 # twice within this many seconds counts once.
 DUPLICATE_SIGNAL_SECONDS = 1.0
@@ -206,20 +208,21 @@ class SignalledBeforeTraining(Exception):
 
 class PreemptionCallback(TrainerCallback):
     """Stop cleanly when the job is asked to stop: the first SIGTERM, SIGINT or SIGUSR1 (what schedulers send
-    before killing a job) only sets a flag; at the end of the update under way every process agrees (any rank's
-    flag counts, one all_reduce per update), the trainer saves a complete checkpoint and stops, and
-    `self.preempted` holds the signal and the update. Nothing is lost beyond the update in flight: it finishes.
+    before killing a job), or SIGHUP (its terminal hung up), only sets a flag; at the end of the update under way
+    every process agrees (any rank's flag counts, one all_reduce per update), the trainer saves a complete checkpoint
+    and stops, and `self.preempted` holds the signal and the update. Nothing is lost beyond the update in flight: it
+    finishes.
 
     A second SIGINT or SIGTERM (another one, or the same more than a second after the first: a launcher forwarding
     the signal it got does not count) restores the previous handler and re-raises it: an impatient user still gets
     out at once.
 
-    A signal that the process was started ignoring (SIGINT for a job started with `&` by a script) stays ignored.
-    `handling()` installs the handlers and restores the previous ones when it ends; the callback installs them at
-    `on_train_begin` and restores them at `on_train_end` if no one did before. Handlers can only be installed from
-    the main thread; elsewhere the callback does nothing. Within `stopping_at_once()`, before training, the first
-    signal raises `SignalledBeforeTraining` at once instead: there is no update to finish, and preparing WMT's data
-    takes longer than a scheduler waits before it kills.
+    A signal that the process was started ignoring (SIGINT for a job started with `&` by a script, SIGHUP under
+    `nohup`) stays ignored. `handling()` installs the handlers and restores the previous ones when it ends; the
+    callback installs them at `on_train_begin` and restores them at `on_train_end` if no one did before. Handlers can
+    only be installed from the main thread; elsewhere the callback does nothing. Within `stopping_at_once()`, before
+    training, the first signal raises `SignalledBeforeTraining` at once instead: there is no update to finish, and
+    preparing WMT's data takes longer than a scheduler waits before it kills.
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS):

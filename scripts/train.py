@@ -11,9 +11,9 @@ underscores. The preset supplies the defaults of the paper's recipe; the keys of
 first argument override them, and flags after it override the file.
 
 Exit codes: 0 when training finished; 75 (EX_TEMPFAIL, "try again later") when a signal (SIGTERM, SIGINT,
-SIGUSR1) stopped it with a complete checkpoint, so that the same command resumes it (OUTPUT_DIR/preempted.json says
-the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1 otherwise, with an `error:` line
-(a traceback for what no check foresaw).
+SIGUSR1, or SIGHUP: its terminal hung up) stopped it with a complete checkpoint, so that the same command resumes it
+(OUTPUT_DIR/preempted.json says the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1
+otherwise, with an `error:` line (a traceback for what no check foresaw).
 """
 
 import signal
@@ -64,7 +64,7 @@ class SignalsAtLaunch:
 # Before the imports below, and only in the process that runs this file (not one that imports it); the signals
 # are modeling.callbacks.PREEMPTION_SIGNALS, which cannot be imported before torch.
 SIGNALS_AT_LAUNCH = (
-    SignalsAtLaunch((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)) if __name__ == "__main__" else None
+    SignalsAtLaunch((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)) if __name__ == "__main__" else None
 )
 
 import argparse

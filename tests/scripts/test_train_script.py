@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import pty
 import select
 import signal
 import subprocess
@@ -549,7 +550,10 @@ def read_until_updates_logged(fd: int, updates: int, timeout: float = 120) -> No
     output, deadline = b"", time.monotonic() + timeout
     while output.count(b"'loss'") < updates and time.monotonic() < deadline:
         if select.select([fd], [], [], 1)[0]:
-            chunk = os.read(fd, 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # a terminal whose other side is gone (EIO)
+                break
             if not chunk:
                 break
             output += chunk
@@ -561,6 +565,30 @@ def tiny_run_command(tmp_path: Path, max_steps: int) -> tuple[list[str], dict[st
     config = write_run_config(tmp_path / "run.yaml", data_dir, tmp_path / "run", max_steps=max_steps, save_steps=1000)
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), str(config), "--disable_tqdm", "false"]
     return command, subprocess_env(PYTHONUNBUFFERED="1", HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+
+
+def test_a_terminal_that_hangs_up_stops_the_run_with_75_and_a_checkpoint(tmp_path):
+    """An interactive run whose ssh connection drops: SIGHUP, and a terminal that raises EIO on every write. The
+    signal's default action killed the run, losing every update since its last checkpoint; and once it was caught,
+    the next print of the logs (EIO) ended the run without a checkpoint."""
+    command, env = tiny_run_command(tmp_path, max_steps=1000)
+    terminal, terminal_device = pty.openpty()
+    process = subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=terminal_device, stderr=terminal_device
+    )
+    os.close(terminal_device)
+    try:
+        read_until_updates_logged(terminal, 3)
+        os.close(terminal)  # the connection drops: the terminal hangs up
+        process.send_signal(signal.SIGHUP)
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    run = tmp_path / "run"
+    assert process.returncode == 75
+    record = json.loads((run / "preempted.json").read_text())
+    assert record["signal"] == "SIGHUP" and record["checkpoint"] == str(run / f"checkpoint-{record['step']}")
+    assert not checkpoint_problems(record["checkpoint"]) and 3 <= record["step"] < 1000
 
 
 def test_a_killed_tee_leaves_the_run_to_finish(tmp_path):
@@ -618,7 +646,7 @@ def test_a_signal_while_the_libraries_load_stops_the_launch_with_75_and_preempte
 
 def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_then_restored():
     script = load_train_script()
-    assert set(PREEMPTION_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}, "the script names them too"
+    assert set(PREEMPTION_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP}, "named there too"
     previous = signal.getsignal(signal.SIGUSR1)
     at_launch = script.SignalsAtLaunch((signal.SIGUSR1,))
     signal.raise_signal(signal.SIGUSR1)
