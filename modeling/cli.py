@@ -1,6 +1,6 @@
 """What the command-line scripts share: argparse's type for counts, the model to load, the decoding options of
-`scripts/translate.py` and `scripts/evaluate.py`, so that they take the same flags with the same checks, and how
-they log."""
+`scripts/translate.py` and `scripts/evaluate.py`, so that they take the same flags with the same checks, how
+they log, and what they do when their standard output or error cannot be written any more."""
 
 import argparse
 import logging
@@ -70,12 +70,12 @@ class GivenUpOnWriteError:
     the error of a progress bar or of the Trainer's `print` of the logs ended a run without a checkpoint, losing the
     updates since the last one (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`)."""
 
-    def __init__(self, stream: TextIO, name: str):
-        self.stream, self.name = stream, name
-        self.given_up = False
+    def __init__(self, stream: TextIO, name: str, *, warn: bool = True):
+        self.stream, self.name, self.warn = stream, name, warn
+        self.error: OSError | None = None  # that of the write that failed, once given up
 
     def write(self, text: str) -> int:
-        if not self.given_up:
+        if self.error is None:
             try:
                 return self.stream.write(text)
             except OSError as error:
@@ -83,7 +83,7 @@ class GivenUpOnWriteError:
         return len(text)
 
     def flush(self) -> None:
-        if not self.given_up:
+        if self.error is None:
             try:
                 self.stream.flush()
             except OSError as error:
@@ -93,14 +93,15 @@ class GivenUpOnWriteError:
         return getattr(self.stream, name)
 
     def _give_up(self, error: OSError) -> None:
-        self.given_up = True
+        self.error = error
         try:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self.stream.fileno())
             os.close(null)
         except (OSError, ValueError):  # no file descriptor (a caller's stream): its writes fail as they did
             pass
-        logger.warning("Not writing to %s any more, the run goes on: %s", self.name, error)
+        if self.warn:
+            logger.warning("Not writing to %s any more, the run goes on: %s", self.name, error)
 
 
 @contextmanager
@@ -116,3 +117,25 @@ def giving_up_broken_output() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = replaced
+
+
+@contextmanager
+def reporting_on_stdout() -> Iterator[None]:
+    """For a script that prints what it did (and whose results are files): within the block, standard output is a
+    `GivenUpOnWriteError` stream, so that a failed print leaves the work to finish (evaluate.py's metrics file,
+    push_to_hub.py's push); after it, the failure exits as Unix tools do: quietly with 1 where the reader is gone
+    (`| head`), else with one line. A print raised there: a traceback, after or instead of the work."""
+    if sys.stdout is None:  # started with it closed: print() writes nothing
+        yield
+        return
+    stream = GivenUpOnWriteError(sys.stdout, "standard output", warn=False)
+    sys.stdout = stream
+    try:
+        yield
+        stream.flush()  # a pipe's or a file's: buffered, its writes fail here
+    finally:
+        sys.stdout = stream.stream
+    if isinstance(stream.error, BrokenPipeError):
+        sys.exit(1)
+    if stream.error is not None:
+        sys.exit(f"error: cannot write to standard output: {stream.error}")

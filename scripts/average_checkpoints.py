@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from modeling.averaging import average_checkpoints, last_checkpoints, named_checkpoints
-from modeling.cli import positive_int, summary
+from modeling.cli import positive_int, reporting_on_stdout, summary
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,4 +43,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

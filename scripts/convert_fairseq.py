@@ -15,7 +15,7 @@ The tokenizer needs sacremoses (pip install "vaswani-transformer[fairseq]"); fai
 import argparse
 import sys
 
-from modeling.cli import summary
+from modeling.cli import reporting_on_stdout, summary
 from modeling.fairseq import convert_fairseq
 
 
@@ -53,4 +53,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

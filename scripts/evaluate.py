@@ -15,7 +15,14 @@ import logging
 import sys
 from pathlib import Path
 
-from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, positive_int, summary
+from modeling.cli import (
+    add_decoding_arguments,
+    add_model_arguments,
+    log_to_stderr,
+    positive_int,
+    reporting_on_stdout,
+    summary,
+)
 from modeling.data import (
     SplitNotFoundError,
     discover_parallel_files,
@@ -160,4 +167,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

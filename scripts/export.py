@@ -12,7 +12,7 @@ paper's GNMT length penalty or its per-sentence limit (source + 50): the export'
 import argparse
 import sys
 
-from modeling.cli import add_model_arguments, summary
+from modeling.cli import add_model_arguments, reporting_on_stdout, summary
 from modeling.export import CTRANSLATE2_QUANTIZATIONS, FORMATS, export
 from modeling.translation import load_model_and_tokenizer
 
@@ -50,4 +50,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from modeling.attention import ATTENTION_KINDS, attention_maps, plot_attention_maps
-from modeling.cli import add_model_arguments, summary
+from modeling.cli import add_model_arguments, reporting_on_stdout, summary
 from modeling.translation import load_model_and_tokenizer, translate
 
 
@@ -51,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

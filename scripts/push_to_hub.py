@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from modeling.cli import summary
+from modeling.cli import reporting_on_stdout, summary
 from modeling.files import sole_writer
 from modeling.hub import MissingHubTokenError, check_model_dir, full_repo_id, push_model_dir, resolve_token
 from modeling.model_card import write_model_card
@@ -58,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

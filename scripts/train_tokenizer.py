@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from modeling.cli import reporting_on_stdout
 from modeling.data import load_parallel_dataset, split_source
 from modeling.files import check_writable, write_files_into
 from modeling.tokenization import check_tokenizer_destination, iter_corpus_text, iter_text_files, train_shared_bpe
@@ -103,4 +104,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reporting_on_stdout():  # a print that fails (`| head`, a full disk) does not stop the work
+        main()

@@ -12,7 +12,13 @@ import sys
 import pytest
 from helpers import subprocess_env
 
-from modeling.cli import GivenUpOnWriteError, add_decoding_arguments, giving_up_broken_output, positive_int
+from modeling.cli import (
+    GivenUpOnWriteError,
+    add_decoding_arguments,
+    giving_up_broken_output,
+    positive_int,
+    reporting_on_stdout,
+)
 
 
 def test_positive_int_takes_counts_and_refuses_the_rest():
@@ -62,7 +68,7 @@ def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(c
             assert stream.write("{'loss': 3.2}\n") == len("{'loss': 3.2}\n")
             stream.write("more\n")
             stream.flush()
-        assert stream.given_up and stream.fileno() == write_end
+        assert isinstance(stream.error, BrokenPipeError) and stream.fileno() == write_end
         assert os.write(write_end, b"direct") == len(b"direct"), "the descriptor writes into /dev/null"
         raw.write("the raw stream too\n")
     assert caplog.messages == ["Not writing to standard output any more, the run goes on: [Errno 32] Broken pipe"], (
@@ -89,8 +95,32 @@ def test_the_scripts_standard_streams_are_given_up_within_the_block_only(caplog)
         assert isinstance(sys.stdout, GivenUpOnWriteError) and isinstance(sys.stderr, GivenUpOnWriteError)
         sys.stdout.stream = FullDisk()
         print("{'loss': 3.2}")
-        assert sys.stdout.given_up and not sys.stdout.isatty()
+        assert sys.stdout.error.errno == errno.ENOSPC and not sys.stdout.isatty()
     assert (sys.stdout, sys.stderr) == before
     assert "Not writing to standard output any more, the run goes on: [Errno 28] No space left on device" in (
         caplog.messages
     )
+
+
+class GoneReader(FullDisk):
+    """A pipe whose reader is gone (`| head` done reading): EPIPE on every write."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+@pytest.mark.parametrize(
+    "stream, code",
+    [(FullDisk(), "error: cannot write to standard output: [Errno 28] No space left on device"), (GoneReader(), 1)],
+)
+def test_a_report_that_cannot_be_printed_leaves_the_work_to_finish_then_exits_in_one_line(stream, code, monkeypatch):
+    """A script's print raised, a traceback before the rest of its work (evaluate.py's metrics file, push_to_hub.py's
+    push); a reader gone exits quietly, as Unix tools do."""
+    monkeypatch.setattr(sys, "stdout", stream)
+    done = []
+    with pytest.raises(SystemExit) as exit_info:
+        with reporting_on_stdout():
+            print("Wrote the model card")
+            done.append("pushed")
+    assert done == ["pushed"] and exit_info.value.code == code
+    assert sys.stdout is stream

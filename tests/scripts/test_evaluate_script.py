@@ -1,7 +1,10 @@
 """scripts/evaluate.py end to end on a tiny checkpoint, in this process (`helpers.run_script`)."""
 
+import errno
 import importlib.util
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -38,6 +41,25 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
     rescored = corpus_scores(hypotheses, references, "de")
     for key in ("sacrebleu", "paper_bleu", "tokenized_bleu_lc", "chrf"):
         assert metrics[key] == pytest.approx(rescored[key])
+
+
+class FullDisk(io.StringIO):
+    """Standard output redirected to a file on a full disk."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_scores_that_cannot_be_printed_are_still_written_to_the_metrics_file(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """`evaluate.py ... > scores.txt` on a full disk, a terminal gone, `| head -1`: the print of the scores raised,
+    a traceback, and the metrics file was never written."""
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error("evaluate.py", *common, "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    assert message == "error: cannot write to standard output: [Errno 28] No space left on device"
+    assert json.loads((tmp_path / "eval_results_test.json").read_text())["num_sentences"] == 6
 
 
 def test_evaluation_into_chinese_scores_characters_and_says_why_tokenised_bleu_is_not_given(

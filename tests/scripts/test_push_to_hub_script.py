@@ -3,6 +3,7 @@ then the repo loaded by id in a fresh interpreter that cannot import `modeling` 
 what a user without this project gets from the Hub."""
 
 import json
+import os
 import runpy
 import socket
 import subprocess
@@ -91,6 +92,23 @@ def test_a_push_while_another_process_replaces_the_directory_is_refused_before_a
     pushed = run_push(endpoint, tmp_path / "home", "--model", model_dir, "--repo-id", "user/locked")
     assert pushed.returncode == 0, pushed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no lock file left"
+
+
+def test_a_push_whose_report_cannot_be_printed_is_pushed(hub, tmp_path):
+    """`push_to_hub.py ... | head -0`, or a terminal gone: the print of "Wrote the model card" raised EPIPE, which
+    ended the script with "error: [Errno 32] Broken pipe" before anything was pushed."""
+    endpoint, root = hub
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "push_to_hub.py"), "--model", str(model_dir)]
+    command += ["--repo-id", "user/unread"]
+    env = hub_env(endpoint, tmp_path / "home", HUB_TOKEN)
+    push = subprocess.run(command, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert push.returncode == 1 and "Traceback" not in push.stderr and "error" not in push.stderr
+    assert (root / "user/unread" / "model.safetensors").is_file() and (root / "user/unread" / "README.md").is_file()
 
 
 def test_push_then_load_by_repo_id_without_the_package(hub, tmp_path, card_dir):
