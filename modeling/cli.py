@@ -62,6 +62,19 @@ def log_to_stderr(format: str, level: int | None = None) -> None:
         hub.propagate = False
 
 
+def silence(stream: TextIO) -> None:
+    """/dev/null in place of `stream`'s file descriptor, once it cannot be written: what is buffered or written there
+    later (the interpreter's flush at exit, logging handlers, C code) goes nowhere rather than failing again (at exit:
+    "Exception ignored" and exit code 120)."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError):  # none (a caller's stream): its writes fail as they did
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)
+
+
 class GivenUpOnWriteError:
     """A text stream that gives itself up, rather than the run, when a write to it fails: the terminal of an ssh
     session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE), a log file on a full disk
@@ -94,12 +107,7 @@ class GivenUpOnWriteError:
 
     def _give_up(self, error: OSError) -> None:
         self.error = error
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.stream.fileno())
-            os.close(null)
-        except (OSError, ValueError):  # no file descriptor (a caller's stream): its writes fail as they did
-            pass
+        silence(self.stream)
         if self.warn:
             logger.warning("Not writing to %s any more, the run goes on: %s", self.name, error)
 

@@ -12,10 +12,10 @@ chunk written (`modeling.translation.translate_file`), and the output file appea
 
 import argparse
 import logging
-import os
 import sys
+from typing import TextIO
 
-from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, summary
+from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, silence, summary
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import (
@@ -52,6 +52,15 @@ def write_stdout_in_utf8() -> None:
         sys.stdout.reconfigure(encoding="utf-8")
 
 
+def flushes(stream: TextIO) -> bool:
+    """Whether what `stream` holds can be written: no longer after a write to it failed."""
+    try:
+        stream.flush()
+    except OSError:
+        return False
+    return True
+
+
 def main() -> None:
     args = parse_args()
     write_stdout_in_utf8()
@@ -79,6 +88,7 @@ def main() -> None:
                 write_text(args.output_file, output)
             else:
                 sys.stdout.write(output)
+                sys.stdout.flush()  # here, not at exit: its error there was "Exception ignored" and exit code 120
         else:
             translate_file(
                 model,
@@ -90,9 +100,14 @@ def main() -> None:
                 **settings,
             )
     except BrokenPipeError:  # the reader stopped (`| head`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit cannot fail
+        silence(sys.stdout)
         sys.exit(1)
-    except (OSError, ValueError, TranslationInProgressError) as error:
+    except OSError as error:
+        if not args.output_file and not flushes(sys.stdout):  # a full disk under `> out.de`, a terminal gone
+            silence(sys.stdout)
+            sys.exit(f"error: cannot write the translations to standard output: {error}")
+        sys.exit(f"error: {error}")
+    except (ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if args.output_file:

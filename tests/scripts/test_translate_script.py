@@ -178,6 +178,22 @@ def test_a_reader_that_stops_early_stops_the_translation_quietly(tiny_checkpoint
     assert "Traceback" not in stderr and "error" not in stderr.lower() and "Exception ignored" not in stderr
 
 
+class FullDiskFile(io.StringIO):
+    """Standard output redirected to a file on a full disk: writes are buffered, and their flush fails."""
+
+    def flush(self) -> None:
+        if self.getvalue():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_translations_that_cannot_be_written_to_standard_output_say_so_in_one_line(tiny_checkpoint, monkeypatch):
+    """`translate.py ... "sentence" > out.de` on a full disk: the translations were flushed only at exit, whose
+    error Python reports as "Exception ignored in: <_io.TextIOWrapper name='<stdout>'>" with exit code 120."""
+    monkeypatch.setattr(sys, "stdout", FullDiskFile())
+    message = script_error("translate.py", "--model", tiny_checkpoint[0], "a cat.", monkeypatch=monkeypatch)
+    assert message == "error: cannot write the translations to standard output: [Errno 28] No space left on device"
+
+
 # Loads each repo id of argv[1:] (`id` or `id@revision`) and prints what came of it, one JSON line each.
 OFFLINE_LOADER = """
 import json, sys
