@@ -73,6 +73,8 @@ def main() -> None:
         if args.output_file:
             check_writable(args.output_file)
             check_distinct_outputs({"--output-file": args.output_file}, {} if args.text else {"--input-file": source})
+        elif sys.stdout is None:  # started with `>&-`: the translations were an AttributeError, once all done
+            raise ValueError("standard output is closed, where the translations go: give --output-file")
         model, tokenizer = load_model_and_tokenizer(
             args.model, revision=args.revision, device="cpu" if args.int8 else None
         )

@@ -194,6 +194,14 @@ def test_translations_that_cannot_be_written_to_standard_output_say_so_in_one_li
     assert message == "error: cannot write the translations to standard output: [Errno 28] No space left on device"
 
 
+def test_a_closed_standard_output_is_refused_in_one_line(tiny_checkpoint, monkeypatch):
+    """`translate.py ... >&-`: Python's `sys.stdout` is None, and writing the translations to it was a traceback
+    (AttributeError) once they were all done."""
+    monkeypatch.setattr(sys, "stdout", None)
+    message = script_error("translate.py", "--model", tiny_checkpoint[0], "a cat.", monkeypatch=monkeypatch)
+    assert message == "error: standard output is closed, where the translations go: give --output-file"
+
+
 # Loads each repo id of argv[1:] (`id` or `id@revision`) and prints what came of it, one JSON line each.
 OFFLINE_LOADER = """
 import json, sys
