@@ -113,18 +113,21 @@ class GivenUpOnWriteError:
 
 
 @contextmanager
-def giving_up_broken_output() -> Iterator[None]:
-    """Within the block, standard output and standard error are `GivenUpOnWriteError` streams: for the logs of a
-    long run, which can be lost without losing the run, and not for a script whose output is its result."""
-    replaced = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (
-        GivenUpOnWriteError(stream, name) if stream is not None else None  # None: started with the stream closed
-        for stream, name in ((sys.stdout, "standard output"), (sys.stderr, "standard error"))
-    )
+def giving_up_broken_output(*, stdout: bool = True) -> Iterator[None]:
+    """Within the block, standard error, and standard output unless `stdout` is false, are `GivenUpOnWriteError`
+    streams: for logs and progress bars, which can be lost without losing the work, not for a script's result. (A
+    log file on a full disk stopped translate.py and evaluate.py before any work: transformers' bar of the weights
+    loaded raised.)"""
+    names = {"stderr": "standard error", **({"stdout": "standard output"} if stdout else {})}
+    replaced = {attribute: getattr(sys, attribute) for attribute in names}
+    for attribute, name in names.items():
+        if replaced[attribute] is not None:  # None: started with it closed
+            setattr(sys, attribute, GivenUpOnWriteError(replaced[attribute], name))
     try:
         yield
     finally:
-        sys.stdout, sys.stderr = replaced
+        for attribute, stream in replaced.items():
+            setattr(sys, attribute, stream)
 
 
 @contextmanager
@@ -132,18 +135,20 @@ def reporting_on_stdout() -> Iterator[None]:
     """For a script that prints what it did (and whose results are files): within the block, standard output is a
     `GivenUpOnWriteError` stream, so that a failed print leaves the work to finish (evaluate.py's metrics file,
     push_to_hub.py's push); after it, the failure exits as Unix tools do: quietly with 1 where the reader is gone
-    (`| head`), else with one line. A print raised there: a traceback, after or instead of the work."""
-    if sys.stdout is None:  # started with it closed: print() writes nothing
-        yield
-        return
-    stream = GivenUpOnWriteError(sys.stdout, "standard output", warn=False)
-    sys.stdout = stream
-    try:
-        yield
-        stream.flush()  # a pipe's or a file's: buffered, its writes fail here
-    finally:
-        sys.stdout = stream.stream
-    if isinstance(stream.error, BrokenPipeError):
-        sys.exit(1)
-    if stream.error is not None:
-        sys.exit(f"error: cannot write to standard output: {stream.error}")
+    (`| head`), else with one line. A print raised there: a traceback, after or instead of the work. Standard error
+    is given up as in `giving_up_broken_output`."""
+    with giving_up_broken_output(stdout=False):
+        if sys.stdout is None:  # started with it closed: print() writes nothing
+            yield
+            return
+        stream = GivenUpOnWriteError(sys.stdout, "standard output", warn=False)
+        sys.stdout = stream
+        try:
+            yield
+            stream.flush()  # a pipe's or a file's: buffered, its writes fail here
+        finally:
+            sys.stdout = stream.stream
+        if isinstance(stream.error, BrokenPipeError):
+            sys.exit(1)
+        if stream.error is not None:
+            sys.exit(f"error: cannot write to standard output: {stream.error}")

@@ -15,7 +15,14 @@ import logging
 import sys
 from typing import TextIO
 
-from modeling.cli import add_decoding_arguments, add_model_arguments, log_to_stderr, silence, summary
+from modeling.cli import (
+    add_decoding_arguments,
+    add_model_arguments,
+    giving_up_broken_output,
+    log_to_stderr,
+    silence,
+    summary,
+)
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
 from modeling.translation import (
@@ -121,4 +128,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with giving_up_broken_output(stdout=False):  # logs and progress bars, not the translations
+        main()

@@ -62,6 +62,17 @@ def test_scores_that_cannot_be_printed_are_still_written_to_the_metrics_file(
     assert json.loads((tmp_path / "eval_results_test.json").read_text())["num_sentences"] == 6
 
 
+def test_a_log_that_cannot_be_written_leaves_the_evaluation_to_finish(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """`evaluate.py ... 2> log` with the log on a full disk: transformers' bar of the weights loaded raised, and
+    the script ended before translating anything."""
+    monkeypatch.setattr(sys, "stderr", FullDisk())
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    run_script("evaluate.py", *common, "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    assert json.loads((tmp_path / "eval_results_test.json").read_text())["num_sentences"] == 6
+
+
 def test_evaluation_into_chinese_scores_characters_and_says_why_tokenised_bleu_is_not_given(
     tiny_checkpoint, tmp_path, monkeypatch, capsys
 ):

@@ -202,6 +202,21 @@ def test_a_closed_standard_output_is_refused_in_one_line(tiny_checkpoint, monkey
     assert message == "error: standard output is closed, where the translations go: give --output-file"
 
 
+class FullDisk(io.StringIO):
+    """Standard error redirected to a log file on a full disk."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_log_that_cannot_be_written_leaves_the_translation_to_finish(tiny_checkpoint, monkeypatch, capsys):
+    """`translate.py ... 2> log` with the log on a full disk: transformers' bar of the weights loaded raised, and
+    the script ended before translating anything, with an error line that went to the full disk too."""
+    monkeypatch.setattr(sys, "stderr", FullDisk())
+    run_script("translate.py", "--model", tiny_checkpoint[0], "a cat.", "big ball.", monkeypatch=monkeypatch)
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
 # Loads each repo id of argv[1:] (`id` or `id@revision`) and prints what came of it, one JSON line each.
 OFFLINE_LOADER = """
 import json, sys
