@@ -75,7 +75,7 @@ def silence(stream: TextIO) -> None:
     os.close(null)
 
 
-class GivenUpOnWriteError:
+class GivingUpStream:
     """A text stream that gives itself up, rather than the run, when a write to it fails: the terminal of an ssh
     session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE), a log file on a full disk
     (ENOSPC). Its further writes are dropped, and /dev/null takes the place of its file descriptor, for what writes
@@ -114,7 +114,7 @@ class GivenUpOnWriteError:
 
 @contextmanager
 def giving_up_broken_output(*, stdout: bool = True) -> Iterator[None]:
-    """Within the block, standard error, and standard output unless `stdout` is false, are `GivenUpOnWriteError`
+    """Within the block, standard error, and standard output unless `stdout` is false, are `GivingUpStream`
     streams: for logs and progress bars, which can be lost without losing the work, not for a script's result. (A
     log file on a full disk stopped translate.py and evaluate.py before any work: transformers' bar of the weights
     loaded raised.)"""
@@ -122,7 +122,7 @@ def giving_up_broken_output(*, stdout: bool = True) -> Iterator[None]:
     replaced = {attribute: getattr(sys, attribute) for attribute in names}
     for attribute, name in names.items():
         if replaced[attribute] is not None:  # None: started with it closed
-            setattr(sys, attribute, GivenUpOnWriteError(replaced[attribute], name))
+            setattr(sys, attribute, GivingUpStream(replaced[attribute], name))
     try:
         yield
     finally:
@@ -133,7 +133,7 @@ def giving_up_broken_output(*, stdout: bool = True) -> Iterator[None]:
 @contextmanager
 def reporting_on_stdout() -> Iterator[None]:
     """For a script that prints what it did (and whose results are files): within the block, standard output is a
-    `GivenUpOnWriteError` stream, so that a failed print leaves the work to finish (evaluate.py's metrics file,
+    `GivingUpStream` stream, so that a failed print leaves the work to finish (evaluate.py's metrics file,
     push_to_hub.py's push); after it, the failure exits as Unix tools do: quietly with 1 where the reader is gone
     (`| head`), else with one line. A print raised there: a traceback, after or instead of the work. Standard error
     is given up as in `giving_up_broken_output`."""
@@ -141,7 +141,7 @@ def reporting_on_stdout() -> Iterator[None]:
         if sys.stdout is None:  # started with it closed: print() writes nothing
             yield
             return
-        stream = GivenUpOnWriteError(sys.stdout, "standard output", warn=False)
+        stream = GivingUpStream(sys.stdout, "standard output", warn=False)
         sys.stdout = stream
         try:
             yield

@@ -13,7 +13,7 @@ import pytest
 from helpers import subprocess_env
 
 from modeling.cli import (
-    GivenUpOnWriteError,
+    GivingUpStream,
     add_decoding_arguments,
     giving_up_broken_output,
     positive_int,
@@ -63,7 +63,7 @@ def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(c
     read_end, write_end = os.pipe()
     os.close(read_end)
     with open(write_end, "w", buffering=1) as raw:
-        stream = GivenUpOnWriteError(raw, "standard output")
+        stream = GivingUpStream(raw, "standard output")
         with caplog.at_level(logging.WARNING, logger="modeling.cli"):
             assert stream.write("{'loss': 3.2}\n") == len("{'loss': 3.2}\n")
             stream.write("more\n")
@@ -92,7 +92,7 @@ class FullDisk:
 def test_the_scripts_standard_streams_are_given_up_within_the_block_only(caplog):
     before = sys.stdout, sys.stderr
     with giving_up_broken_output():
-        assert isinstance(sys.stdout, GivenUpOnWriteError) and isinstance(sys.stderr, GivenUpOnWriteError)
+        assert isinstance(sys.stdout, GivingUpStream) and isinstance(sys.stderr, GivingUpStream)
         sys.stdout.stream = FullDisk()
         print("{'loss': 3.2}")
         assert sys.stdout.error.errno == errno.ENOSPC and not sys.stdout.isatty()
