@@ -13,7 +13,8 @@ Three BLEU numbers circulate for the same outputs, and they are not comparable w
   only: into other languages nothing is split, since splitting French's `peut-être` or `centre-ville` would add
   easy matches. Splitting adds easy-to-match tokens, so the German number is typically higher than sacreBLEU.
 - **Lowercased tokenised BLEU** (`tokenized_bleu_lc`): `multi-bleu.perl -lc` on Moses-tokenised text, the
-  number most Multi30k papers report.
+  number most Multi30k papers report. The script reads its files as bytes, so its `-lc` lowercases A-Z only:
+  "Über" and "über", "À" and "à" stay different words, as they are here (signature `case:lc-ascii`).
 
 `multi-bleu.perl` neither smooths nor re-tokenises, so the two tokenised scores use sacreBLEU with
 `tokenize="none"` and `smooth_method="none"`, which computes the same corpus statistic. Into a language written
@@ -27,6 +28,7 @@ Language codes are read as the scorers know them (`scoring_language`): "zh-CN", 
 
 import logging
 import re
+import string
 from functools import lru_cache
 from typing import Any
 
@@ -144,11 +146,22 @@ def moses_tokenize(sentence: str, lang: str, *, normalize: bool = True) -> str:
     return tokenizer.tokenize(text, return_str=True, escape=True)
 
 
+# multi-bleu.perl's `lc` acts on undecoded UTF-8 bytes, which Perl lowercases in the ASCII range only; sacreBLEU's
+# `lowercase` is Unicode's, and would match "Über" with "über" where the script does not.
+_ASCII_LOWERCASE = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
 def _tokenized_bleu(hypotheses: list[str], references: list[str], *, lowercase: bool) -> tuple[float, str]:
+    if lowercase:
+        hypotheses = [h.translate(_ASCII_LOWERCASE) for h in hypotheses]
+        references = [r.translate(_ASCII_LOWERCASE) for r in references]
     # force: the text is Moses-tokenised on purpose, so sacreBLEU's "forgot to detokenize?" warning would mislead.
-    bleu = BLEU(tokenize="none", smooth_method="none", lowercase=lowercase, force=True)
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
     score = bleu.corpus_score(hypotheses, [references]).score
-    return score, str(bleu.get_signature())
+    signature = bleu.get_signature()
+    if lowercase:
+        signature.info["case"] = "lc-ascii"
+    return score, str(signature)
 
 
 def corpus_scores(hypotheses: list[str], references: list[str], target_lang: str) -> dict[str, Any]:

@@ -75,6 +75,30 @@ def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_does_not():
     assert scores["sacrebleu"] < 10
 
 
+@pytest.mark.parametrize(
+    ("hypotheses", "references", "lang", "multi_bleu_lc"),
+    [
+        (
+            ["über der Stadt fliegt ein Flugzeug.", "Ältere Männer sitzen auf einer Bank."],
+            ["Über der Stadt fliegt ein Flugzeug.", "ältere Männer sitzen auf einer Bank."],
+            "de",
+            80.91,  # "BLEU = 80.91, 85.7/83.3/80.0/75.0 (BP=1.000, ratio=1.000, hyp_len=14, ref_len=14)"
+        ),
+        (["à la plage, des enfants jouent."], ["À la plage, des enfants jouent."], "fr", 84.09),
+    ],
+)
+def test_lowercased_tokenised_bleu_lowercases_ascii_only_as_multi_bleu_perl_does(
+    hypotheses, references, lang, multi_bleu_lc
+):
+    """multi-bleu.perl reads bytes, so its -lc leaves "Ü", "Ä", "À" as they are: a word that differs from the
+    reference only in the case of such a letter does not match."""
+    # The scores that Moses' replace-unicode-punctuation.perl | tokenizer.perl -l LANG | multi-bleu.perl -lc
+    # printed (mosesdecoder 3a0631a05, Dec 2017, and HEAD alike; Perl 5.36).
+    scores = corpus_scores(hypotheses, references, lang)
+    assert round(scores["tokenized_bleu_lc"], 2) == multi_bleu_lc
+    assert "|case:lc-ascii|" in scores["tokenized_bleu_lc_signature"]
+
+
 def test_brevity_penalty_and_signatures():
     scores = corpus_scores(["der kleine Hund sieht"], ["der kleine Hund sieht einen Ball"], "de")
     # All n-grams of the 4-word hypothesis match; the 6-word reference costs BP = exp(1 - 6/4).
