@@ -133,9 +133,17 @@ def split_compounds(tokenized: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", tokenized)
 
 
+# Non-breaking prefixes that Moses added after 2017 and sacremoses ships: tokenizer.perl of 2017 split their full
+# stop like any word's ("500 Rs." -> "500 Rs .").
+_PREFIXES_ADDED_AFTER_2017 = {"en": {"Rs"}}  # mosesdecoder 4da86c36, Nov 2019: rupees
+
+
 @lru_cache(maxsize=8)
 def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
-    return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    tokenizer = MosesTokenizer(lang=lang)
+    added = _PREFIXES_ADDED_AFTER_2017.get(lang, set())
+    tokenizer.NONBREAKING_PREFIXES = [prefix for prefix in tokenizer.NONBREAKING_PREFIXES if prefix not in added]
+    return MosesPunctNormalizer(lang=lang), tokenizer
 
 
 def moses_tokenize(sentence: str, lang: str, *, normalize: bool = True) -> str:

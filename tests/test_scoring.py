@@ -29,6 +29,13 @@ def test_moses_tokenisation_splits_punctuation_and_escapes_like_tokenizer_perl()
     assert moses_tokenize("Na…", "de") == "Na ..."
 
 
+def test_moses_tokenisation_uses_the_english_non_breaking_prefixes_of_2017():
+    # tokenizer.perl -l en of mosesdecoder 3a0631a05 (Dec 2017) printed these; "Rs" (rupees) became a prefix in 2019.
+    assert moses_tokenize("The shirt costs 500 Rs.", "en") == "The shirt costs 500 Rs ."
+    assert moses_tokenize("He paid Rs. 500 for it.", "en") == "He paid Rs . 500 for it ."
+    assert moses_tokenize("Mr. Smith paid No. 5.", "en") == "Mr. Smith paid No. 5 ."  # the prefixes of 2017 stay
+
+
 def test_identical_hypotheses_score_100_everywhere():
     sentences = ["Das ist ein rich-text Format.", "Der kleine Hund sieht einen roten Ball heute."]
     scores = corpus_scores(sentences, sentences, "de")
