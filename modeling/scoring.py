@@ -124,13 +124,16 @@ def _sacrebleu_metric(target_lang: str) -> BLEU:
 
 
 # `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'` from tensor2tensor's get_ende_bleu.sh. Python's re.sub
-# scans left to right without overlaps, like Perl's s///g: "a-b-c" becomes "a ##AT##-##AT## b-c" in both.
-_COMPOUND = re.compile(r"(\S)-(\S)")
+# scans left to right without overlaps, like Perl's s///g: "a-b-c" becomes "a ##AT##-##AT## b-c" in both. Perl
+# reads the file as bytes, so the pattern runs on UTF-8 bytes here too: in "T-Ö-Shirt" the first match takes one of
+# the two bytes of "Ö" and the second hyphen is split as well.
+_COMPOUND = re.compile(rb"(\S)-(\S)")
 
 
 def split_compounds(tokenized: str) -> str:
     """Put hyphenated compounds in the "ATAT" format of GNMT / ConvS2S / tensor2tensor BLEU scripts."""
-    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", tokenized)
+    utf8 = tokenized.encode(errors="surrogatepass")  # a lone surrogate (JSON's "\ud800") goes through as before
+    return _COMPOUND.sub(rb"\1 ##AT##-##AT## \2", utf8).decode(errors="surrogatepass")
 
 
 # Non-breaking prefixes that Moses added after 2017 and sacremoses ships: tokenizer.perl of 2017 split their full
