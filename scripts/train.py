@@ -146,14 +146,16 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
 
 def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
     """After the checkpoint is saved, a further signal (a launcher stopping the other workers) exits at once with
-    `code`, rather than killing the process with another code: for the rest of `main()` and again from `atexit` on.
+    `code`, rather than killing the process with another code: for the rest of `main()`. From `atexit` on, the
+    process is exiting with `code` already and the signals are ignored instead: the interpreter's shutdown (about a
+    second) puts the default action back in place of every Python handler before it ends, so that a signal then
+    killed the preempted run (143) however it was handled, while an ignored one stays ignored.
 
     Returns the handlers it replaced, which `main()` puts back as it ends: a caller that goes on (IPython's `%run`, a
     test) kept handlers that `os._exit` it, so that its next Ctrl-C (a notebook's "interrupt kernel") ended the
     whole process with code 75, and a later run in it restored them again after training."""
-    exit_now = lambda *_: os._exit(code)  # noqa: E731
-    handle_signals_at_exit(exit_now)
-    return _handle_signals_with(exit_now)
+    handle_signals_at_exit(signal.SIG_IGN)
+    return _handle_signals_with(lambda *_: os._exit(code))
 
 
 def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
