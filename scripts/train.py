@@ -153,9 +153,12 @@ def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
 
     Returns the handlers it replaced, which `main()` puts back as it ends: a caller that goes on (IPython's `%run`, a
     test) kept handlers that `os._exit` it, so that its next Ctrl-C (a notebook's "interrupt kernel") ended the
-    whole process with code 75, and a later run in it restored them again after training."""
+    whole process with code 75, and a later run in it restored them again after training. Not the default action
+    (SIGTERM's and SIGUSR1's in a script), which ends the process too: put back, it killed the preempted run by a
+    signal that came between `main()`'s end and the atexit callbacks (-15, 1 run of 2 under repeated SIGTERMs)."""
     handle_signals_at_exit(signal.SIG_IGN)
-    return _handle_signals_with(lambda *_: os._exit(code))
+    replaced = _handle_signals_with(lambda *_: os._exit(code))
+    return {sig: handler for sig, handler in replaced.items() if handler not in (signal.SIG_DFL, None)}
 
 
 def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:

@@ -759,8 +759,8 @@ def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_h
             signal.signal(sig, handler)
 
 
-SIGNAL_WHILE_SHUTTING_DOWN = """
-import importlib.util, os, signal, sys, time, types
+SIGNAL_AS_A_PREEMPTED_RUN_EXITS = """
+import importlib.util, os, signal, sys, threading, time, types
 spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
@@ -768,21 +768,31 @@ script.parse = lambda argv: (None, None, types.SimpleNamespace(should_log=False)
 def preempted(*arguments):
     raise script.TrainingPreempted("SIGTERM", 3, None)
 script.train = preempted
+def signal_once_main_returned(main=threading.main_thread()):  # the interpreter waits for it before atexit
+    while main.is_alive():
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGTERM)  # the launcher stopping the other workers
+    time.sleep(0.2)
 class SignalWhileShuttingDown:  # deleted as the interpreter clears the modules, after its atexit callbacks
     def __del__(self, kill=os.kill, pid=os.getpid(), sigterm=signal.SIGTERM, sleep=time.sleep):
-        kill(pid, sigterm)  # the launcher stopping the other workers
+        kill(pid, sigterm)
         sleep(0.1)
-late = SignalWhileShuttingDown()
+if sys.argv[2] == "before atexit":
+    threading.Thread(target=signal_once_main_returned).start()
+else:
+    late = SignalWhileShuttingDown()
 script.main()
 """
 
 
-def test_a_signal_while_a_preempted_run_shuts_down_leaves_its_exit_code():
-    """A launcher's SIGTERM to the other workers once one has exited with 75 reaches them as the interpreter shuts
-    down (about a second, measured: a second SIGTERM 50 ms and 500 ms after "Exiting with code 75" was 143): the
-    shutdown put the default action back in place of the `os._exit(75)` handler, and the signal killed the run."""
+@pytest.mark.parametrize("moment", ["before atexit", "shutting down"])
+def test_a_signal_as_a_preempted_run_exits_leaves_its_exit_code(moment):
+    """A launcher's SIGTERM to the other workers once one has exited with 75 reaches them as they exit too. The
+    interpreter's shutdown (about a second, measured: a second SIGTERM 50 ms and 500 ms after "Exiting with code
+    75" was 143) puts the default action back in place of the `os._exit(75)` handler; and between `main()`'s end
+    and the atexit callbacks, the caller's handlers were back: the signal killed the run."""
     ended = subprocess.run(
-        [sys.executable, "-c", SIGNAL_WHILE_SHUTTING_DOWN, str(REPO_ROOT / "scripts" / "train.py")],
+        [sys.executable, "-c", SIGNAL_AS_A_PREEMPTED_RUN_EXITS, str(REPO_ROOT / "scripts" / "train.py"), moment],
         env=subprocess_env(),
         capture_output=True,
         text=True,
