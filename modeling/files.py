@@ -637,7 +637,10 @@ def _refusing_carriage_return_lines(lines: Iterable[bytes], path: str) -> Iterat
     first = next(lines, None)
     if first is None:
         return
-    if _ends_lines_in_carriage_returns(first.removesuffix(b"\n")):
+    # "\r\n" ends the line of a Windows file, whose one stray "\r" inside stays text.
+    if _ends_lines_in_carriage_returns(
+        first.removesuffix(b"\r\n") if first.endswith(b"\r\n") else first.removesuffix(b"\n")
+    ):
         second = next(lines, None)
         if second is None:
             name = "<stdin>" if path == "-" else path

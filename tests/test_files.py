@@ -742,6 +742,8 @@ def test_a_file_whose_lines_end_in_carriage_returns_alone_is_refused(tmp_path):
         path.write_bytes(appended)
         with pytest.raises(ValueError, match=r"its lines end in \\r alone"):
             list(iter_lines(path))
+    path.write_bytes(b"one sentence with a stray \r in a Windows file\r\n")
+    assert list(iter_lines(path)) == ["one sentence with a stray \r in a Windows file"]
     path.write_bytes(b"eins\rzwei\rdrei\nvier\n")  # stray ones inside a file of several lines: text
     assert list(iter_lines(path)) == ["eins\rzwei\rdrei", "vier"]
     path.write_bytes(b"eins\r\nzwei\r\n")  # Windows' line ends stay fine
