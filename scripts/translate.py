@@ -13,6 +13,8 @@ chunk written (`modeling.translation.translate_file`), and the output file appea
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from modeling.cli import (
@@ -59,13 +61,39 @@ def write_stdout_in_utf8() -> None:
         sys.stdout.reconfigure(encoding="utf-8")
 
 
-def flushes(stream: TextIO) -> bool:
-    """Whether what `stream` holds can be written: no longer after a write to it failed."""
-    try:
-        stream.flush()
-    except OSError:
-        return False
-    return True
+class StandardOutputError(Exception):
+    """The translations could not be written to standard output (its `OSError` is the cause)."""
+
+
+class TranslationsToStandardOutput:
+    """Standard output while the translations are written to it: its errors are raised as `StandardOutputError`,
+    told apart from the input's and the model's, which are OSErrors too; a reader gone (BrokenPipeError) stays what
+    it is. Guessed by flushing again, a write that raised at once (a chunk longer than the buffer, or
+    PYTHONUNBUFFERED=1, which many Docker images set) was "error: [Errno 28] No space left on device", no file
+    named."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with self._told_apart():
+            return self.stream.write(text)
+
+    def flush(self) -> None:
+        with self._told_apart():
+            self.stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)
+
+    @contextmanager
+    def _told_apart(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise StandardOutputError(error) from error
 
 
 def main() -> None:
@@ -90,6 +118,8 @@ def main() -> None:
     except (ImportError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams, "workers": args.workers}
+    if not args.output_file:
+        sys.stdout = TranslationsToStandardOutput(sys.stdout)
     try:
         if args.text:
             output = as_lines(translate(model, tokenizer, args.text, **settings))
@@ -111,12 +141,10 @@ def main() -> None:
     except BrokenPipeError:  # the reader stopped (`| head`): stop quietly, as Unix tools do
         silence(sys.stdout)
         sys.exit(1)
-    except OSError as error:
-        if not args.output_file and not flushes(sys.stdout):  # a full disk under `> out.de`, a terminal gone
-            silence(sys.stdout)
-            sys.exit(f"error: cannot write the translations to standard output: {error}")
-        sys.exit(f"error: {error}")
-    except (ValueError, TranslationInProgressError) as error:
+    except StandardOutputError as error:  # a full disk under `> out.de`, a terminal gone
+        silence(sys.stdout)
+        sys.exit(f"error: cannot write the translations to standard output: {error}")
+    except (OSError, ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if args.output_file:
@@ -125,6 +153,9 @@ def main() -> None:
                 "the same command resumes after it"
             )
         raise
+    finally:
+        if isinstance(sys.stdout, TranslationsToStandardOutput):
+            sys.stdout = sys.stdout.stream
 
 
 if __name__ == "__main__":

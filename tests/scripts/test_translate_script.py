@@ -194,6 +194,20 @@ def test_translations_that_cannot_be_written_to_standard_output_say_so_in_one_li
     assert message == "error: cannot write the translations to standard output: [Errno 28] No space left on device"
 
 
+@pytest.mark.parametrize("given", ["arguments", "input file"])
+def test_translations_that_a_full_disk_refuses_at_once_say_so_in_one_line(
+    given, tiny_checkpoint, tmp_path, monkeypatch
+):
+    """`translate.py --input-file news.en > news.de` on a full disk, or any redirect under PYTHONUNBUFFERED=1 (which
+    many Docker images set): the write itself raised, not a later flush, and the message named no file: "error:
+    [Errno 28] No space left on device"."""
+    (tmp_path / "news.en").write_text("a cat.\nbig ball.\n")
+    source = ["a cat."] if given == "arguments" else ["--input-file", tmp_path / "news.en"]
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    message = script_error("translate.py", "--model", tiny_checkpoint[0], *source, monkeypatch=monkeypatch)
+    assert message == "error: cannot write the translations to standard output: [Errno 28] No space left on device"
+
+
 def test_a_closed_standard_output_is_refused_in_one_line(tiny_checkpoint, monkeypatch):
     """`translate.py ... >&-`: Python's `sys.stdout` is None, and writing the translations to it was a traceback
     (AttributeError) once they were all done."""
