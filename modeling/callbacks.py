@@ -178,7 +178,14 @@ def handle_signals_at_exit(handler: Callable | signal.Handlers) -> None:
 
 def _handle_signals_at_exit() -> None:
     for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, _AT_EXIT[0])
+        if not ignored(sig):  # one the process was started ignoring (SIGHUP under `nohup`) stays ignored
+            signal.signal(sig, _AT_EXIT[0])
+
+
+def ignored(sig: signal.Signals) -> bool:
+    """Whether the process ignores `sig`: started so (SIGHUP under `nohup`, SIGINT for a job started with `&` by a
+    script), for the preemption signals, which are ignored otherwise only once the run is over."""
+    return signal.getsignal(sig) is signal.SIG_IGN
 
 
 # The callback within `stopping_at_once`, if any: see `_restore_in_forked_child`.

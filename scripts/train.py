@@ -76,7 +76,7 @@ import typing
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS, handle_signals_at_exit, leave_process_group
+from modeling.callbacks import PREEMPTION_SIGNALS, handle_signals_at_exit, ignored, leave_process_group
 from modeling.cli import giving_up_broken_output, log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
@@ -175,7 +175,8 @@ def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
 
 
 def _handle_signals_with(handler: typing.Any) -> dict[signal.Signals, typing.Any]:
-    return {sig: signal.signal(sig, handler) for sig in PREEMPTION_SIGNALS}
+    # One the process was started ignoring (SIGHUP under `nohup`) stays ignored, as PreemptionCallback leaves it
+    return {sig: signal.signal(sig, handler) for sig in PREEMPTION_SIGNALS if not ignored(sig)}
 
 
 def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:

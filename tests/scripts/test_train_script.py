@@ -644,6 +644,30 @@ def test_a_signal_while_the_libraries_load_stops_the_launch_with_75_and_preempte
     assert record["signal"] == "SIGTERM" and record["step"] == 0 and record["checkpoint"] is None
 
 
+# A preempted run under `nohup` (SIGHUP ignored), after its checkpoint: a SIGHUP (the terminal closing), then
+# another at exit.
+AFTER_THE_CHECKPOINT_UNDER_NOHUP = """
+import atexit, importlib.util, signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+atexit.register(lambda: signal.raise_signal(signal.SIGHUP) or print("after the SIGHUP at exit", flush=True))
+spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+script.exit_now_on_signal(script.EXIT_PREEMPTED)
+signal.raise_signal(signal.SIGHUP)
+print("after the SIGHUP", flush=True)
+"""
+
+
+def test_a_signal_the_run_was_started_ignoring_stays_ignored_after_its_checkpoint():
+    """`nohup train.py ...`, preempted: after the checkpoint a further signal exits at once with 75 (a launcher
+    stopping the other workers), and so did the SIGHUP that nohup ignores, when the terminal closed a moment later:
+    `os._exit`, which skipped the flush of nohup.out, and with it the run's last logs."""
+    command = [sys.executable, "-c", AFTER_THE_CHECKPOINT_UNDER_NOHUP, str(REPO_ROOT / "scripts" / "train.py")]
+    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert (result.returncode, result.stdout) == (0, "after the SIGHUP\nafter the SIGHUP at exit\n"), result.stderr
+
+
 def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_then_restored():
     script = load_train_script()
     assert set(PREEMPTION_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP}, "named there too"
