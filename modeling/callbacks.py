@@ -222,7 +222,9 @@ class PreemptionCallback(TrainerCallback):
 
     A second SIGINT or SIGTERM (another one, or the same more than a second after the first: a launcher forwarding
     the signal it got does not count) restores the previous handler and re-raises it: an impatient user still gets
-    out at once.
+    out at once. After a SIGHUP, the first SIGINT or SIGTERM is a request like the first: no user at the terminal
+    that hung up sent it, but the system ending the session's processes (systemd-logind with KillUserProcesses=yes:
+    its SIGTERM after the shell's SIGHUP), which then waits for them.
 
     A signal that the process was started ignoring (SIGINT for a job started with `&` by a script, SIGHUP under
     `nohup`) stays ignored. `handling()` installs the handlers and restores the previous ones when it ends; the
@@ -259,6 +261,9 @@ class PreemptionCallback(TrainerCallback):
             return
         duplicate = received == self.requested and now - self._requested_at < DUPLICATE_SIGNAL_SECONDS
         if duplicate or received not in (signal.SIGINT, signal.SIGTERM):
+            return
+        if self.requested == signal.SIGHUP:  # no user's second: see the class's docstring
+            self.requested, self._requested_at = received, now
             return
         logger.warning("Got %s again: stopping now, without a checkpoint", received.name)
         self.restore()

@@ -33,7 +33,8 @@ class SignalsAtLaunch:
 
     A second SIGINT or SIGTERM meanwhile (another one, or the same more than a second after the first) puts the
     replaced handlers back and is raised again, as `PreemptionCallback` does: an impatient user gets out at once
-    (Ctrl-C twice), also from a load that hangs or a caller that goes on after an import failed (IPython's `%run`)."""
+    (Ctrl-C twice), also from a load that hangs or a caller that goes on after an import failed (IPython's `%run`).
+    After a SIGHUP, the first SIGINT or SIGTERM is no second one, as there."""
 
     def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
         self.received: signal.Signals | None = None
@@ -49,6 +50,9 @@ class SignalsAtLaunch:
             return
         duplicate = received == self.received and now - self._received_at < DUPLICATE_SIGNAL_SECONDS
         if duplicate or received not in (signal.SIGINT, signal.SIGTERM):
+            return
+        if self.received == signal.SIGHUP:  # no user's second: the system ending a hung-up session's processes
+            self.received, self._received_at = received, now
             return
         self.release()
         signal.raise_signal(received)

@@ -100,6 +100,29 @@ def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock,
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_stops_at_once(
+    clock, sigint_raises_keyboard_interrupt
+):
+    """An ssh connection that drops where systemd-logind ends the session's processes (KillUserProcesses=yes): the
+    shell's SIGHUP, then logind's SIGTERM a moment later. Taken for an impatient user's second signal, the SIGTERM
+    stopped the run at once, without a checkpoint ("Got SIGTERM again"). SIGINT stands in for SIGTERM here: its
+    default handler raises KeyboardInterrupt in the test, where SIGTERM's would kill it."""
+    callback = PreemptionCallback(signals=(signal.SIGHUP, signal.SIGINT))
+    with callback.handling():
+        signal.raise_signal(signal.SIGHUP)
+        clock[0] += 0.1
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("the SIGINT after the SIGHUP stopped the run at once")
+        control = TrainerControl()
+        callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=5), control)
+        assert control.should_training_stop and control.should_save
+        clock[0] += 2.0
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # an impatient user's second
+
+
 def test_a_signal_the_process_ignores_stays_ignored():
     """A script's `python scripts/train.py ... &` starts with SIGINT ignored: Ctrl-C typed at the script must not
     reach the run, so the callback leaves SIGINT alone there and still handles the others."""

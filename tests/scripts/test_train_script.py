@@ -713,6 +713,26 @@ def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch):
         at_launch.release()
 
 
+def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_second_signal(monkeypatch):
+    """A dropped ssh connection where systemd-logind ends the session's processes: the shell's SIGHUP, then logind's
+    SIGTERM (SIGINT stands in for it here). Taken for a user's second signal, it killed the launch (143, no
+    preempted.json), which README's requeue loop reports as a failure."""
+    script = load_train_script()
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    at_launch = script.SignalsAtLaunch((signal.SIGINT, signal.SIGHUP))
+    try:
+        signal.raise_signal(signal.SIGHUP)
+        clock[0] += 0.1
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("the SIGINT after the SIGHUP got out at once")
+        assert at_launch.received == signal.SIGINT and signal.getsignal(signal.SIGINT) is at_launch
+    finally:
+        at_launch.release()
+
+
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
     """A scheduler's SIGTERM at the end of a job, once `train` has returned: it killed the finished run while the
     interpreter shut down (about a second measured), exit 143 and no preempted.json, which the README's requeue
