@@ -3,6 +3,7 @@
 they log, and what they do when their standard output or error cannot be written any more."""
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -75,28 +76,48 @@ def silence(stream: TextIO) -> None:
     os.close(null)
 
 
+# The errors after which a later write may go through: a disk (or a quota) full for a while, until a checkpoint is
+# rotated or another job's files are deleted; a terminal left non-blocking by another program, full until it
+# drains. Given up on the first of these, a multi-day run logged nothing more once the disk had room again.
+PASSING_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EAGAIN})
+
+
 class GivingUpStream:
     """A text stream that gives itself up, rather than the run, when a write to it fails: the terminal of an ssh
     session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE), a log file on a full disk
     (ENOSPC). Its further writes are dropped, and /dev/null takes the place of its file descriptor, for what writes
     there without this wrapper: logging handlers made before it, C code, the interpreter's flush at exit. Raised,
     the error of a progress bar or of the Trainer's `print` of the logs ended a run without a checkpoint, losing the
-    updates since the last one (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`)."""
+    updates since the last one (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`).
+
+    After an error that may pass (`PASSING_WRITE_ERRORS`: a full disk) only that write is dropped, and the next
+    ones are tried; `settle()`, at the end, gives the stream up if it still cannot be written."""
 
     def __init__(self, stream: TextIO, name: str, *, warn: bool = True):
         self.stream, self.name, self.warn = stream, name, warn
-        self.error: OSError | None = None  # that of the write that failed, once given up
+        self.error: OSError | None = None  # that of the first write that failed: something was lost
+        self.given_up = False
+        self._warned_passing = False
 
     def write(self, text: str) -> int:
-        if self.error is None:
+        if not self.given_up:
             try:
                 return self.stream.write(text)
             except OSError as error:
-                self._give_up(error)
+                self._failed(error)
         return len(text)
 
     def flush(self) -> None:
-        if self.error is None:
+        if not self.given_up:
+            try:
+                self.stream.flush()
+            except OSError as error:
+                self._failed(error)
+
+    def settle(self) -> None:
+        """Give the stream up if a write to it failed and what it holds still cannot be written: else the
+        interpreter's flush at exit fails on it ("Exception ignored", exit code 120)."""
+        if self.error is not None and not self.given_up:
             try:
                 self.stream.flush()
             except OSError as error:
@@ -105,8 +126,16 @@ class GivingUpStream:
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
         return getattr(self.stream, name)
 
+    def _failed(self, error: OSError) -> None:
+        self.error = self.error or error
+        if error.errno not in PASSING_WRITE_ERRORS:
+            self._give_up(error)
+        elif self.warn and not self._warned_passing:
+            self._warned_passing = True  # first: the warning may go to this very stream
+            logger.warning("Could not write to %s, the run goes on, writing to it when it can: %s", self.name, error)
+
     def _give_up(self, error: OSError) -> None:
-        self.error = error
+        self.given_up = True
         silence(self.stream)
         if self.warn:
             logger.warning("Not writing to %s any more, the run goes on: %s", self.name, error)
@@ -120,12 +149,18 @@ def giving_up_broken_output(*, stdout: bool = True) -> Iterator[None]:
     loaded raised.)"""
     names = {"stderr": "standard error", **({"stdout": "standard output"} if stdout else {})}
     replaced = {attribute: getattr(sys, attribute) for attribute in names}
-    for attribute, name in names.items():
-        if replaced[attribute] is not None:  # None: started with it closed
-            setattr(sys, attribute, GivingUpStream(replaced[attribute], name))
+    wrappers = {  # None: started with it closed
+        attribute: GivingUpStream(stream, names[attribute])
+        for attribute, stream in replaced.items()
+        if stream is not None
+    }
+    for attribute, wrapper in wrappers.items():
+        setattr(sys, attribute, wrapper)
     try:
         yield
     finally:
+        for wrapper in wrappers.values():
+            wrapper.settle()
         for attribute, stream in replaced.items():
             setattr(sys, attribute, stream)
 
@@ -147,6 +182,7 @@ def reporting_on_stdout() -> Iterator[None]:
             yield
             stream.flush()  # a pipe's or a file's: buffered, its writes fail here
         finally:
+            stream.settle()
             sys.stdout = stream.stream
         if isinstance(stream.error, BrokenPipeError):
             sys.exit(1)

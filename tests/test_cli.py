@@ -4,6 +4,7 @@ that cannot be written is given up rather than the run."""
 
 import argparse
 import errno
+import io
 import logging
 import os
 import subprocess
@@ -82,6 +83,9 @@ class FullDisk:
     def write(self, text: str) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     def fileno(self) -> int:
         raise OSError(errno.EBADF, "no descriptor")
 
@@ -99,7 +103,35 @@ def test_the_scripts_standard_streams_are_given_up_within_the_block_only(caplog)
     assert (sys.stdout, sys.stderr) == before
     assert "Not writing to standard output any more, the run goes on: [Errno 28] No space left on device" in (
         caplog.messages
-    )
+    ), "still full at the end of the block"
+
+
+class DiskFullForAWhile(io.StringIO):
+    """A log file on a disk full until `full` is false: a checkpoint saved before the oldest one is deleted."""
+
+    full = True
+
+    def write(self, text: str) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+def test_a_log_on_a_disk_full_for_a_while_is_written_again_once_the_disk_has_room(caplog, monkeypatch):
+    """A multi-day run whose disk was full for a moment: given up on the first ENOSPC, its log got nothing more
+    for the rest of the run, the disk free again."""
+    log = DiskFullForAWhile()
+    monkeypatch.setattr(sys, "stderr", log)
+    with caplog.at_level(logging.WARNING, logger="modeling.cli"), giving_up_broken_output():
+        sys.stderr.write("lost\n")
+        sys.stderr.write("lost too\n")
+        log.full = False
+        sys.stderr.write("{'loss': 3.2}\n")
+    assert log.getvalue() == "{'loss': 3.2}\n"
+    assert caplog.messages == [
+        "Could not write to standard error, the run goes on, writing to it when it can: [Errno 28] No space left on "
+        "device"
+    ], "said once"
 
 
 class GoneReader(FullDisk):
