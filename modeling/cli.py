@@ -115,13 +115,16 @@ class GivingUpStream:
                 self._failed(error)
 
     def settle(self) -> None:
-        """Give the stream up if a write to it failed and what it holds still cannot be written: else the
-        interpreter's flush at exit fails on it ("Exception ignored", exit code 120)."""
-        if self.error is not None and not self.given_up:
+        """At the end: flush the stream, giving it up if what it holds cannot be written. Else the interpreter's
+        flush at exit failed on it, "Exception ignored" and exit code 120: after a write that failed, and after a
+        SystemExit that left it unflushed (`--help | head -1`)."""
+        if not self.given_up:
             try:
                 self.stream.flush()
             except OSError as error:
-                self._give_up(error)
+                self.error = self.error or error
+                self.given_up = True
+                silence(self.stream)
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
         return getattr(self.stream, name)
@@ -180,9 +183,8 @@ def reporting_on_stdout() -> Iterator[None]:
         sys.stdout = stream
         try:
             yield
-            stream.flush()  # a pipe's or a file's: buffered, its writes fail here
         finally:
-            stream.settle()
+            stream.settle()  # a pipe's or a file's: buffered, its writes fail here
             sys.stdout = stream.stream
         if isinstance(stream.error, BrokenPipeError):
             sys.exit(1)

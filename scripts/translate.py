@@ -22,6 +22,7 @@ from modeling.cli import (
     add_model_arguments,
     giving_up_broken_output,
     log_to_stderr,
+    reporting_on_stdout,
     silence,
     summary,
 )
@@ -97,7 +98,8 @@ class TranslationsToStandardOutput:
 
 
 def main() -> None:
-    args = parse_args()
+    with reporting_on_stdout():  # `--help | head -1`: quietly, where its flush at exit raised
+        args = parse_args()
     write_stdout_in_utf8()
     log_to_stderr("%(levelname)s: %(message)s")
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over

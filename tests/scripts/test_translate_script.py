@@ -178,6 +178,19 @@ def test_a_reader_that_stops_early_stops_the_translation_quietly(tiny_checkpoint
     assert "Traceback" not in stderr and "error" not in stderr.lower() and "Exception ignored" not in stderr
 
 
+def test_a_help_whose_reader_is_gone_ends_quietly():
+    """`translate.py --help | head -1`: the help was flushed only at exit, "Exception ignored ... BrokenPipeError"
+    and exit code 120."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = subprocess_env()
+    env.pop("PYTHONUNBUFFERED", None)  # else the write raised at once, within the block
+    command = [sys.executable, str(SCRIPTS / "translate.py"), "--help"]
+    result = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    os.close(write_end)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
 class FullDiskFile(io.StringIO):
     """Standard output redirected to a file on a full disk: writes are buffered, and their flush fails."""
 
