@@ -4,6 +4,7 @@ they log, and what they do when their standard output or error cannot be written
 
 import argparse
 import errno
+import io
 import logging
 import os
 import sys
@@ -66,7 +67,13 @@ def log_to_stderr(format: str, level: int | None = None) -> None:
 def silence(stream: TextIO) -> None:
     """/dev/null in place of `stream`'s file descriptor, once it cannot be written: what is buffered or written there
     later (the interpreter's flush at exit, logging handlers, C code) goes nowhere rather than failing again (at exit:
-    "Exception ignored" and exit code 120)."""
+    "Exception ignored" and exit code 120).
+
+    A file's own stream only (`io.TextIOWrapper`, as Python's are): the `fileno()` of a caller's object may be
+    another file's, one still alive (a tee's of the terminal, whose log file failed; a notebook's stream's of the
+    kernel's own output), which /dev/null took over."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return
     try:
         descriptor = stream.fileno()
     except (OSError, ValueError):  # none (a caller's stream): its writes fail as they did

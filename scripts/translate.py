@@ -120,8 +120,9 @@ def main() -> None:
     except (ImportError, OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     settings = {"max_tokens": args.max_tokens, "num_beams": args.num_beams, "workers": args.workers}
+    standard_output = sys.stdout
     if not args.output_file:
-        sys.stdout = TranslationsToStandardOutput(sys.stdout)
+        sys.stdout = TranslationsToStandardOutput(standard_output)
     try:
         if args.text:
             output = as_lines(translate(model, tokenizer, args.text, **settings))
@@ -141,10 +142,10 @@ def main() -> None:
                 **settings,
             )
     except BrokenPipeError:  # the reader stopped (`| head`): stop quietly, as Unix tools do
-        silence(sys.stdout)
+        silence(standard_output)
         sys.exit(1)
     except StandardOutputError as error:  # a full disk under `> out.de`, a terminal gone
-        silence(sys.stdout)
+        silence(standard_output)
         sys.exit(f"error: cannot write the translations to standard output: {error}")
     except (OSError, ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")

@@ -77,6 +77,38 @@ def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(c
     )
 
 
+class TeeToAGoneLog:
+    """A caller's `sys.stdout` that writes to the terminal and to a log whose reader is gone (EPIPE), and whose
+    fileno() is the terminal's, as such tees' are."""
+
+    def __init__(self, terminal: int):
+        self.terminal = terminal
+
+    def write(self, text: str) -> int:
+        os.write(self.terminal, text.encode())
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self.terminal
+
+
+def test_a_callers_stream_given_up_leaves_the_descriptor_it_names_alone():
+    """The tee's log failed, and /dev/null took over the descriptor of its terminal, which was fine."""
+    screen, terminal = os.pipe()
+    try:
+        stream = GivingUpStream(TeeToAGoneLog(terminal), "standard output", warn=False)
+        stream.write("{'loss': 3.2}\n")
+        assert stream.given_up
+        os.write(terminal, b"still on the terminal\n")
+        assert os.read(screen, 1000) == b"{'loss': 3.2}\nstill on the terminal\n"
+    finally:
+        os.close(screen)
+        os.close(terminal)
+
+
 class FullDisk:
     """A log file on a full disk, without a descriptor (ENOSPC on every write)."""
 
