@@ -803,12 +803,20 @@ def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_h
             signal.signal(sig, handler)
 
 
-SIGNAL_AS_A_PREEMPTED_RUN_EXITS = """
-import importlib.util, os, signal, sys, threading, time, types
+# Loads scripts/train.py (argv[1]) as `script`, its arguments parsed as nothing, in a child Python.
+TRAIN_SCRIPT_LOADED = """
+import importlib.util, sys, types
 spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
 script.parse = lambda argv: (None, None, types.SimpleNamespace(should_log=False))
+"""
+
+
+SIGNAL_AS_A_PREEMPTED_RUN_EXITS = (
+    TRAIN_SCRIPT_LOADED
+    + """
+import os, signal, threading, time
 def preempted(*arguments):
     raise script.TrainingPreempted("SIGTERM", 3, None)
 script.train = preempted
@@ -827,6 +835,7 @@ else:
     late = SignalWhileShuttingDown()
 script.main()
 """
+)
 
 
 @pytest.mark.parametrize("moment", ["before atexit", "shutting down"])
@@ -845,12 +854,9 @@ def test_a_signal_as_a_preempted_run_exits_leaves_its_exit_code(moment):
     assert ended.returncode == 75, ended.stderr
 
 
-SECOND_CTRL_C = """
-import importlib.util, sys, types
-spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-script.parse = lambda argv: (None, None, types.SimpleNamespace(should_log=False))
+SECOND_CTRL_C = (
+    TRAIN_SCRIPT_LOADED
+    + """
 def interrupted(*arguments):
     raise KeyboardInterrupt  # what PreemptionCallback's second Ctrl-C raises in train()
 script.train = interrupted
@@ -860,6 +866,7 @@ except KeyboardInterrupt:
     print("went on", flush=True)
 script.main()  # the script itself: nothing catches it
 """
+)
 
 
 def test_a_second_ctrl_c_ends_the_script_by_sigint_and_a_caller_that_catches_it_goes_on():
