@@ -254,9 +254,11 @@ class PreemptionCallback(TrainerCallback):
                 logger.warning("Got %s before training: stopping now (no update to finish)", received.name)
                 raise SignalledBeforeTraining(received)
             logger.warning(
-                "Got %s: finishing the update under way, then saving a checkpoint and stopping (a second SIGINT or "
-                "SIGTERM stops at once, without a checkpoint)",
+                "Got %s: finishing the update under way, then saving a checkpoint and stopping (%s)",
                 received.name,
+                "a SIGINT or SIGTERM after it asks the same, one more stops at once, without a checkpoint"
+                if received == signal.SIGHUP
+                else "a second SIGINT or SIGTERM stops at once, without a checkpoint",
             )
             return
         duplicate = received == self.requested and now - self._requested_at < DUPLICATE_SIGNAL_SECONDS
@@ -264,6 +266,11 @@ class PreemptionCallback(TrainerCallback):
             return
         if self.requested == signal.SIGHUP:  # no user's second: see the class's docstring
             self.requested, self._requested_at = received, now
+            logger.warning(
+                "Got %s after SIGHUP: the same request to stop (a second SIGINT or SIGTERM stops at once, without a "
+                "checkpoint)",
+                received.name,
+            )
             return
         logger.warning("Got %s again: stopping now, without a checkpoint", received.name)
         self.restore()

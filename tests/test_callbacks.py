@@ -101,7 +101,7 @@ def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock,
 
 
 def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_stops_at_once(
-    clock, sigint_raises_keyboard_interrupt
+    clock, sigint_raises_keyboard_interrupt, caplog
 ):
     """An ssh connection that drops where systemd-logind ends the session's processes (KillUserProcesses=yes): the
     shell's SIGHUP, then logind's SIGTERM a moment later. Taken for an impatient user's second signal, the SIGTERM
@@ -115,6 +115,11 @@ def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_st
             signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
             pytest.fail("the SIGINT after the SIGHUP stopped the run at once")
+        # Said as it is: the SIGHUP's warning promised that a second SIGINT or SIGTERM stops at once, and the
+        # SIGINT after it, which did not, was silent.
+        warnings = [record.getMessage() for record in caplog.records]
+        assert "a SIGINT or SIGTERM after it asks the same, one more stops at once" in warnings[0]
+        assert warnings[1].startswith("Got SIGINT after SIGHUP: the same request to stop")
         control = TrainerControl()
         callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=5), control)
         assert control.should_training_stop and control.should_save
