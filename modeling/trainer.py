@@ -12,8 +12,8 @@ What `TokenBudgetSeq2SeqTrainer` adds to the Trainer, and why:
   `LabelSmoother`, which needs the (B, T, V) logits and makes several passes over them: on CPU the training forward
   fuses the output projection with the loss and never builds them; the same value and gradients.
 - **Time-based checkpoints and a wall-clock budget** (`modeling.callbacks`).
-- **Stopping cleanly when preempted**: the first SIGTERM / SIGINT / SIGUSR1 ends training after the update under
-  way with a complete checkpoint (`modeling.callbacks.PreemptionCallback`); `trainer.preempted` then says so.
+- **Stopping cleanly when preempted**: the first SIGTERM / SIGINT / SIGUSR1 / SIGHUP ends training after the update
+  under way with a complete checkpoint (`modeling.callbacks.PreemptionCallback`); `trainer.preempted` then says so.
 - **Atomic checkpoints**: the Trainer's own `_save_checkpoint` writes into a hidden staging directory
   (`OUT/.checkpoint-N.partial/checkpoint-N`); the main process then flushes it, lists every file with its size in
   `checkpoint_complete.json` and renames it to `OUT/checkpoint-N`. A save killed at any point leaves no
@@ -458,7 +458,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     # --- training, stopping, saving ---
 
     def train(self, resume_from_checkpoint: str | os.PathLike | bool | None = None, **kwargs: Any) -> TrainOutput:
-        """`Trainer.train`, handling SIGTERM / SIGINT / SIGUSR1 as a request to stop with a checkpoint (see
+        """`Trainer.train`, handling SIGTERM / SIGINT / SIGUSR1 / SIGHUP as a request to stop with a checkpoint (see
         `PreemptionCallback`); the previous signal handlers are back when it returns or raises. After a stop on
         a signal, `self.preempted` is `{"signal", "step"}` and `self.last_checkpoint` the checkpoint saved.
         `resume_from_checkpoint=True` is the newest complete checkpoint of `output_dir`, incomplete newer ones

@@ -9,8 +9,8 @@ What makes it safe for long runs that get preempted and requeued:
 
 - one command serves the first launch and every requeue: `--resume_from_checkpoint last` resumes from the newest
   complete checkpoint, or starts fresh (logged) where there is none;
-- a signal (SIGTERM, SIGINT, SIGUSR1) stops training after the update under way with a complete checkpoint, writes
-  `OUTPUT_DIR/preempted.json` and raises `TrainingPreempted` (which `scripts/train.py` turns into exit code 75);
+- a signal (SIGTERM, SIGINT, SIGUSR1, SIGHUP) stops training after the update under way with a complete checkpoint,
+  writes `OUTPUT_DIR/preempted.json` and raises `TrainingPreempted` (which `scripts/train.py` turns into exit code 75);
 - an update whose gradients are not finite stops the run before it is applied (`modeling.trainer.TrainingDiverged`),
   so that no NaN checkpoint rotates a good one out and nothing is averaged or pushed;
 - `run_identity.json` (architecture, tokenizer, data, seed, preset) is written into the output directory and every
@@ -1221,12 +1221,13 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`. The run is seeded with
     `training_args.seed`; the caller's global random generators are put back as they were when it returns or raises.
 
-    From the start to the end of training, SIGTERM, SIGINT and SIGUSR1 stop the run after the update under way
+    From the start to the end of training, SIGTERM, SIGINT, SIGUSR1 and SIGHUP stop the run after the update under way
     with a complete checkpoint (while the data is being prepared, at once: a BPE or a tokenisation of WMT's corpus
     outlasts a scheduler's grace period): then `TrainingPreempted` is raised (and `preempted.json` written), and
     nothing else (final model, averaging, push) is done; the previous signal handlers are restored either way. A signal
     after the last update stops the run the same way once the final model and the average are written, before the
-    push. Run again, a run whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
+    push; during the push, the handlers from before are in place (in `scripts/train.py`, each signal's default
+    action). Run again, a run whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
 
     With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
