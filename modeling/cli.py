@@ -91,14 +91,15 @@ PASSING_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EAGAIN})
 
 class GivingUpStream:
     """A text stream that gives itself up, rather than the run, when a write to it fails: the terminal of an ssh
-    session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE), a log file on a full disk
-    (ENOSPC). Its further writes are dropped, and /dev/null takes the place of its file descriptor, for what writes
-    there without this wrapper: logging handlers made before it, C code, the interpreter's flush at exit. Raised,
-    the error of a progress bar or of the Trainer's `print` of the logs ended a run without a checkpoint, losing the
-    updates since the last one (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`).
+    session that dropped (EIO), a `| tee log` killed or interrupted with the run (EPIPE). Its further writes are
+    dropped, and /dev/null takes the place of its file descriptor, for what writes there without this wrapper:
+    logging handlers made before it, C code, the interpreter's flush at exit. Raised, the error of a progress bar or
+    of the Trainer's `print` of the logs ended a run without a checkpoint, losing the updates since the last one
+    (also on the way to the checkpoint of a SIGHUP or of Ctrl-C on `train | tee log`).
 
-    After an error that may pass (`PASSING_WRITE_ERRORS`: a full disk) only that write is dropped, and the next
-    ones are tried; `settle()`, at the end, gives the stream up if it still cannot be written."""
+    After an error that may pass (`PASSING_WRITE_ERRORS`: a log file on a full disk or quota, a non-blocking
+    terminal) only that write is dropped, and the next ones are tried; `settle()`, at the end, gives the stream up
+    if it still cannot be written."""
 
     def __init__(self, stream: TextIO, name: str, *, warn: bool = True):
         self.stream, self.name, self.warn = stream, name, warn
