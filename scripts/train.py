@@ -13,7 +13,9 @@ first argument override them, and flags after it override the file.
 Exit codes: 0 when training finished; 75 (EX_TEMPFAIL, "try again later") when a signal (SIGTERM, SIGINT,
 SIGUSR1, or SIGHUP: its terminal hung up) stopped it with a complete checkpoint, so that the same command resumes it
 (OUTPUT_DIR/preempted.json says the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1
-otherwise, with an `error:` line (a traceback for what no check foresaw).
+otherwise, with an `error:` line (a traceback for what no check foresaw). A second SIGINT or SIGTERM (not a launcher's
+copy of the first) stops it at once, without a checkpoint: the process ends by that signal (130 or 143 in a shell),
+as it does by any of them during the push to the Hub.
 """
 
 import signal
@@ -150,12 +152,12 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
 
 def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
     """After the checkpoint is saved, a further signal (a launcher stopping the other workers) exits at once with
-    `code`, rather than killing the process with another code: for the rest of `main()`. From `atexit` on, the
+    `code`, rather than killing the process with another code: for the rest of `run()`. From `atexit` on, the
     process is exiting with `code` already and the signals are ignored instead: the interpreter's shutdown (about a
     second) puts the default action back in place of every Python handler before it ends, so that a signal then
     killed the preempted run (143) however it was handled, while an ignored one stays ignored.
 
-    Returns the handlers it replaced, which `main()` puts back as it ends: a caller that goes on (IPython's `%run`, a
+    Returns the handlers it replaced, which `run()` puts back as it ends: a caller that goes on (IPython's `%run`, a
     test) kept handlers that `os._exit` it, so that its next Ctrl-C (a notebook's "interrupt kernel") ended the
     whole process with code 75, and a later run in it restored them again after training. Not the default action
     (SIGTERM's and SIGUSR1's in a script), which ends the process too: put back, it killed the preempted run by a
@@ -167,11 +169,11 @@ def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
 
 def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
     """After the run finished, a signal (a scheduler's at the end of the job) has nothing left to stop: ignored for
-    the rest of `main()` and again from `atexit` on, through the interpreter's shutdown (about a second, all of it
+    the rest of `run()` and again from `atexit` on, through the interpreter's shutdown (about a second, all of it
     after the atexit callbacks), so that the process ends as it would have, with code 0. Else it killed the finished
     run by the signal's default action (143 for SIGTERM), which a requeue loop takes for a failure.
 
-    Returns the handlers it replaced, which `main()` puts back as it returns: a caller that goes on (IPython's
+    Returns the handlers it replaced, which `run()` puts back as it returns: a caller that goes on (IPython's
     `%run`, a test) kept the signals ignored, and its next run installed no handler for them, since a signal the
     process ignores stays ignored (`PreemptionCallback`): a scheduler's SIGTERM and Ctrl-C were lost."""
     handle_signals_at_exit(signal.SIG_IGN)
@@ -208,7 +210,7 @@ def run() -> None:
     # The messages, not the exceptions: their tracebacks hold the trainer, which holds the process group.
     preempted = failure = crash = None
     interrupted = False
-    handlers = {}  # those in place before the run ended, put back as main() returns or exits
+    handlers = {}  # those in place before the run ended, put back as run() returns or exits
     try:
         output_dir = train(model_args, data_args, training_args)
         handlers = ignore_signals_once_finished()
@@ -219,7 +221,7 @@ def run() -> None:
         failure = f"error: {error}"
     except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
         crash = traceback.format_exc()
-    except KeyboardInterrupt:  # a second Ctrl-C: out at once, as asked
+    except KeyboardInterrupt:  # a second Ctrl-C (or one during the push): out at once, as asked
         interrupted = True
     try:
         leave_process_group()  # local: a rank that failed alone does not wait for the others
