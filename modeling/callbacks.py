@@ -295,12 +295,13 @@ class PreemptionCallback(TrainerCallback):
 
     def _take_over(self, replaced, sig: signal.Signals):
         """The handler to restore in place of `replaced`. A handler that kept the signals while the libraries loaded
-        (scripts/train.py's `SignalsAtLaunch`: it has `received` and `replaced`) hands over: what it received counts
-        as received here, so that the run stops before training, and what it replaced is restored in its place."""
-        if not (hasattr(replaced, "received") and hasattr(replaced, "replaced")):
+        (scripts/train.py's `SignalsAtLaunch`: it has `received`, `received_at` and `replaced`) hands over: what it
+        received counts as received here when it was (a second one is timed from it), so that the run stops before
+        training, and what it replaced is restored in its place."""
+        if not all(hasattr(replaced, name) for name in ("received", "received_at", "replaced")):
             return replaced
         if replaced.received is not None and self.requested is None:
-            self.requested, self._requested_at = replaced.received, time.monotonic()
+            self.requested, self._requested_at = replaced.received, replaced.received_at
             logger.warning("Got %s while the run was starting: stopping before training", replaced.received.name)
         return replaced.replaced.get(sig, signal.SIG_DFL)
 

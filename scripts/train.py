@@ -40,7 +40,7 @@ class SignalsAtLaunch:
 
     def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
         self.received: signal.Signals | None = None
-        self._received_at = 0.0
+        self.received_at = 0.0  # by time.monotonic()
         self.replaced = {  # what the process was started ignoring stays ignored, as PreemptionCallback leaves it
             sig: signal.signal(sig, self) for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN
         }
@@ -48,13 +48,13 @@ class SignalsAtLaunch:
     def __call__(self, signum: int, frame: object) -> None:
         received, now = signal.Signals(signum), time.monotonic()
         if self.received is None:
-            self.received, self._received_at = received, now
+            self.received, self.received_at = received, now
             return
-        duplicate = received == self.received and now - self._received_at < DUPLICATE_SIGNAL_SECONDS
+        duplicate = received == self.received and now - self.received_at < DUPLICATE_SIGNAL_SECONDS
         if duplicate or received not in (signal.SIGINT, signal.SIGTERM):
             return
         if self.received == signal.SIGHUP:  # no user's second: the system ending a hung-up session's processes
-            self.received, self._received_at = received, now
+            self.received, self.received_at = received, now
             return
         self.release()
         signal.raise_signal(received)

@@ -713,6 +713,28 @@ def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch):
         at_launch.release()
 
 
+def test_a_second_signal_after_the_hand_over_is_timed_from_the_first_one(monkeypatch):
+    """Ctrl-C while the libraries load, and again half a second after the preemption callback took the first one
+    over, five seconds after it: the callback timed the first from its takeover, took the second for a launcher's
+    copy of it and dropped it, where a second SIGINT more than a second after the first stops at once."""
+    script = load_train_script()
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    previous = signal.getsignal(signal.SIGINT)
+    at_launch = script.SignalsAtLaunch((signal.SIGINT,))
+    try:
+        signal.raise_signal(signal.SIGINT)
+        clock[0] += 5.0  # the libraries load
+        callback = PreemptionCallback(signals=(signal.SIGINT,))
+        with callback.handling():
+            clock[0] += 0.5
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is previous
+    finally:
+        at_launch.release()
+
+
 def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_second_signal(monkeypatch):
     """A dropped ssh connection where systemd-logind ends the session's processes: the shell's SIGHUP, then logind's
     SIGTERM (SIGINT stands in for it here). Taken for a user's second signal, it killed the launch (143, no
