@@ -236,7 +236,8 @@ class PreemptionCallback(TrainerCallback):
 
     def __init__(self, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS):
         self.signals = signals
-        self.requested: signal.Signals | None = None  # the first signal received, on this process
+        self.requested: signal.Signals | None = None  # the request to stop, on this process: the first signal (or
+        # the SIGINT or SIGTERM that came after a SIGHUP)
         self.preempted: dict | None = None  # {"signal", "step"} once all processes agreed to stop
         self._requested_at = 0.0
         self._previous: dict[signal.Signals, object] = {}
