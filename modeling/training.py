@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import datasets
 import numpy as np
@@ -116,6 +116,9 @@ from .tokenization import (
 )
 from .tokenization_fairseq import FairseqTokenizer
 from .trainer import TokenBudgetSeq2SeqTrainer, bleu_metrics, check_sharding, evaluation_metrics
+
+if TYPE_CHECKING:  # imported for a push only: the Hub extras (jinja2, matplotlib)
+    from .hub import HubTarget
 
 logger = logging.getLogger(__name__)
 
@@ -1226,8 +1229,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     outlasts a scheduler's grace period): then `TrainingPreempted` is raised (and `preempted.json` written), and
     nothing else (final model, averaging, push) is done; the previous signal handlers are restored either way. A signal
     after the last update stops the run the same way once the final model and the average are written, before the
-    push; during the push, the handlers from before are in place (in `scripts/train.py`, each signal's default
-    action). Run again, a run whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
+    push, and during the push where a checkpoint holds the last update (`_push_unless_preempted`). Run again, a run
+    whose checkpoint is at `max_steps` trains nothing and goes on to what is left.
 
     With `push_to_hub`, the main process then pushes the averaged model (`average_last_checkpoints` > 1), else the
     final one, to `hub_model_id` (default: output_dir's name), with the model card of `modeling.hub` rendered from
@@ -1302,11 +1305,38 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                 raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)
             averaged = _finish_run(trainer, result.metrics, training_args, preemption, identity)
         if hub is not None:
-            from .hub import push_trained_model
-
-            pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
-            push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
+            _push_unless_preempted(hub, averaged, training_args, preemption, trainer.state.global_step)
     return training_args.output_dir
+
+
+def _push_unless_preempted(
+    hub: HubTarget,
+    averaged: Path | None,
+    training_args: TranslationTrainingArguments,
+    preemption: PreemptionCallback,
+    step: int,
+) -> None:
+    """Push the averaged model, else the final one (main process). Where a checkpoint holds the last update, a signal
+    during the push stops it at once and the run with `TrainingPreempted`, as one before the push does: the requeue
+    trains nothing and pushes again (a push commits its files together, or none). Killed by the signal's default
+    action instead, the run ended by it (143), which README's requeue loop reports as a failure. Without such a
+    checkpoint the handlers from before stay in place: a requeue would train the last updates again."""
+    from .hub import push_trained_model
+
+    output_dir = Path(training_args.output_dir)
+    pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
+    final = output_dir / f"checkpoint-{step}"
+    if final != latest_complete_checkpoint(output_dir):
+        push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
+        return
+    with preemption.handling():
+        try:
+            with preemption.stopping_at_once():
+                push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
+        except Exception:  # SignalledBeforeTraining, or what huggingface_hub made of it
+            if preemption.requested is None:
+                raise
+            raise _stop_preempted(training_args, preemption.requested.name, step, str(final), together=False) from None
 
 
 __all__ = ["train", "bleu_sample", "prepare_output_dir", "run_identity", "TrainingPreempted"]

@@ -41,6 +41,7 @@ from helpers import (
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import modeling.files as files_module
+import modeling.hub as hub_module
 from modeling import TransformerConfig, TransformerForConditionalGeneration, training
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
@@ -375,6 +376,34 @@ def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trai
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(unsaved, save_strategy="no", max_steps=4))
     assert "Got SIGTERM after the last update, which no checkpoint holds: finishing the run" in caplog.text
     assert (unsaved / "model.safetensors").is_file() and not (unsaved / "preempted.json").exists()
+
+
+def test_a_signal_during_the_push_stops_it_with_75_and_the_requeue_pushes_again(tmp_path, datasets_cache, monkeypatch):
+    """A scheduler's notice while the model uploads (minutes for the big model), training done and checkpointed: the
+    default action of SIGTERM ended the run by it (143), which README's requeue loop reports as a failure."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    args = tiny_run_args(run, max_steps=4, resume_from_checkpoint="last", push_to_hub=True, hub_token=HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "prepare_push", lambda training_args: hub_module.HubTarget(REPO_ID, HUB_TOKEN))
+    pushed = []
+
+    def signalled_while_pushing(target, model_dir, *arguments, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        pushed.append(model_dir)  # the rest of the upload
+
+    monkeypatch.setattr(hub_module, "push_trained_model", signalled_while_pushing)
+    with pytest.raises(TrainingPreempted, match="at update 4, with the checkpoint .*checkpoint-4"):
+        train(ModelArguments(preset="tiny", **TINY), data, args)
+    assert pushed == [], "the push stopped at the signal"
+    assert json.loads((run / "preempted.json").read_text())["step"] == 4
+
+    monkeypatch.setattr(
+        hub_module, "push_trained_model", lambda target, model_dir, *rest, **kw: pushed.append(model_dir)
+    )
+    train(ModelArguments(preset="tiny", **TINY), data, args)  # the requeued command: nothing to train, the push
+    assert pushed == [run] and not (run / "preempted.json").exists()
+    assert sorted(path.name for path in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_a_final_model_the_disk_refused_is_saved_by_the_requeue_and_the_training_metrics_stay(
