@@ -574,7 +574,13 @@ def test_a_terminal_that_hangs_up_stops_the_run_with_75_and_a_checkpoint(tmp_pat
     command, env = tiny_run_command(tmp_path, max_steps=1000)
     terminal, terminal_device = pty.openpty()
     process = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=terminal_device, stderr=terminal_device
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal_device,
+        stderr=terminal_device,
+        # A terminal session's SIGHUP: the suite may run under nohup, whose ignored SIGHUP a run keeps ignoring.
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     os.close(terminal_device)
     try:
