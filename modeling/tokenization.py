@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ VOCAB_MULTIPLE = 8
 MODEL_MAX_LENGTH = 1024
 # What transformers 5's tokenizer from_pretrained adds to its init_kwargs: how it was loaded, not what it is.
 LOADING_ARGUMENTS = ("is_local", "local_files_only")
+# How often the thread waiting for a BPE to be trained looks for a signal to handle.
+SIGNAL_CHECK_SECONDS = 0.1
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +130,21 @@ def train_shared_bpe(
         show_progress=show_progress,
     )
     has_text = False
+    abandoned = threading.Event()
 
     def watched(texts: Iterable[str]) -> Iterator[str]:
         nonlocal has_text
         for text in texts:
+            if abandoned.is_set():  # the caller was stopped by a signal: read no more
+                return
             has_text = has_text or not is_blank(text)
             yield text
 
-    tokenizer.train_from_iterator(watched(texts), trainer=trainer)
+    try:
+        _train_where_signals_are_handled(tokenizer, watched(texts), trainer)
+    except BaseException:
+        abandoned.set()
+        raise
     if not has_text:  # else an empty file would give a tokenizer of special tokens, saved as a success
         raise ValueError(
             f"no text to train the BPE on: {source or 'the input'} hold(s) no line with a non-blank character"
@@ -169,6 +179,31 @@ def train_shared_bpe(
         # encoder and teaches a model, from a training target, to stop mid-sentence.
         split_special_tokens=True,
     )
+
+
+def _train_where_signals_are_handled(tokenizer: Tokenizer, texts: Iterator[str], trainer: trainers.Trainer) -> None:
+    """`tokenizer.train_from_iterator`, in a thread of its own while this one waits. tokenizers trains with the GIL
+    released and reads `texts` from its own threads, so the calling thread ran no Python until the BPE was trained:
+    a signal's handler (a scheduler's SIGTERM, Ctrl-C, the run's `stopping_at_once`) waited for the whole training,
+    20-33 minutes for English-French WMT, past any grace period before the kill. Waiting in `join`, the main
+    thread runs the handlers within `SIGNAL_CHECK_SECONDS`; what they raise leaves the training thread to end with
+    the process."""
+    failures: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            tokenizer.train_from_iterator(texts, trainer=trainer)
+        except BaseException as error:  # raised again in the caller's thread
+            failures.append(error)
+
+    training = threading.Thread(target=train, name="BPE training", daemon=True)
+    training.start()
+    while training.is_alive():
+        # A while at a time: the kernel may hand the signal to one of tokenizers' threads, which does not wake a
+        # `join` without a timeout; back in Python, this thread runs the handler.
+        training.join(SIGNAL_CHECK_SECONDS)
+    if failures:
+        raise failures[0]
 
 
 def check_tokenizer_destination(directory: str | os.PathLike) -> None:

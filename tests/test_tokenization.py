@@ -3,6 +3,9 @@
 import gzip
 import json
 import logging
+import os
+import signal
+import threading
 import unicodedata
 
 import datasets
@@ -10,6 +13,7 @@ import pytest
 from helpers import MULTI30K
 from transformers import AutoTokenizer
 
+from modeling.callbacks import PreemptionCallback, SignalledBeforeTraining
 from modeling.tokenization import (
     is_blank,
     iter_corpus_text,
@@ -113,6 +117,30 @@ def test_small_corpus_is_padded_with_unreachable_fillers(corpus):
 def test_trains_from_a_one_shot_generator(corpus):
     tokenizer = train_shared_bpe((s for s in corpus), vocab_size=64)
     assert len(tokenizer) == 64
+
+
+def test_a_signal_while_the_bpe_trains_stops_it_at_once(corpus):
+    """tokenizers trains with the GIL released, reading the text from threads of its own: the handler of a signal
+    that came meanwhile ran only once the BPE was trained (English-French WMT: 20-33 minutes, past a scheduler's
+    grace period). Here the text waits, after the signal, until it is handled or 30 s have passed."""
+    handled, read_to_the_end = threading.Event(), threading.Event()
+
+    def texts():
+        yield from corpus[:10]
+        os.kill(os.getpid(), signal.SIGTERM)
+        handled.wait(timeout=30)
+        yield from corpus[10:]
+        read_to_the_end.set()
+
+    preemption = PreemptionCallback()
+    with preemption.handling(), pytest.raises(SignalledBeforeTraining):
+        try:
+            with preemption.stopping_at_once():
+                train_shared_bpe(texts(), vocab_size=100)
+        finally:
+            stopped_before_the_end = not read_to_the_end.is_set()
+            handled.set()
+    assert stopped_before_the_end
 
 
 def test_rejects_vocab_without_room_for_specials(corpus):
