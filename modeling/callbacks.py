@@ -9,11 +9,13 @@ one process only, is agreed on by all of them (the maximum of their flags).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import logging
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -188,18 +190,34 @@ def ignored(sig: signal.Signals) -> bool:
     return signal.getsignal(sig) is signal.SIG_IGN
 
 
-# The callback within `stopping_at_once`, if any: see `_restore_in_forked_child`.
+# The callback within `stopping_at_once`, if any, and the process it runs in: see `_restore_in_forked_child`.
 _STOPPING_AT_ONCE: PreemptionCallback | None = None
+_PREPARING_PROCESS = 0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _restore_in_forked_child() -> None:
     """A worker forked while the data is prepared (datasets' pool) does not stop the run: it takes the handlers
     back that were there before, so that SIGTERM ends it. With ours, the pool's `terminate()` after the parent
-    stopped could not end it, and the parent waited for it forever."""
+    stopped could not end it, and the parent waited for it forever. It also ends with the parent
+    (`_end_with_the_parent`)."""
     global _STOPPING_AT_ONCE
     if _STOPPING_AT_ONCE is not None:
         _STOPPING_AT_ONCE.restore()
         _STOPPING_AT_ONCE = None
+        _end_with_the_parent(_PREPARING_PROCESS)
+
+
+def _end_with_the_parent(parent: int) -> None:
+    """Have the kernel kill this forked worker when `parent` dies (Linux). A parent killed outright (the OOM killer
+    picks the largest process, the one holding the data; `kill -9`) cannot end its pool: its tokenising workers
+    waited forever on the pool's pipes, each holding a copy of the parent's memory and the job's output (a
+    `train.py | tee log` never ended)."""
+    if sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 os.register_at_fork(after_in_child=_restore_in_forked_child)
@@ -327,11 +345,11 @@ class PreemptionCallback(TrainerCallback):
     def stopping_at_once(self) -> Iterator[None]:
         """Within the block, the first signal raises `SignalledBeforeTraining` where the process is, at once (also
         one that came before the block). Processes forked within it (datasets' tokenising workers) take the
-        previous handlers back (`_restore_in_forked_child`)."""
-        global _STOPPING_AT_ONCE
+        previous handlers back and end with this one (`_restore_in_forked_child`)."""
+        global _STOPPING_AT_ONCE, _PREPARING_PROCESS
         if self.requested is not None:
             raise SignalledBeforeTraining(self.requested)
-        self._at_once, _STOPPING_AT_ONCE = True, self
+        self._at_once, _STOPPING_AT_ONCE, _PREPARING_PROCESS = True, self, os.getpid()
         try:
             yield
         finally:

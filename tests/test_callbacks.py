@@ -1,11 +1,13 @@
 """Tests of modeling/callbacks.py: checkpoints every N minutes, a wall-clock budget, the sampler's epoch when
 resuming, stopping on a signal."""
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from contextlib import suppress
 from types import SimpleNamespace
 
 import pytest
@@ -154,6 +156,53 @@ def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
         signal.raise_signal(signal.SIGUSR1)
         assert callback.requested == signal.SIGUSR1 and callback.agreed(torch.device("cpu"))
     assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead and not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
+def test_a_worker_forked_while_the_data_is_prepared_ends_when_the_parent_is_killed(tmp_path):
+    """A parent killed outright (the OOM killer, kill -9) while its pool tokenised left the workers waiting on the
+    pool's pipes forever, each holding the job's output and a copy of its memory."""
+    script = tmp_path / "killed.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, time
+            from modeling.callbacks import PreemptionCallback
+
+            callback = PreemptionCallback(signals=(signal.SIGTERM,))
+            with callback.handling(), callback.stopping_at_once():
+                worker = os.fork()
+                if worker == 0:
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, 1), os.dup2(null, 2)  # so that the test reads the parent's output to its end
+                    time.sleep(600)
+                    os._exit(0)
+                print(worker, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    worker = int(done.stdout)
+    try:
+        for _ in range(300):  # a bound, not a timing: the worker dies at once or never
+            if not _alive(worker):
+                break
+            time.sleep(0.1)
+        assert not _alive(worker), "the worker outlived its killed parent"
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_it_forked(tmp_path):
