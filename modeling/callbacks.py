@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -196,6 +197,27 @@ _PREPARING_PROCESS = 0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+# The forking thread's signal mask from before a fork within `stopping_at_once`: see `_block_signals_for_fork`.
+_MASK_BEFORE_FORK = threading.local()
+
+
+def _block_signals_for_fork() -> None:
+    """Before a fork within `stopping_at_once`, the forking thread blocks the preemption signals, until the child
+    has the previous handlers back (`_restore_in_forked_child`): a signal in between (the SIGTERM of a pool that
+    terminates as it replaces a worker) waits for them. Caught by the parent's handler, whose copy in the child
+    takes it for a duplicate, or by Python's after the default was put back, it was lost: the worker lived on,
+    and the pool's parent waited for it forever."""
+    if _STOPPING_AT_ONCE is not None:
+        _MASK_BEFORE_FORK.mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_AT_ONCE.signals)
+
+
+def _unblock_signals_after_fork() -> None:
+    mask = getattr(_MASK_BEFORE_FORK, "mask", None)
+    if mask is not None:
+        _MASK_BEFORE_FORK.mask = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _restore_in_forked_child() -> None:
     """A worker forked while the data is prepared (datasets' pool) does not stop the run: it takes the handlers
     back that were there before, so that SIGTERM ends it. With ours, the pool's `terminate()` after the parent
@@ -206,6 +228,7 @@ def _restore_in_forked_child() -> None:
         _STOPPING_AT_ONCE.restore()
         _STOPPING_AT_ONCE = None
         _end_with_the_parent(_PREPARING_PROCESS)
+    _unblock_signals_after_fork()  # a signal that came meanwhile is delivered now, to the previous handlers
 
 
 def _end_with_the_parent(parent: int) -> None:
@@ -220,7 +243,11 @@ def _end_with_the_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-os.register_at_fork(after_in_child=_restore_in_forked_child)
+os.register_at_fork(
+    before=_block_signals_for_fork,
+    after_in_parent=_unblock_signals_after_fork,
+    after_in_child=_restore_in_forked_child,
+)
 
 
 class SignalledBeforeTraining(Exception):

@@ -158,6 +158,37 @@ def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
     assert signal.getsignal(signal.SIGUSR1) is previous
 
 
+def test_a_worker_forked_while_the_data_is_prepared_dies_of_a_signal_in_the_instant_after_the_fork(tmp_path):
+    """A pool that replaces a worker killed by the job's signal, then is terminated, sends SIGTERM to the new worker
+    as it starts: caught there by the parent's handler (a copy, whose signal is already received: a duplicate),
+    before the previous handlers were back, it was lost, and the parent waited for the worker forever (4 launches of
+    10 hung after a SIGHUP to the job while 2 processes tokenised)."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, time
+
+            # Registered first, so run first in the child: the pool's SIGTERM as the worker starts.
+            os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+            from modeling.callbacks import PreemptionCallback
+
+            callback = PreemptionCallback(signals=(signal.SIGTERM,))
+            with callback.handling(), callback.stopping_at_once():
+                worker = os.fork()
+                if worker == 0:
+                    time.sleep(30)  # a bound: it is ended at once, or lives on
+                    os._exit(0)
+                _, status = os.waitpid(worker, 0)
+            print(os.WIFSIGNALED(status) and signal.Signals(os.WTERMSIG(status)).name)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "SIGTERM"
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, dead and not yet reaped by its new parent, does not)."""
     try:
