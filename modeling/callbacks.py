@@ -209,6 +209,7 @@ def _block_signals_for_fork() -> None:
     and the pool's parent waited for it forever."""
     if _STOPPING_AT_ONCE is not None:
         _MASK_BEFORE_FORK.mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_AT_ONCE.signals)
+        _MASK_BEFORE_FORK.main_thread = threading.current_thread() is threading.main_thread()
 
 
 def _unblock_signals_after_fork() -> None:
@@ -227,15 +228,18 @@ def _restore_in_forked_child() -> None:
     if _STOPPING_AT_ONCE is not None:
         _STOPPING_AT_ONCE.restore()
         _STOPPING_AT_ONCE = None
-        _end_with_the_parent(_PREPARING_PROCESS)
+        # Forked by another thread (a pool's replacing a dead worker), the kernel would kill it when that thread
+        # ends: the pool's own thread, as the pool terminates, while the worker held the pool's queue lock.
+        if getattr(_MASK_BEFORE_FORK, "main_thread", False):
+            _end_with_the_parent(_PREPARING_PROCESS)
     _unblock_signals_after_fork()  # a signal that came meanwhile is delivered now, to the previous handlers
 
 
 def _end_with_the_parent(parent: int) -> None:
-    """Have the kernel kill this forked worker when `parent` dies (Linux). A parent killed outright (the OOM killer
-    picks the largest process, the one holding the data; `kill -9`) cannot end its pool: its tokenising workers
-    waited forever on the pool's pipes, each holding a copy of the parent's memory and the job's output (a
-    `train.py | tee log` never ended)."""
+    """Have the kernel kill this forked worker when `parent` (its main thread) dies (Linux). A parent killed
+    outright (the OOM killer picks the largest process, the one holding the data; `kill -9`) cannot end its pool:
+    its tokenising workers waited forever on the pool's pipes, each holding a copy of the parent's memory and the
+    job's output (a `train.py | tee log` never ended)."""
     if sys.platform != "linux":
         return
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -236,6 +236,47 @@ def test_a_worker_forked_while_the_data_is_prepared_ends_when_the_parent_is_kill
             os.kill(worker, signal.SIGKILL)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
+def test_a_worker_forked_by_another_thread_outlives_that_thread(tmp_path):
+    """The kernel's parent-death signal follows the thread that forked: a worker forked by a pool's own thread (a
+    replacement for a dead one) was killed as that thread ended with the pool's termination, holding the pool's
+    queue lock, and the parent waited for the lock forever."""
+    script = tmp_path / "thread.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, threading
+            from modeling.callbacks import PreemptionCallback
+
+            callback = PreemptionCallback(signals=(signal.SIGTERM,))
+            with callback.handling(), callback.stopping_at_once():
+                readable, writable = os.pipe()
+                started_reader, started_writer = os.pipe()
+                workers = []
+
+                def fork():
+                    worker = os.fork()
+                    if worker == 0:  # started, waits until the thread that forked it has ended
+                        os.write(started_writer, b"x")
+                        os.read(readable, 1)
+                        os._exit(0)
+                    os.read(started_reader, 1)
+                    workers.append(worker)
+
+                forking = threading.Thread(target=fork)
+                forking.start()
+                forking.join()
+                os.write(writable, b"x")
+                _, status = os.waitpid(workers[0], 0)
+            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0"
+
+
 def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_it_forked(tmp_path):
     """datasets' tokenising workers, forked with the parent's handlers, could not be ended by the pool's SIGTERM
     once the parent stopped: it waited for them forever. In a process of its own, so that a hang fails the test."""
