@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import subprocess_env
 from transformers import TrainerControl
 
 from modeling.batching import TokenBudgetBatchSampler
@@ -81,6 +82,15 @@ def sigint_raises_keyboard_interrupt():
     signal.signal(signal.SIGINT, outer)
 
 
+@pytest.fixture
+def sighup_handled():
+    """SIGHUP's default action for the test, as a terminal session's process has: under `nohup` the suite starts with
+    it ignored, and the callback leaves an ignored signal ignored."""
+    outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, outer)
+
+
 def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock, sigint_raises_keyboard_interrupt):
     """SIGINT and SIGTERM alike; SIGINT here, whose default handler raises KeyboardInterrupt in the test."""
     callback = PreemptionCallback()
@@ -103,7 +113,7 @@ def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock,
 
 
 def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_stops_at_once(
-    clock, sigint_raises_keyboard_interrupt, caplog
+    clock, sigint_raises_keyboard_interrupt, sighup_handled, caplog
 ):
     """An ssh connection that drops where systemd-logind ends the session's processes (KillUserProcesses=yes): the
     shell's SIGHUP, then logind's SIGTERM a moment later. Taken for an impatient user's second signal, the SIGTERM
@@ -184,7 +194,9 @@ def test_a_worker_forked_while_the_data_is_prepared_dies_of_a_signal_in_the_inst
             """
         )
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "SIGTERM"
 
@@ -222,7 +234,9 @@ def test_a_worker_forked_while_the_data_is_prepared_ends_when_the_parent_is_kill
             """
         )
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     worker = int(done.stdout)
     try:
@@ -272,7 +286,9 @@ def test_a_worker_forked_by_another_thread_outlives_that_thread(tmp_path):
             """
         )
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "0"
 
@@ -310,6 +326,8 @@ def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_
             """
         )
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["requested: SIGTERM", "the next block stops at once too"]
