@@ -748,6 +748,8 @@ def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_secon
     script = load_train_script()
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    # A terminal session's SIGHUP: under `nohup` the suite starts with it ignored, which the keeper leaves alone.
+    outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     at_launch = script.SignalsAtLaunch((signal.SIGINT, signal.SIGHUP))
     try:
         signal.raise_signal(signal.SIGHUP)
@@ -759,6 +761,7 @@ def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_secon
         assert at_launch.received == signal.SIGINT and signal.getsignal(signal.SIGINT) is at_launch
     finally:
         at_launch.release()
+        signal.signal(signal.SIGHUP, outer)
 
 
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
