@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import torch
@@ -165,24 +165,25 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGH
 DUPLICATE_SIGNAL_SECONDS = 1.0
 
 
-# How the preemption signals are handled from the interpreter's exit on: see `handle_signals_at_exit`.
-_AT_EXIT: list[Callable | signal.Handlers] = []
+# Whether `ignore_signals_at_exit` has registered its atexit callback in this process.
+_IGNORING_AT_EXIT = False
 
 
-def handle_signals_at_exit(handler: Callable | signal.Handlers) -> None:
-    """From the interpreter's exit on (its atexit callbacks, then its shutdown), `handler` handles the preemption
-    signals: the last call's, where a process runs scripts/train.py more than once. (IPython's `%run` executes the
-    file anew, so the script's own atexit callbacks were new functions each time and piled up, the first run's
-    last: an earlier run's outcome decided how the process ended after a later one.)"""
-    if not _AT_EXIT:
-        atexit.register(_handle_signals_at_exit)
-    _AT_EXIT[:] = [handler]
+def ignore_signals_at_exit() -> None:
+    """From the interpreter's exit on (its atexit callbacks, then its shutdown), the preemption signals are ignored:
+    the run is over and the process exits with the code it chose, which the shutdown (about a second) would let a
+    signal's default action replace, putting it back in place of every Python handler. Registered once however many
+    times scripts/train.py runs in the process (IPython's `%run` executes the file anew, so the script's own atexit
+    callbacks were new functions each time and piled up)."""
+    global _IGNORING_AT_EXIT
+    if not _IGNORING_AT_EXIT:
+        atexit.register(_ignore_signals)
+        _IGNORING_AT_EXIT = True
 
 
-def _handle_signals_at_exit() -> None:
+def _ignore_signals() -> None:
     for sig in PREEMPTION_SIGNALS:
-        if not ignored(sig):  # one the process was started ignoring (SIGHUP under `nohup`) stays ignored
-            signal.signal(sig, _AT_EXIT[0])
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def ignored(sig: signal.Signals) -> bool:

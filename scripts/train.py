@@ -82,7 +82,7 @@ import typing
 from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
-from modeling.callbacks import PREEMPTION_SIGNALS, handle_signals_at_exit, ignored, leave_process_group
+from modeling.callbacks import PREEMPTION_SIGNALS, ignore_signals_at_exit, ignored, leave_process_group
 from modeling.cli import giving_up_broken_output, log_to_stderr
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
@@ -162,7 +162,7 @@ def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:
     whole process with code 75, and a later run in it restored them again after training. Not the default action
     (SIGTERM's and SIGUSR1's in a script), which ends the process too: put back, it killed the preempted run by a
     signal that came between `main()`'s end and the atexit callbacks (-15, 1 run of 2 under repeated SIGTERMs)."""
-    handle_signals_at_exit(signal.SIG_IGN)
+    ignore_signals_at_exit()
     replaced = _handle_signals_with(lambda *_: os._exit(code))
     return {sig: handler for sig, handler in replaced.items() if handler not in (signal.SIG_DFL, None)}
 
@@ -176,7 +176,7 @@ def ignore_signals_once_finished() -> dict[signal.Signals, typing.Any]:
     Returns the handlers it replaced, which `run()` puts back as it returns: a caller that goes on (IPython's
     `%run`, a test) kept the signals ignored, and its next run installed no handler for them, since a signal the
     process ignores stays ignored (`PreemptionCallback`): a scheduler's SIGTERM and Ctrl-C were lost."""
-    handle_signals_at_exit(signal.SIG_IGN)
+    ignore_signals_at_exit()
     return _handle_signals_with(signal.SIG_IGN)
 
 

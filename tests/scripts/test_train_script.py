@@ -778,7 +778,7 @@ def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatc
     monkeypatch.setattr(script, "train", lambda *arguments: str(tmp_path))
     monkeypatch.setattr(script, "leave_process_group", lambda: os.kill(os.getpid(), signal.SIGTERM))
     monkeypatch.setattr(atexit, "register", at_exit.append)
-    monkeypatch.setattr(callbacks, "_AT_EXIT", [])  # as in a process that has not registered it yet
+    monkeypatch.setattr(callbacks, "_IGNORING_AT_EXIT", False)  # as in a process that has not registered it yet
     record = lambda signum, frame: received.append(signum)  # noqa: E731
     previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
     try:
@@ -802,7 +802,7 @@ def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_h
     the first run's last, so that a signal at exit after a finished run ended it with the preempted run's 75."""
     at_exit, during = [], []
     monkeypatch.setattr(atexit, "register", at_exit.append)
-    monkeypatch.setattr(callbacks, "_AT_EXIT", [])  # as in a process that has not registered it yet
+    monkeypatch.setattr(callbacks, "_IGNORING_AT_EXIT", False)  # as in a process that has not registered it yet
     record = lambda signum, frame: None  # noqa: E731
     previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
 
@@ -822,7 +822,13 @@ def test_after_a_preempted_run_the_callers_handlers_are_back_and_the_exit_code_h
         assert stopped.value.code == 75
         assert during[0] not in (record, signal.SIG_IGN), "a signal while leaving the process group exits with 75"
         assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS), "the caller's handlers are back"
-        assert callbacks._AT_EXIT == [signal.SIG_IGN], "ignored at exit: the process is exiting with 75 by then"
+        for callback in at_exit:
+            callback()
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS), (
+            "ignored at exit: the process is exiting with 75 by then"
+        )
+        for sig in PREEMPTION_SIGNALS:  # the caller's again, for the next run
+            signal.signal(sig, record)
         run_main(lambda: str(tmp_path))
         assert all(signal.getsignal(sig) is record for sig in PREEMPTION_SIGNALS)
         for callback in at_exit:
