@@ -1149,16 +1149,19 @@ def _finish_run(
     agreed = preemption.agreed(training_args.device)
     if agreed is not None:
         step = trainer.state.global_step
-        final = output_dir / f"checkpoint-{step}"
-        if any_rank(
-            trainer.is_world_process_zero() and final == latest_complete_checkpoint(output_dir),
-            training_args.device,
-        ):
-            raise _stop_preempted(training_args, agreed.name, step, str(final))
+        held = trainer.is_world_process_zero() and _last_update_checkpointed(output_dir, step)
+        if any_rank(held, training_args.device):
+            raise _stop_preempted(training_args, agreed.name, step, str(output_dir / f"checkpoint-{step}"))
         logger.warning("Got %s after the last update, which no checkpoint holds: finishing the run", agreed.name)
     if training_args.should_save:
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
     return averaged
+
+
+def _last_update_checkpointed(output_dir: Path, step: int) -> bool:
+    """Whether the newest complete checkpoint of `output_dir` holds update `step`, the last: a requeue then finds
+    training done and trains nothing."""
+    return latest_complete_checkpoint(output_dir) == output_dir / f"checkpoint-{step}"
 
 
 class _PreparedRun(NamedTuple):
@@ -1325,8 +1328,7 @@ def _push_unless_preempted(
 
     output_dir = Path(training_args.output_dir)
     pushed, description = (averaged, "the averaged model") if averaged else (output_dir, "the final model")
-    final = output_dir / f"checkpoint-{step}"
-    if final != latest_complete_checkpoint(output_dir):
+    if not _last_update_checkpointed(output_dir, step):
         push_trained_model(hub, pushed, output_dir, description, private=training_args.hub_private_repo)
         return
     with preemption.handling():
@@ -1336,7 +1338,8 @@ def _push_unless_preempted(
         except Exception:  # SignalledBeforeTraining, or what huggingface_hub made of it
             if preemption.requested is None:
                 raise
-            raise _stop_preempted(training_args, preemption.requested.name, step, str(final), together=False) from None
+            final = str(output_dir / f"checkpoint-{step}")
+            raise _stop_preempted(training_args, preemption.requested.name, step, final, together=False) from None
 
 
 __all__ = ["train", "bleu_sample", "prepare_output_dir", "run_identity", "TrainingPreempted"]
