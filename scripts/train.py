@@ -83,7 +83,7 @@ from transformers import HfArgumentParser
 
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.callbacks import PREEMPTION_SIGNALS, ignore_signals_at_exit, ignored, leave_process_group
-from modeling.cli import giving_up_broken_output, log_to_stderr
+from modeling.cli import giving_up_broken_output, log_to_stderr, reporting_on_stdout
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.trainer import TrainingDiverged
@@ -192,18 +192,21 @@ def restore_signals(handlers: dict[signal.Signals, typing.Any]) -> None:
 
 def main() -> None:
     try:
+        # `--help | head`: quietly, as the other scripts; given up as a run's log, its 50 KB of help said "Not
+        # writing to standard output any more, the run goes on".
+        with reporting_on_stdout():
+            try:
+                arguments = parse(sys.argv[1:])
+            except (OSError, ValueError) as error:
+                sys.exit(f"error: {error}")
         with giving_up_broken_output():  # a terminal gone or a log file on a full disk does not stop the run
-            run()
+            run(*arguments)
     finally:
         if SIGNALS_AT_LAUNCH is not None:
             SIGNALS_AT_LAUNCH.release()
 
 
-def run() -> None:
-    try:
-        model_args, data_args, training_args = parse(sys.argv[1:])
-    except (OSError, ValueError) as error:
-        sys.exit(f"error: {error}")
+def run(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> None:
     level = logging.INFO if training_args.should_log else logging.WARNING  # the main process tells the story
     log_to_stderr("%(asctime)s %(levelname)s %(name)s: %(message)s", level)
     log = logging.getLogger("train")

@@ -24,6 +24,7 @@ import yaml
 from helpers import (
     HUB_TOKEN,
     REPO_ROOT,
+    SCRIPTS,
     hub_env,
     losses,
     requests_made,
@@ -336,6 +337,19 @@ def test_the_preset_keeps_every_checkpoint_the_run_averages(tmp_path):
     config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\nsave_total_limit: 1\n")
     args = script.parse([str(config)])[2]
     assert (args.save_total_limit, args.average_last_checkpoints) == (1, 1), "one checkpoint kept: none averaged"
+
+
+def test_a_help_whose_reader_is_gone_ends_quietly():
+    """`train.py --help | head`: its 50 KB of help, written within the run's streams that give themselves up, said
+    "Not writing to standard output any more, the run goes on" (with a closed pipe: at once)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = subprocess_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    command = [sys.executable, str(SCRIPTS / "train.py"), "--help"]
+    result = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    os.close(write_end)
+    assert (result.returncode, result.stderr) == (0, "")
 
 
 def test_help_and_flag_errors_are_the_parsers_own(tmp_path, capsys):
