@@ -1,5 +1,6 @@
 """Fixtures shared by the test files; the plain helpers they build on are in `helpers.py`."""
 
+import signal
 from pathlib import Path
 
 import datasets
@@ -59,6 +60,24 @@ def decoder_steps(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(TransformerForConditionalGeneration, "_decoder_step", recording)
     return steps
+
+
+@pytest.fixture
+def sigint_raises_keyboard_interrupt():
+    """Python's own SIGINT handler for the test: a shell starts background jobs (`pytest ... &`) with SIGINT
+    ignored, and Python then leaves it ignored."""
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, outer)
+
+
+@pytest.fixture
+def sighup_handled():
+    """SIGHUP's default action for the test, as a terminal session's process has: under `nohup` the suite starts with
+    it ignored, and the callback leaves an ignored signal ignored."""
+    outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, outer)
 
 
 @pytest.fixture

@@ -73,24 +73,6 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     assert control.should_training_stop and control.should_save
 
 
-@pytest.fixture
-def sigint_raises_keyboard_interrupt():
-    """Python's own SIGINT handler for the test: a shell starts background jobs (`pytest ... &`) with SIGINT
-    ignored, and Python then leaves it ignored."""
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, outer)
-
-
-@pytest.fixture
-def sighup_handled():
-    """SIGHUP's default action for the test, as a terminal session's process has: under `nohup` the suite starts with
-    it ignored, and the callback leaves an ignored signal ignored."""
-    outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGHUP, outer)
-
-
 def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock, sigint_raises_keyboard_interrupt):
     """SIGINT and SIGTERM alike; SIGINT here, whose default handler raises KeyboardInterrupt in the test."""
     callback = PreemptionCallback()

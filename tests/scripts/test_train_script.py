@@ -709,7 +709,7 @@ def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_th
     assert signal.getsignal(signal.SIGUSR1) is previous
 
 
-def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch):
+def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch, sigint_raises_keyboard_interrupt):
     """Ctrl-C twice while the libraries load (or hang loading): the keeper swallowed every signal after the first,
     where README and `PreemptionCallback` promise that a second SIGINT or SIGTERM stops at once. A launcher's copy
     of the first (the same signal within a second) is still one request."""
@@ -733,7 +733,9 @@ def test_a_second_signal_while_the_libraries_load_gets_out_at_once(monkeypatch):
         at_launch.release()
 
 
-def test_a_second_signal_after_the_hand_over_is_timed_from_the_first_one(monkeypatch):
+def test_a_second_signal_after_the_hand_over_is_timed_from_the_first_one(
+    monkeypatch, sigint_raises_keyboard_interrupt
+):
     """Ctrl-C while the libraries load, and again half a second after the preemption callback took the first one
     over, five seconds after it: the callback timed the first from its takeover, took the second for a launcher's
     copy of it and dropped it, where a second SIGINT more than a second after the first stops at once."""
@@ -755,15 +757,15 @@ def test_a_second_signal_after_the_hand_over_is_timed_from_the_first_one(monkeyp
         at_launch.release()
 
 
-def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_second_signal(monkeypatch):
+def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_second_signal(
+    monkeypatch, sigint_raises_keyboard_interrupt, sighup_handled
+):
     """A dropped ssh connection where systemd-logind ends the session's processes: the shell's SIGHUP, then logind's
     SIGTERM (SIGINT stands in for it here). Taken for a user's second signal, it killed the launch (143, no
     preempted.json), which README's requeue loop reports as a failure."""
     script = load_train_script()
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    # A terminal session's SIGHUP: under `nohup` the suite starts with it ignored, which the keeper leaves alone.
-    outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     at_launch = script.SignalsAtLaunch((signal.SIGINT, signal.SIGHUP))
     try:
         signal.raise_signal(signal.SIGHUP)
@@ -775,7 +777,6 @@ def test_a_sigint_or_sigterm_after_a_sighup_while_the_libraries_load_is_no_secon
         assert at_launch.received == signal.SIGINT and signal.getsignal(signal.SIGINT) is at_launch
     finally:
         at_launch.release()
-        signal.signal(signal.SIGHUP, outer)
 
 
 def test_a_signal_after_the_run_finished_leaves_it_finished(tmp_path, monkeypatch):
