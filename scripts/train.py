@@ -15,7 +15,8 @@ SIGUSR1, or SIGHUP: its terminal hung up) stopped it with a complete checkpoint,
 (OUTPUT_DIR/preempted.json says the same where a launcher such as torchrun turns the workers' 75 into its own 1); 1
 otherwise, with an `error:` line (a traceback for what no check foresaw). A second SIGINT or SIGTERM (not a launcher's
 copy of the first) stops it at once, without a checkpoint: the process ends by that signal (130 or 143 in a shell),
-as it does by any of them during the push to the Hub.
+as it does by any of them during the push to the Hub when no checkpoint holds the last update (with one, a signal
+stops the push with 75 and the requeue pushes again).
 """
 
 import signal
