@@ -26,8 +26,9 @@ from .translation import as_lines, load_model_and_tokenizer, pinned_hub_revision
 logger = logging.getLogger(__name__)
 
 # Recorded with every evaluation, so that its numbers can be reproduced: the transformers generation config fields
-# that the paper's and fairseq's decoding set (`set_paper_decoding`, `set_fairseq_decoding`), then all of this
-# model's own (the GNMT length penalty and per-sentence length limits, fairseq's decoding rules).
+# that the paper's and fairseq's decoding set (`set_paper_decoding`, `set_fairseq_decoding`) and a length cap
+# (`max_new_tokens`, which neither sets), then all of this model's own (the GNMT length penalty and per-sentence
+# length limits, fairseq's decoding rules).
 DECODING_SETTINGS = (
     "num_beams",
     "length_penalty",
