@@ -116,8 +116,8 @@ _SMALL_MODEL = {
 PRESETS: dict[str, TrainingPreset] = {
     # A CPU demo that learns Multi30k en→de in minutes on 2 cores: the paper's architecture scaled to d_model 128,
     # 3 + 3 layers, d_ff = 4·d_model, 6000 BPE tokens; 1000 updates of ~3900 tokens (4.5 epochs of Multi30k), which
-    # took 3 min 5 s (~22,000 tokens/s) to 13 min (~5,300) on the 2-core machines measured (README). The warmup is
-    # shortened to the run; the multiplier 0.3 puts the peak rate at 1.3e-3 (update 400).
+    # took 3 min 5 s (~22,000 tokens/s) to 13 min (~5,300) on the 2-core machines measured (docs/results.md). The
+    # warmup is shortened to the run; the multiplier 0.3 puts the peak rate at 1.3e-3 (update 400).
     "tiny": TrainingPreset(
         architecture=TransformerConfig.base,
         model=_TINY_MODEL,
