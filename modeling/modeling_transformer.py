@@ -434,11 +434,14 @@ class TransformerPreTrainedModel(PreTrainedModel):
 def int8_layer_names(model: nn.Module) -> list[str]:
     """The layers of `model` that torch's dynamic quantisation replaced: their int8 weights are packed objects,
     not tensors, so nothing that reads weights (saving, exporting) can take them."""
-    return [
+    quantized = [
         name
         for name, module in model.named_modules()
         if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized"))
     ]
+    # Each replaced layer holds its packed weights in a quantized submodule of its own (`_packed_params`): counted
+    # too, the refusals named twice as many layers as were quantised.
+    return [name for name in quantized if name.rpartition(".")[0] not in quantized]
 
 
 def _check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str) -> None:

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from modeling import TransformerForConditionalGeneration, TransformerModel, modeling_transformer
 from modeling.modeling_transformer import sinusoidal_positional_encoding
+from modeling.quantization import quantize_int8
 
 VOCAB = 50
 
@@ -637,3 +638,9 @@ def test_loss_accepts_non_contiguous_labels():
         input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels.contiguous()
     )
     assert torch.equal(out.loss, expected.loss)
+
+
+def test_the_int8_layers_named_are_the_linear_layers_that_quantisation_replaced():
+    model = tiny_model(50)
+    linear_layers = [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
+    assert modeling_transformer.int8_layer_names(quantize_int8(model)) == linear_layers
