@@ -246,6 +246,37 @@ def _callers_random_state() -> Iterator[None]:
             torch.cuda.set_rng_state_all(devices)
 
 
+# What transformers' `enable_full_determinism` (`full_determinism`, called by the Trainer) sets in the process.
+FULL_DETERMINISM_ENVIRONMENT = (
+    "CUDA_LAUNCH_BLOCKING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "ASCEND_LAUNCH_BLOCKING",
+    "HCCL_DETERMINISTIC",
+    "FLASH_ATTENTION_DETERMINISTIC",
+)
+
+
+@contextlib.contextmanager
+def _callers_determinism() -> Iterator[None]:
+    """torch's deterministic-algorithms and cuDNN settings, and the environment variables of `full_determinism`, as
+    the caller left them, however the run ends: a run that asked for it left a notebook or a service raising on
+    every operation without a deterministic implementation (`index_add_` on a GPU, say), and the CUDA processes it
+    started later launching every kernel synchronously (`CUDA_LAUNCH_BLOCKING=1`)."""
+    environment = {name: os.environ.get(name) for name in FULL_DETERMINISM_ENVIRONMENT}
+    algorithms = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    try:
+        yield
+    finally:
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.use_deterministic_algorithms(algorithms[0], warn_only=algorithms[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
 def _locked_for_training(output_dir: Path) -> IO[str]:
     """`output_dir/.training.lock`, open, locked and recording this process, or `OutputDirectoryInUseError` naming
     its holder. A lock file another user made (0644 under a umask of 022, in a directory a group shares) cannot be
@@ -1225,7 +1256,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     converted exactly), record the run's identity, train with `TokenBudgetSeq2SeqTrainer` (resuming when
     `resume_from_checkpoint` says so), save the final model, and average the last `average_last_checkpoints`
     checkpoints into `output_dir/averaged` (Sec. 6.1). Returns `output_dir`. The run is seeded with
-    `training_args.seed`; the caller's global random generators are put back as they were when it returns or raises.
+    `training_args.seed`; the caller's global random generators, and the settings of `full_determinism`, are put back
+    as they were when it returns or raises.
 
     From the start to the end of training, SIGTERM, SIGINT, SIGUSR1 and SIGHUP stop the run after the update under way
     with a complete checkpoint (while the data is being prepared, at once: a BPE or a tokenisation of WMT's corpus
@@ -1252,7 +1284,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
 
         hub = prepare_push(training_args)
     preemption = PreemptionCallback()
-    with _callers_random_state(), training_lock(training_args):
+    with _callers_random_state(), _callers_determinism(), training_lock(training_args):
         with preemption.handling():
             checkpoint = prepare_output_dir(training_args, model_args)
             output_dir = Path(training_args.output_dir)

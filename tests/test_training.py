@@ -255,6 +255,35 @@ def test_a_run_leaves_the_callers_random_generators_as_they_were(tmp_path, datas
     assert draws() == expected
 
 
+def test_a_run_with_full_determinism_leaves_the_callers_settings_as_they_were(tmp_path, datasets_cache, monkeypatch):
+    """`full_determinism` (transformers' `enable_full_determinism`) switched torch's deterministic algorithms on and
+    set CUDA_LAUNCH_BLOCKING=1 and four other variables, for the rest of the caller's process: a notebook's later
+    work raised on every operation without a deterministic implementation."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # the caller's own
+    for name in (
+        "CUDA_LAUNCH_BLOCKING",
+        "ASCEND_LAUNCH_BLOCKING",
+        "HCCL_DETERMINISTIC",
+        "FLASH_ATTENTION_DETERMINISTIC",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    environment = dict(os.environ)
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        assert not torch.are_deterministic_algorithms_enabled()
+        run_args = tiny_run_args(tmp_path / "run", max_steps=1, save_steps=1, full_determinism=True)
+        train(ModelArguments(preset="tiny", **TINY), data, run_args)
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == (False, True)
+        assert dict(os.environ) == environment
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+
+
 def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
     data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
