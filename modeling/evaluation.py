@@ -2,13 +2,17 @@
 
 `evaluate_split` glues translation and scoring for `scripts/evaluate.py`; the metrics it returns carry the
 decoding settings that produced them, so that every number can be reproduced. With a hypotheses file the
-translation goes through `translate_file`, and so resumes after a kill. `load_scored_model` loads a model with the
-record of which weights are scored (a model card refuses scores of weights its directory no longer holds), and
+translation goes through `translate_file`, and so resumes after a kill; hypotheses written and not yet scored are
+scored as they are by the next run. `load_scored_model` loads a model with the record of which weights are scored
+(a model card refuses scores of weights its directory no longer holds), and
 `evaluation_record` is what `scripts/evaluate.py` writes: that record, the split scored and the metrics.
 """
 
+import hashlib
+import json
 import logging
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +21,18 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .checkpoints import weight_files, weights_record
-from .files import file_states, iter_lines, write_text
+from .files import file_sha256, file_states, iter_lines, write_json, write_text
 from .generation_transformer import MODEL_DECODING_FIELDS
 from .hub_client import looks_like_local_path
 from .scoring import corpus_scores
-from .translation import as_lines, load_model_and_tokenizer, pinned_hub_revision, translate, translate_file
+from .translation import (
+    as_lines,
+    load_model_and_tokenizer,
+    pinned_hub_revision,
+    translate,
+    translate_file,
+    translation_identity,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +122,8 @@ def evaluate_split(
     Returns the metrics (the scores plus the decoding settings that produced them, so that the numbers can be
     reproduced) and the hypotheses in the split's order; `workers` as in `translate`. With `hypotheses_file` they
     are also written there, by `translate_file` (`chunk_lines` at a time) from the sources written to a hidden
-    `.NAME.source` beside it for the call: a killed evaluation resumes after its last chunk translated.
+    `.NAME.source` beside it for the call: a killed evaluation resumes after its last chunk translated, and one
+    killed while it scored scores the hypotheses written without translating them again (`_UnscoredHypotheses`).
     """
     pairs = list(split["translation"])
     sources = [pair[source_lang] for pair in pairs]
@@ -122,13 +134,11 @@ def evaluate_split(
     if hypotheses_file is None:
         hypotheses = translate(model, tokenizer, sources, **settings)
     else:
-        hypotheses_file = Path(hypotheses_file)
-        source_file = write_text(hypotheses_file.with_name(f".{hypotheses_file.name}.source"), as_lines(sources))
-        try:
-            translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
-        finally:  # written again from the split by every run, resumed or not; another run's may be gone already
-            source_file.unlink(missing_ok=True)
-        hypotheses = list(iter_lines(hypotheses_file))
+        unscored = _UnscoredHypotheses(Path(hypotheses_file), model, tokenizer, sources, settings)
+        if not unscored.written_earlier():
+            _translate_into(unscored.path, model, tokenizer, sources, chunk_lines, settings)
+            unscored.record()
+        hypotheses = list(iter_lines(unscored.path))
     overrides = {**generate_kwargs, **({"num_beams": num_beams} if num_beams is not None else {})}
     decoding = {name: overrides.get(name, getattr(model.generation_config, name, None)) for name in DECODING_SETTINGS}
     metrics = {
@@ -138,7 +148,79 @@ def evaluate_split(
         **decoding,
         **corpus_scores(hypotheses, references, target_lang),
     }
+    if hypotheses_file is not None:
+        unscored.scored()
     return metrics, hypotheses
+
+
+def _translate_into(
+    hypotheses_file: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: list[str],
+    chunk_lines: int,
+    settings: dict[str, Any],
+) -> None:
+    """`translate_file` from the sources written to a hidden `.NAME.source` beside `hypotheses_file` for the call."""
+    source_file = write_text(hypotheses_file.with_name(f".{hypotheses_file.name}.source"), as_lines(sources))
+    try:
+        translate_file(model, tokenizer, source_file, hypotheses_file, chunk_lines=chunk_lines, **settings)
+    finally:  # written again from the split by every run, resumed or not; another run's may be gone already
+        source_file.unlink(missing_ok=True)
+
+
+class _UnscoredHypotheses:
+    """Hypotheses translated into `path` and not yet scored, known by a record beside them (`.NAME.unscored.json`:
+    the translation's identity as `translate_file` knows it, sha256 of the sources and of the hypotheses file),
+    kept from the end of the translating to the end of the scoring: an evaluation killed while it scored (a large
+    test set takes minutes) translated everything again, as `translate_file` keeps no record of a translation it
+    finished. Gone once scored: a later evaluation translates anew (with code changed since, perhaps)."""
+
+    def __init__(
+        self,
+        path: Path,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        sources: list[str],
+        settings: dict[str, Any],
+    ):
+        self.path, self.record_path = path, path.with_name(f".{path.name}.unscored.json")
+        self.model, self.tokenizer, self.sources, self.settings = model, tokenizer, sources, settings
+
+    @cached_property
+    def identity(self) -> dict[str, str]:
+        """Taken only where a record is read or written: a model `translate_file` refuses is refused first."""
+        decoding = {name: value for name, value in self.settings.items() if name not in ("workers", "progress")}
+        return {
+            **translation_identity(self.model, self.tokenizer, decoding),
+            "source_sha256": hashlib.sha256(as_lines(self.sources).encode()).hexdigest(),
+        }
+
+    def written_earlier(self) -> bool:
+        """Whether `path` holds the hypotheses of this translation, recorded by a run that did not score them
+        (logged, and why not when there was a record)."""
+        if not self.record_path.is_file():
+            return False
+        try:
+            earlier = json.loads(self.record_path.read_text(encoding="utf-8"))
+            differs = [key for key, value in self.identity.items() if earlier.get(key) != value]
+            if differs:
+                why = f"another {', '.join(differs)}"
+            elif earlier.get("hypotheses_sha256") != file_sha256(self.path):
+                why = f"{self.path.name} changed since"
+            else:
+                logger.info("Scoring the hypotheses an earlier run translated into %s, not yet scored", self.path)
+                return True
+        except (OSError, ValueError) as error:
+            why = f"its record {self.record_path.name} is unreadable: {error!r}"
+        logger.warning("Not scoring the hypotheses in %s as they are (%s): translating again", self.path, why)
+        return False
+
+    def record(self) -> None:
+        write_json(self.record_path, {**self.identity, "hypotheses_sha256": file_sha256(self.path)})
+
+    def scored(self) -> None:
+        self.record_path.unlink(missing_ok=True)
 
 
 def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, references: list[str]) -> None:

@@ -351,12 +351,8 @@ def translate_file(
     destination = Path(destination)
     check_writable(destination)
     check_distinct_outputs({"the destination": destination}, {"the source": source})
-    identity = {  # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
-        "model": model_fingerprint(model),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
-    }
-    partial = _PartialTranslation(destination, identity, source)
+    # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
+    partial = _PartialTranslation(destination, translation_identity(model, tokenizer, settings), source)
     try:
         with _open_partial(partial.path, destination) as handle:  # appends; cut below to what the record vouches for
             _lock_or_refuse(handle, destination)
@@ -375,6 +371,19 @@ def translate_file(
         raise
     partial.record_path.unlink(missing_ok=True)
     return partial.lines
+
+
+def translation_identity(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: Mapping[str, Any]
+) -> dict[str, str]:
+    """What makes one translation of a text another's (`translate_file` resumes only its own): fingerprints of the
+    weights and the tokenizer, and the decoding, `settings` (`max_tokens`, `num_beams`, generate() keywords) over
+    the model's generation config."""
+    return {
+        "model": model_fingerprint(model),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
+    }
 
 
 class _PartialTranslation:

@@ -7,7 +7,8 @@
 
 Prints the scores and writes `eval_results_{split}.json` (scores, sacreBLEU signature, decoding settings; read
 by `scripts/push_to_hub.py --card-from`) and `hypotheses_{split}.{target_lang}` into `--output-dir`. Killed while
-translating, the same command resumes after the last chunk of hypotheses written (`translate_file`).
+translating, the same command resumes after the last chunk of hypotheses written (`translate_file`); killed while
+scoring, it scores the hypotheses written without translating them again.
 """
 
 import argparse
@@ -122,7 +123,7 @@ def main() -> None:
     if args.limit is not None:
         split = split.select(range(min(args.limit, sentences_in_split)))
 
-    try:  # with a hypotheses file, a killed evaluation resumes after its last chunk translated (translate_file)
+    try:  # with a hypotheses file, a killed evaluation resumes from the hypotheses written (evaluate_split)
         metrics, _ = evaluate_split(
             model,
             tokenizer,
@@ -140,7 +141,7 @@ def main() -> None:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
         if hypotheses_path:
-            sys.exit(f"interrupted: the same command resumes the translation into {hypotheses_path}")
+            sys.exit(f"interrupted: the same command resumes from the hypotheses written into {hypotheses_path}")
         raise
     metrics = evaluation_record(
         scored,

@@ -20,7 +20,7 @@ from helpers import (
 )
 from huggingface_hub import HfApi, constants
 
-from modeling import translation
+from modeling import evaluation, translation
 from modeling.checkpoints import weights_record
 from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
 from modeling.files import write_json
@@ -184,3 +184,66 @@ def test_a_refused_evaluation_leaves_no_hidden_source_file(
             workers=workers,
         )
     assert [path.name for path in tmp_path.iterdir()] == (["hypotheses_test.de"] if hypotheses_is_a_directory else [])
+
+
+def _killed_while_scoring(monkeypatch) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "corpus_scores", interrupted)
+
+
+def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_without_translating_again(
+    tokenizer, tmp_path, monkeypatch
+):
+    """Killed after the last chunk was translated, while scoring: the rerun translated everything again, as
+    `translate_file` keeps no record of a translation it finished."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(5, seed=8)])
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
+    translated = []
+
+    def counted(model, tokenizer, sentences, **kwargs):
+        translated.extend(sentences)
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation, "translate", counted)
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+    with monkeypatch.context() as scoring:
+        _killed_while_scoring(scoring)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert len(translated) == 5
+
+    metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert len(translated) == 5, "translated again"
+    assert (metrics, hypotheses) == (in_memory, expected)
+    assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"], "nothing hidden left"
+    evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert len(translated) == 10, "a scored evaluation is not reused"
+
+
+@pytest.mark.parametrize("rerun", ["another model", "another decoding", "other sources", "hypotheses edited"])
+def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(rerun, tokenizer, tmp_path, monkeypatch):
+    """Only the same weights, tokenizer, decoding and sources as the hypotheses left unscored skip the translating."""
+    pairs = synthetic_pairs(4, seed=9)
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in pairs])
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+    with monkeypatch.context() as scoring:
+        _killed_while_scoring(scoring)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    if rerun == "another model":
+        model = tiny_translator(len(tokenizer), seed=1)
+    elif rerun == "another decoding":
+        settings["max_new_tokens"] = 2
+    elif rerun == "other sources":
+        split = Dataset.from_list([{"translation": {"en": de, "de": en}} for en, de in pairs])
+    else:
+        hypotheses_file.write_text("edited\n" * 4)
+    in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
+
+    metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert (metrics, hypotheses) == (in_memory, expected)
+    assert hypotheses_file.read_text().split("\n")[:-1] == expected

@@ -13,7 +13,7 @@ import pytest
 from helpers import HUB_TOKEN, SCRIPTS, run_script, script_error, subprocess_env
 from transformers import MarianConfig
 
-from modeling import evaluation
+from modeling import evaluation, translation
 from modeling.checkpoints import weights_record
 from modeling.model_card import result_caveats
 from modeling.scoring import corpus_scores
@@ -254,3 +254,40 @@ def test_a_hub_model_s_scores_record_the_commit_and_the_weights_scored(hub, tiny
     metrics = json.loads((tmp_path / "eval_results_test.json").read_text())
     assert metrics["model"] == "scored/tiny" and metrics["model_commit"] == commit
     assert metrics["model_weights"] == weights_record(tiny_checkpoint[0])
+
+
+def test_an_evaluation_killed_while_scoring_scores_its_hypotheses_when_run_again(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """Ctrl-C while the scores were computed, after every hypothesis was written: the same command translated the
+    whole split again."""
+    translated = []
+    translate = translation.translate
+
+    def counted(model, tokenizer, sentences, **kwargs):
+        translated.extend(sentences)
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translation, "translate", counted)
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    with monkeypatch.context() as scoring:
+        scoring.setattr(evaluation, "corpus_scores", interrupted)
+        message = script_error("evaluate.py", *common, "--output-dir", tmp_path / "eval", monkeypatch=monkeypatch)
+    hypotheses = tmp_path / "eval" / "hypotheses_test.de"
+    assert message == f"interrupted: the same command resumes from the hypotheses written into {hypotheses}"
+    assert len(translated) == 6
+
+    run_script("evaluate.py", *common, "--output-dir", tmp_path / "eval", monkeypatch=monkeypatch)
+    assert len(translated) == 6, "translated again"
+    metrics = json.loads((tmp_path / "eval" / "eval_results_test.json").read_text())
+    rescored = corpus_scores(
+        hypotheses.read_text().split("\n")[:-1], (eval_data_dir / "test.de").read_text().split("\n")[:-1], "de"
+    )
+    assert metrics["num_sentences"] == 6 and metrics["chrf"] == rescored["chrf"]
+    assert sorted(path.name for path in (tmp_path / "eval").iterdir()) == [
+        "eval_results_test.json",
+        "hypotheses_test.de",
+    ]
