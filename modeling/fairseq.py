@@ -159,13 +159,18 @@ def _refuse(field: str, value: Any, why: str) -> None:
 def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint's top-level dict, read without fairseq: `torch.load(weights_only=True)`, allowing only
     `argparse.Namespace` (fairseq's model arguments) and numpy's arrays and scalars of numbers (the metrics that
-    fairseq ≥ 0.10 keeps in `extra_state`, e.g. `--eval-bleu`'s counts) besides tensors and plain containers."""
+    fairseq ≥ 0.10 keeps in `extra_state`, e.g. `--eval-bleu`'s counts) besides tensors and plain containers.
+
+    A checkpoint in torch's zip format (torch.save's since torch 1.6) is memory-mapped: its tensors are read from
+    the file when used, and the optimizer state a training checkpoint holds (`last_optimizer_state`: Adam's two
+    moments, twice the model in float32) never is. One in the legacy format (fairseq's published models of 2018-19)
+    cannot be mapped, and is read whole."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"fairseq checkpoint {path} does not exist.")
     with torch.serialization.safe_globals([argparse.Namespace, *_numpy_data_globals()]):
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip_format(path))
         except OSError:
             raise  # unreadable for the system's reasons (permissions, ...): its message already names the file
         except Exception as error:
@@ -182,6 +187,12 @@ def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
         raise FairseqConversionError(f"{path} is not a fairseq checkpoint: no 'model' state dict in it.")
     return checkpoint
+
+
+def _is_zip_format(path: Path) -> bool:
+    """Whether `path` begins as torch.save's zip format does (the test `torch.load` itself makes)."""
+    with open(path, "rb") as handle:
+        return handle.read(4) == b"PK\x03\x04"
 
 
 def _numpy_data_globals() -> list[Any]:
