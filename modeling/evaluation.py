@@ -203,16 +203,21 @@ class _UnscoredHypotheses:
             return False
         try:
             earlier = json.loads(self.record_path.read_text(encoding="utf-8"))
+            if not isinstance(earlier, dict):
+                raise ValueError(f"a JSON {type(earlier).__name__}, not an object")
+        except (OSError, ValueError) as error:
+            why = f"its record {self.record_path.name} is unreadable: {error!r}"
+        else:
             differs = [key for key, value in self.identity.items() if earlier.get(key) != value]
             if differs:
                 why = f"another {', '.join(differs)}"
+            elif not self.path.is_file():
+                why = f"{self.path.name} is gone"
             elif earlier.get("hypotheses_sha256") != file_sha256(self.path):
                 why = f"{self.path.name} changed since"
             else:
                 logger.info("Scoring the hypotheses an earlier run translated into %s, not yet scored", self.path)
                 return True
-        except (OSError, ValueError) as error:
-            why = f"its record {self.record_path.name} is unreadable: {error!r}"
         logger.warning("Not scoring the hypotheses in %s as they are (%s): translating again", self.path, why)
         return False
 

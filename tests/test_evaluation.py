@@ -223,7 +223,10 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
     assert len(translated) == 10, "a scored evaluation is not reused"
 
 
-@pytest.mark.parametrize("rerun", ["another model", "another decoding", "other sources", "hypotheses edited"])
+@pytest.mark.parametrize(
+    "rerun",
+    ["another model", "another decoding", "other sources", "hypotheses edited", "hypotheses removed", "record broken"],
+)
 def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(rerun, tokenizer, tmp_path, monkeypatch):
     """Only the same weights, tokenizer, decoding and sources as the hypotheses left unscored skip the translating."""
     pairs = synthetic_pairs(4, seed=9)
@@ -240,8 +243,12 @@ def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(re
         settings["max_new_tokens"] = 2
     elif rerun == "other sources":
         split = Dataset.from_list([{"translation": {"en": de, "de": en}} for en, de in pairs])
-    else:
+    elif rerun == "hypotheses edited":
         hypotheses_file.write_text("edited\n" * 4)
+    elif rerun == "hypotheses removed":
+        hypotheses_file.unlink()
+    else:
+        (tmp_path / ".hypotheses_test.de.unscored.json").write_text("[]")
     in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
 
     metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
