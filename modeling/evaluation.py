@@ -255,6 +255,23 @@ def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, reference
         )
 
 
+def warn_of_replaced_scores(metrics_path: str | os.PathLike, scored: dict[str, Any]) -> None:
+    """Warn, before any translating, where `metrics_path` holds the scores of other weights than those `scored`
+    (`load_scored_model`): an evaluation of another model into the same directory, or of the same directory since
+    trained on or averaged again, replaced them without a word. An unreadable file is replaced as it is."""
+    try:
+        earlier = json.loads(Path(metrics_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(earlier, dict) and earlier.get("model_weights") != scored["model_weights"]:
+        logger.warning(
+            "%s holds the scores of other weights (those of %s then), which this evaluation replaces: "
+            "another output directory keeps both",
+            metrics_path,
+            earlier.get("model", "a model it does not name"),
+        )
+
+
 def metrics_filename(split: str) -> str:
     """Name of the metrics JSON of one split; the model card collects every `eval_results_*.json` it finds."""
     return f"eval_results_{split}.json"

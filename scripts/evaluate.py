@@ -31,7 +31,13 @@ from modeling.data import (
     require_rows,
     split_source,
 )
-from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
+from modeling.evaluation import (
+    evaluate_split,
+    evaluation_record,
+    load_scored_model,
+    metrics_filename,
+    warn_of_replaced_scores,
+)
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.scoring import check_scorable
@@ -113,6 +119,8 @@ def main() -> None:
         )
         for path in filter(None, (metrics_path, hypotheses_path)):  # named now, not after the translating
             check_writable(path)
+        if metrics_path:
+            warn_of_replaced_scores(metrics_path, scored)
         check_distinct_outputs(
             {"the hypotheses file": hypotheses_path, "the metrics file": metrics_path},
             split_files(args.data_dir, args.source_lang, args.target_lang, split_name),

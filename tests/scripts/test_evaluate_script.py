@@ -43,6 +43,28 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
         assert metrics[key] == pytest.approx(rescored[key])
 
 
+def test_scores_of_other_weights_in_the_output_directory_are_replaced_with_a_warning(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch, caplog
+):
+    """Another model (or the same directory averaged again) evaluated into the same directory: its scores replaced
+    the earlier ones without a word. The same weights evaluated again replace them quietly."""
+    model_dir = tiny_checkpoint[0]
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    metrics_path = tmp_path / "eval_results_test.json"
+    earlier = {"model": "runs/other/averaged", "model_weights": [{"name": "model.safetensors", "sha256": "0" * 64}]}
+    metrics_path.write_text(json.dumps(earlier))
+    run_script("evaluate.py", *common, "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    replaced = [message for message in caplog.messages if "which this evaluation replaces" in message]
+    assert replaced == [
+        f"{metrics_path} holds the scores of other weights (those of runs/other/averaged then), which this "
+        "evaluation replaces: another output directory keeps both"
+    ]
+    assert json.loads(metrics_path.read_text())["model_weights"] == weights_record(model_dir)
+    caplog.clear()
+    run_script("evaluate.py", *common, "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    assert "which this evaluation replaces" not in caplog.text
+
+
 class FullDisk(io.StringIO):
     """Standard output redirected to a file on a full disk."""
 
