@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from modeling.batching import (
+    FixedBatchSampler,
     TokenBudgetBatchSampler,
     gradient_accumulation_steps_for,
+    mean_target_tokens_per_batch,
     padding_efficiency,
     split_batches_to_multiple,
+    token_budget_batches,
     update_batching,
 )
 
@@ -81,14 +84,16 @@ def test_without_shuffle_batches_come_in_length_order():
 
 
 @pytest.mark.parametrize("num_replicas", [2, 3, 4])
-def test_ranks_are_disjoint_equal_and_cover_everything(num_replicas):
+def test_ranks_are_disjoint_equal_and_cover_everything(num_replicas, caplog):
     source, target = random_lengths(1000)
-    samplers = [
-        TokenBudgetBatchSampler(source, target, 700, seed=1, num_replicas=num_replicas, rank=r)
-        for r in range(num_replicas)
-    ]
+    with caplog.at_level(logging.INFO, logger="modeling.batching"):
+        samplers = [
+            TokenBudgetBatchSampler(source, target, 700, seed=1, num_replicas=num_replicas, rank=r)
+            for r in range(num_replicas)
+        ]
     total = len(TokenBudgetBatchSampler(source, target, 700))
     repeated = -total % num_replicas
+    assert (f"repeating {repeated} batches per epoch" in caplog.text) == (repeated > 0)
     per_rank = [list(s) for s in samplers]
     assert {len(batches) for batches in per_rank} == {len(samplers[0])} == {(total + repeated) // num_replicas}
     seen = [i for batches in per_rank for batch in batches for i in batch]
@@ -112,6 +117,9 @@ def test_empty_and_invalid_inputs():
         TokenBudgetBatchSampler([1], [1], 0)
     with pytest.raises(ValueError, match="rank"):
         TokenBudgetBatchSampler([1], [1], 10, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got -1"):
+        TokenBudgetBatchSampler([1], [1], 10, num_replicas=2, rank=-1)
+    assert list(TokenBudgetBatchSampler([1, 1], [1, 1], 1)) in ([[0], [1]], [[1], [0]])  # the smallest budget
     with pytest.raises(ValueError, match="num_replicas must be at least 1, got 0"):
         TokenBudgetBatchSampler([1], [1], 10, num_replicas=0)
 
@@ -121,6 +129,18 @@ def test_gradient_accumulation_steps_follow_the_world_size():
     assert gradient_accumulation_steps_for(25000, 3300, world_size=8) == 1
     assert gradient_accumulation_steps_for(25000, 5000, world_size=8) == 1  # 40000 tokens: smaller batches, then
     assert gradient_accumulation_steps_for(25000, 2200, world_size=8) == 2  # 1 would be 17600: 30% short
+    assert gradient_accumulation_steps_for(10, 9, world_size=1) == 1  # exactly 10% short: still the closest count
+    assert gradient_accumulation_steps_for(1, 0.5, world_size=1) == 2  # the smallest positive arguments
+
+
+@pytest.mark.parametrize(
+    ("tokens_per_update", "tokens_per_batch", "world_size"), [(0, 3300, 1), (25000, 0, 1), (25000, 3300, 0)]
+)
+def test_gradient_accumulation_steps_refuse_an_argument_that_is_not_positive(
+    tokens_per_update, tokens_per_batch, world_size
+):
+    with pytest.raises(ValueError, match="must be positive"):
+        gradient_accumulation_steps_for(tokens_per_update, tokens_per_batch, world_size)
 
 
 def token_dataset(source: np.ndarray, target: np.ndarray) -> datasets.Dataset:
@@ -142,6 +162,7 @@ def test_an_update_holds_the_tokens_asked_on_any_number_of_processes(world_size,
     assert abs(achieved / 25000 - 1) < 0.1, achieved
     assert "off the" not in caplog.text
     assert ("instead of 4096" in caplog.text) == smaller
+    assert f"{world_size} process(es) × {steps} micro-batch(es) of ~" in caplog.text
 
 
 def test_an_update_that_cannot_come_near_the_tokens_asked_is_a_warning(caplog):
@@ -149,6 +170,42 @@ def test_an_update_that_cannot_come_near_the_tokens_asked_is_a_warning(caplog):
     steps, budget = update_batching(300, token_dataset(source, target), 4096, 1)
     assert (steps, budget) == (1, 384)  # batches of 20, 20, 20 and 4: 3,200 on average; 4096 × 300 / 3200
     assert "An update holds ~200 target tokens, -33% off the 300 asked" in caplog.text
+
+
+def test_an_update_exactly_10_percent_off_is_no_warning(caplog):
+    source = target = np.array([110])  # one batch of 110 target tokens for 100 asked
+    assert update_batching(100, token_dataset(source, target), 4096, 1) == (1, 4096)
+    assert "An update holds" not in caplog.text and "off the" not in caplog.text
+
+
+def test_an_update_asking_for_less_than_one_sentence_gets_one_sentence_per_batch_and_a_warning(caplog):
+    source = target = np.full(8, 200)
+    assert update_batching(50, token_dataset(source, target), 4096, 1) == (1, 1)
+    assert "An update holds ~200 target tokens, +300% off the 50 asked" in caplog.text
+
+
+def test_mean_target_tokens_per_batch_by_hand():
+    dataset = token_dataset(np.array([3, 4]), np.array([5, 6]))
+    assert mean_target_tokens_per_batch(dataset, 100) == 11.0  # one batch
+    assert mean_target_tokens_per_batch(dataset, 6) == 5.5  # 2 × 6 > 6: a batch each
+
+
+def test_token_budget_batches_keep_the_order_given_and_fill_the_budget_exactly():
+    lengths = [3, 9, 2, 4, 30]
+    # 30 alone (over the budget), then 2, 3, 4 (3 × 4 = 12, the budget exactly), then 9.
+    assert token_budget_batches(lengths, [4, 2, 0, 3, 1], max_tokens=12) == [[4], [2, 0, 3], [1]]
+    assert token_budget_batches([], [], max_tokens=12) == []
+
+
+def test_fixed_batches_come_in_the_order_given():
+    batches = [[3, 4], [0], [1, 2]]
+    sampler = FixedBatchSampler(batches)
+    assert len(sampler) == 3 and list(sampler) == batches and list(sampler) == batches
+
+
+def test_split_batches_to_multiple_splits_down_to_single_examples_but_never_makes_an_empty_batch():
+    assert split_batches_to_multiple([[0, 1]], 2) == [[0], [1]]
+    assert split_batches_to_multiple([[0]], 2) == [[0]]  # fewer examples than processes: impossible
 
 
 def test_split_batches_to_multiple_keeps_every_example_once():
