@@ -78,12 +78,23 @@ def test_the_paper_bleu_normalises_no_punctuation_as_get_ende_bleu_did_in_2017()
     assert "unnormalized|compound-split:atat" in german["paper_bleu_signature"]
 
 
-def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_does_not():
+def test_lowercased_tokenised_bleu_ignores_case_but_sacrebleu_and_the_paper_bleu_do_not():
     hyp, ref = ["THE SMALL DOG SEES A BALL."], ["the small dog sees a ball."]
     scores = corpus_scores(hyp, ref, "en")
     assert scores["tokenized_bleu_lc"] == pytest.approx(100.0)
     # Only the final full stop matches case-sensitively: no bigram, so BLEU is (exp-smoothed) small.
     assert scores["sacrebleu"] < 10
+    # get_ende_bleu.sh ran multi-bleu.perl without -lc: cased, and unsmoothed, so no bigram is BLEU 0.
+    assert scores["paper_bleu"] == 0.0 and "|case:mixed|" in scores["paper_bleu_signature"]
+
+
+def test_the_tokenised_scores_raise_no_warning_that_the_text_looks_tokenised(caplog):
+    """They are on Moses-tokenised text on purpose: sacreBLEU's warning after 100 lines that end in " ." (forgot to
+    detokenize?) would mislead."""
+    sentences = [f"Der Hund Nummer {i} läuft." for i in range(100)]
+    with caplog.at_level(logging.WARNING):
+        corpus_scores(sentences, sentences, "de")
+    assert "tokenized period" not in caplog.text
 
 
 @pytest.mark.parametrize(
