@@ -16,8 +16,13 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import modeling.averaging as averaging
-from modeling.averaging import average_checkpoints, last_checkpoints, list_checkpoints
-from modeling.checkpoints import RUN_IDENTITY_FILE, RunMismatchError, write_completeness_marker
+from modeling.averaging import average_checkpoints, last_checkpoints, list_checkpoints, named_checkpoints
+from modeling.checkpoints import (
+    RUN_IDENTITY_FILE,
+    IncompleteCheckpointError,
+    RunMismatchError,
+    write_completeness_marker,
+)
 from modeling.files import DiskFullError
 
 
@@ -145,6 +150,7 @@ def test_incomplete_checkpoints_are_skipped_naming_them(tmp_path, caplog):
         assert last_checkpoints(tmp_path, 2) == [tmp_path / "checkpoint-1", tmp_path / "checkpoint-3"]
         output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
     assert "checkpoint-2" in caplog.text and "model.safetensors is truncated" in caplog.text
+    assert f"Not averaging the incomplete checkpoint {tmp_path / 'checkpoint-2'}" in caplog.text
     averaged = load_file(output_dir / "model.safetensors")
     name = next(iter(averaged))
     torch.testing.assert_close(averaged[name], (first[name] + third[name]) / 2, atol=1e-7, rtol=0)
@@ -221,6 +227,7 @@ def test_last_checkpoints_refuses_an_old_best_that_rotation_kept_in_place_of_the
         f"deleted the saves of the {steps[1] - best} updates up to checkpoint-{steps[1]} (saves every 100)" in message
     )
     assert f"average the last {len(steps) - 1} at most" in message
+    assert f"(best_model_checkpoint in checkpoint-{steps[-1]}/trainer_state.json)" in message
     assert last_checkpoints(tmp_path, len(steps) - 1) == [tmp_path / f"checkpoint-{step}" for step in steps[1:]]
 
 
@@ -303,3 +310,146 @@ def test_the_save_strategy_is_read_from_the_trainers_arguments_without_running_t
 
     torch.save({"save_strategy": Payload()}, checkpoint / "training_args.bin")
     assert _save_strategy(checkpoint) is None and not (tmp_path / "ran").exists()
+
+
+def test_what_cannot_be_averaged_is_refused_before_any_checkpoint_is_loaded(tmp_path, monkeypatch):
+    """Averaging 20 checkpoints of a big model takes minutes: a refusal comes first, not after them."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not an average")
+    monkeypatch.setattr(averaging, "_load_weights", lambda checkpoint: pytest.fail(f"{checkpoint} was loaded"))
+    with pytest.raises(ValueError, match="No checkpoints to average"):
+        average_checkpoints([], tmp_path / "averaged")
+    with pytest.raises(ValueError, match="The output directory .*checkpoint-1 is one of the checkpoints to average"):
+        average_checkpoints([tmp_path / "checkpoint-1"], tmp_path / "checkpoint-1")
+    with pytest.raises(FileExistsError, match="mine exists and is not an average of checkpoints"):
+        average_checkpoints([tmp_path / "checkpoint-1"], tmp_path / "mine")
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        last_checkpoints(tmp_path, 0)
+
+
+def test_averaging_no_complete_checkpoint_is_refused(tmp_path):
+    (tmp_path / "checkpoint-1").mkdir()
+    message = average_refused(tmp_path, ValueError)
+    assert message == f"None of the checkpoints to average is complete: {[str(tmp_path / 'checkpoint-1')]}."
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "shape", "dtype"])
+def test_checkpoints_whose_tensors_differ_are_refused_naming_the_tensor(tmp_path, change):
+    """The same config, other tensors (a state dict edited by hand): a missing one was averaged over the checkpoints
+    that hold it but divided by all of them."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    weights = save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    name = "model.encoder.layers.0.ffn.fc1.weight"
+    shape = tuple(weights[name].shape)
+    if change == "missing":
+        del weights[name]
+    elif change == "extra":
+        weights["extra.weight"] = torch.zeros(2)
+    elif change == "shape":
+        weights[name] = weights[name][:-1].clone()
+    else:
+        weights[name] = weights[name].double()
+    save_file(weights, tmp_path / "checkpoint-2" / "model.safetensors", metadata={"format": "pt"})
+    second = tmp_path / "checkpoint-2"
+    expected = {
+        "missing": f"{second} does not hold the same tensors as the others; differing: ['{name}'].",
+        "extra": f"{second} does not hold the same tensors as the others; differing: ['extra.weight'].",
+        "shape": f"{second}: {name} is {(shape[0] - 1, *shape[1:])} torch.float32, elsewhere {shape} torch.float32.",
+        "dtype": f"{second}: {name} is {shape} torch.float64, elsewhere {shape} torch.float32.",
+    }[change]
+    assert average_refused(tmp_path, ValueError) == expected
+
+
+def test_a_non_float_tensor_is_kept_where_equal_and_refused_where_it_differs(tmp_path):
+    for step in (1, 2):
+        weights = save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+        weights["counter"] = torch.tensor([7, 8])
+        save_file(weights, tmp_path / f"checkpoint-{step}" / "model.safetensors", metadata={"format": "pt"})
+    output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "equal")
+    assert torch.equal(load_file(output_dir / "model.safetensors")["counter"], torch.tensor([7, 8]))
+
+    weights["counter"] = torch.tensor([7, 9])
+    save_file(weights, tmp_path / "checkpoint-2" / "model.safetensors", metadata={"format": "pt"})
+    assert average_refused(tmp_path, ValueError).endswith(
+        "checkpoint-2: the non-float tensor counter differs from the other checkpoints'."
+    )
+
+
+def test_named_checkpoints_are_refused_when_missing_or_incomplete(tmp_path):
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    (tmp_path / "checkpoint-1" / "trainer_state.json").unlink()  # a model directory: no training state to check
+    (tmp_path / "model").mkdir()
+    assert named_checkpoints([str(tmp_path / "checkpoint-1")]) == [tmp_path / "checkpoint-1"]
+    with pytest.raises(IncompleteCheckpointError, match="nowhere is not a directory"):
+        named_checkpoints([tmp_path / "checkpoint-1", tmp_path / "nowhere"])
+    with pytest.raises(IncompleteCheckpointError, match="model is incomplete: no checkpoint_complete.json, and"):
+        named_checkpoints([tmp_path / "model"])
+
+
+def test_directories_named_without_a_step_take_the_configuration_of_the_last_one_given(tmp_path):
+    for name, seed in (("b", 0), ("a", 1)):
+        save_trainer_checkpoint(tmp_path / name, seed=seed)
+        (tmp_path / name / "trainer_state.json").unlink()  # model directories: no training state to check
+    output_dir = average_checkpoints([tmp_path / "b", tmp_path / "a"], tmp_path / "averaged")
+    record = json.loads((output_dir / "checkpoint_averaging.json").read_text())
+    assert record == {"checkpoints": ["../b", "../a"], "configuration_from": "../a"}
+
+
+def test_an_old_best_kept_by_rotation_is_found_at_save_steps_1_too(tmp_path):
+    saves(tmp_path, [1, 4, 5, 6], best_model_checkpoint=str(tmp_path / "checkpoint-1"), save_steps=1)
+    with pytest.raises(ValueError, match="deleted the saves of the 3 updates up to checkpoint-4 .saves every 1."):
+        last_checkpoints(tmp_path, 4)
+
+
+def test_a_best_followed_by_a_save_at_the_usual_distance_is_not_warned_of(tmp_path, caplog):
+    """Where the save strategy is not recorded, only a gap longer than save_steps and the others is suspect."""
+    saves(
+        tmp_path,
+        [100, 200, 300],
+        save_strategy=None,
+        best_model_checkpoint=str(tmp_path / "checkpoint-100"),
+        save_steps=100,
+    )
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        assert last_checkpoints(tmp_path, 3) == list_checkpoints(tmp_path)
+    assert "if save_total_limit deleted" not in caplog.text
+
+
+def test_an_unrecorded_strategy_warns_of_a_long_gap_after_the_best_naming_both(tmp_path, caplog):
+    saves(
+        tmp_path,
+        [1000, 2000],
+        save_strategy=None,
+        best_model_checkpoint=str(tmp_path / "checkpoint-1000"),
+        save_steps=500,
+    )
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        last_checkpoints(tmp_path, 2)
+    assert (
+        f"{tmp_path / 'checkpoint-1000'}, the run's best checkpoint, is 1000 updates before checkpoint-2000 where "
+        "saves came every 500" in caplog.text
+    )
+
+
+@pytest.mark.parametrize("damage", ["shard removed", "unreadable"])
+def test_weights_that_go_missing_or_unreadable_after_listing_are_named(tmp_path, monkeypatch, damage):
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    weights = tmp_path / "checkpoint-2" / "model.safetensors"
+    if damage == "shard removed":  # a sharded checkpoint rotated out between its shards
+        shard = tmp_path / "checkpoint-2" / "model-00002-of-00002.safetensors"
+        monkeypatch.setattr(averaging, "weight_files", lambda checkpoint: [checkpoint / "model.safetensors", shard])
+        expected = f"{shard} was removed while the checkpoints were averaged"
+    else:
+        usable = averaging.usable_checkpoints
+
+        def damaged_once_listed(paths):
+            listed = usable(paths)
+            weights.write_bytes(weights.read_bytes()[:-10])
+            return listed
+
+        monkeypatch.setattr(averaging, "usable_checkpoints", damaged_once_listed)
+        expected = f"Cannot read the weights {weights}: "
+    error = FileNotFoundError if damage == "shard removed" else ValueError
+    assert average_refused(tmp_path, error).startswith(expected)
