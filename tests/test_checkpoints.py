@@ -13,17 +13,30 @@ from transformers import PreTrainedTokenizerFast
 
 from modeling.checkpoints import (
     COMPLETE_MARKER,
+    RUN_IDENTITY_FILE,
     IncompleteCheckpointError,
     checkpoint_problems,
+    checkpoint_step,
     complete_checkpoints,
+    config_identity,
     describe_differences,
+    describe_problems,
     identity_differences,
     latest_complete_checkpoint,
+    list_checkpoints,
+    marker_record,
+    model_differences,
+    read_run_identity,
     require_complete_checkpoint,
     safetensors_problem,
+    saved_training_arguments,
+    saved_update,
     saved_vocabulary_fingerprint,
+    staging_directories,
     vocabulary_fingerprint,
     weight_files,
+    weights_problems,
+    weights_record,
     write_completeness_marker,
 )
 from modeling.modeling_transformer import TransformerForConditionalGeneration
@@ -143,3 +156,184 @@ def test_the_weight_files_are_those_from_pretrained_loads_where_a_sharded_save_l
     [read] = [load_file(path) for path in weight_files(tmp_path)]
     assert all(torch.equal(loaded[name], tensor) for name, tensor in read.items())
     assert torch.equal(read["model.shared.weight"], first.state_dict()["model.shared.weight"])
+
+
+def test_checkpoint_steps_and_listing(tmp_path):
+    for name in ("checkpoint-900", "checkpoint-1000", ".checkpoint-1100.partial", ".checkpoint-800.old", "runs"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-5").write_text("a file, not a checkpoint")
+    assert checkpoint_step(tmp_path / "checkpoint-900") == 900
+    with pytest.raises(ValueError, match=r"runs is not a Trainer checkpoint directory \(checkpoint-<step>\)"):
+        checkpoint_step(tmp_path / "runs")
+    assert list_checkpoints(tmp_path) == [tmp_path / "checkpoint-900", tmp_path / "checkpoint-1000"]
+    assert staging_directories(tmp_path) == [tmp_path / ".checkpoint-1100.partial", tmp_path / ".checkpoint-800.old"]
+    assert staging_directories(tmp_path / "nowhere") == []
+    with pytest.raises(FileNotFoundError, match="Checkpoint directory .*nowhere does not exist"):
+        list_checkpoints(tmp_path / "nowhere")
+
+
+def test_a_checkpoint_renamed_still_tells_its_update(tmp_path):
+    save_trainer_checkpoint(tmp_path / "renamed", seed=7)  # trainer_state.json says global_step 7
+    assert saved_update(tmp_path / "renamed") == 7
+
+
+def test_complete_checkpoints_warn_of_those_they_skip_unless_told_not_to(tmp_path, caplog):
+    save_trainer_checkpoint(tmp_path / "checkpoint-10", seed=0)
+    (tmp_path / "checkpoint-20").mkdir()
+    with caplog.at_level(logging.WARNING, logger="modeling.checkpoints"):
+        assert complete_checkpoints(tmp_path, warn=False) == [tmp_path / "checkpoint-10"]
+        assert caplog.text == ""
+        assert complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-10"]
+    assert f"Skipping the incomplete checkpoint {tmp_path / 'checkpoint-20'}: no {COMPLETE_MARKER}, and" in caplog.text
+    assert require_complete_checkpoint(tmp_path / "checkpoint-10") == tmp_path / "checkpoint-10"
+    with pytest.raises(IncompleteCheckpointError) as missing:
+        require_complete_checkpoint(tmp_path / "checkpoint-30")
+    assert str(missing.value) == f"Checkpoint {tmp_path / 'checkpoint-30'} does not exist."
+
+
+def write_safetensors(path, header: bytes, data: bytes = b"") -> None:
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+
+
+def test_safetensors_problems_name_what_is_wrong(tmp_path):
+    path = tmp_path / "model.safetensors"
+    assert safetensors_problem(path) == "model.safetensors is missing"
+    path.write_bytes(bytes(7))
+    assert safetensors_problem(path) == "model.safetensors is truncated (7 bytes, not even a header)"
+    path.write_bytes((100).to_bytes(8, "little") + b"{}")
+    assert safetensors_problem(path) == "model.safetensors is truncated (10 bytes, its header alone needs 108)"
+    path.write_bytes((3).to_bytes(8, "little") + b"{}")  # a byte short
+    assert safetensors_problem(path) == "model.safetensors is truncated (10 bytes, its header alone needs 11)"
+    write_safetensors(path, b"not json")
+    assert safetensors_problem(path).startswith("model.safetensors cannot be read (JSONDecodeError: ")
+    write_safetensors(path, b"[1, 2]")
+    assert safetensors_problem(path) == "model.safetensors has no valid safetensors header"
+    write_safetensors(path, b"{}")  # no tensors: the header is the whole file
+    assert safetensors_problem(path) is None
+    entry = b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+    write_safetensors(path, entry, bytes(12))
+    assert safetensors_problem(path) == "model.safetensors is longer than its header says (81 bytes, expected 77)"
+
+
+def test_what_is_wrong_with_a_directory_s_weights(tmp_path):
+    assert weights_problems(tmp_path) == ["no weights (model.safetensors)"]
+    assert weights_problems(tmp_path, missing_ok=True) == []
+    (tmp_path / "model.safetensors.index.json").write_text("{")
+    assert weights_problems(tmp_path)[0].startswith("model.safetensors.index.json cannot be read (JSONDecodeError")
+    index = {"weight_map": {"a": "model-2.safetensors", "b": "model-1.safetensors", "c": "model-2.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert weight_files(tmp_path) == [tmp_path / "model-1.safetensors", tmp_path / "model-2.safetensors"]
+    assert weights_problems(tmp_path) == ["model-1.safetensors is missing", "model-2.safetensors is missing"]
+    (tmp_path / "model.safetensors.index.json").unlink()
+    write_safetensors(tmp_path / "b.safetensors", b"{}")
+    write_safetensors(tmp_path / "a.safetensors", b"{}")
+    assert weight_files(tmp_path) == [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]  # neither: any found
+
+
+def test_checkpoint_problems_of_a_missing_checkpoint_an_unreadable_marker_and_missing_files(tmp_path):
+    assert checkpoint_problems(tmp_path / "checkpoint-1") == [f"{tmp_path / 'checkpoint-1'} does not exist"]
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    problems = checkpoint_problems(checkpoint)
+    assert problems[:3] == [f"no {COMPLETE_MARKER}, and", "config.json is missing", "no weights (model.safetensors)"]
+    assert describe_problems(problems).startswith(f"no {COMPLETE_MARKER}, and config.json is missing; no weights")
+    assert describe_problems(["a", "b"]) == "a; b" and describe_problems([]) == ""
+    (checkpoint / COMPLETE_MARKER).write_text("{")
+    assert checkpoint_problems(checkpoint)[0].startswith(f"{COMPLETE_MARKER} cannot be read (JSONDecodeError")
+    assert marker_record(checkpoint) == {}
+    (checkpoint / COMPLETE_MARKER).write_text("[]")
+    assert marker_record(checkpoint) == {}
+    write_completeness_marker(checkpoint, save_strategy="steps")
+    assert marker_record(checkpoint) == {"save_strategy": "steps", "files": {}}
+    (checkpoint / "tokenizer").mkdir()
+    (checkpoint / "tokenizer" / "vocab.json").write_text("{}")
+    marker = json.loads(write_completeness_marker(checkpoint).read_text())
+    assert marker["files"] == {"tokenizer/vocab.json": 2}, "files below it, not directories"
+
+
+def test_the_trainers_arguments_are_read_without_running_their_pickle(tmp_path):
+    from transformers import Seq2SeqTrainingArguments
+
+    arguments = Seq2SeqTrainingArguments(tmp_path / "out", save_strategy="epoch", save_steps=7, report_to="none")
+    torch.save(arguments, tmp_path / "training_args.bin")
+    fields = saved_training_arguments(tmp_path)
+    assert fields["save_strategy"] == "epoch" and fields["save_steps"] == 7  # an enum's value, a plain field
+    assert saved_training_arguments(tmp_path / "nowhere") is None
+
+
+def test_what_identifies_a_config_a_vocabulary_and_files(tmp_path):
+    config = {"d_model": 32, "transformers_version": "5.0.0", "_name_or_path": "/somewhere", "dtype": "float32"}
+    assert config_identity(config) == {"d_model": 32}
+    assert vocabulary_fingerprint({"a": 0, "b": 1}) == vocabulary_fingerprint({"b": 1, "a": 0})
+    assert vocabulary_fingerprint({"a": 0, "b": 1}) != vocabulary_fingerprint({"a": 1, "b": 0})
+    # Recorded in every run identity: a changed canonical form would make every earlier run another one.
+    assert (
+        vocabulary_fingerprint({"a": 0, "ü": 1}) == "09496d389932575139cebd4b35b592cefeae65fe16f4e024c963f2e025d19b39"
+    )
+    (tmp_path / "vocab.json").write_text('{"a": 0}')
+    (tmp_path / "merges.txt").write_text("a b")
+    before = saved_vocabulary_fingerprint(tmp_path)
+    assert before is not None and len(before) == 64
+    (tmp_path / "merges.txt").write_text("a c")
+    after_merges = saved_vocabulary_fingerprint(tmp_path)
+    (tmp_path / "vocab.json").write_text('{"b": 0}')
+    assert len({before, after_merges, saved_vocabulary_fingerprint(tmp_path)}) == 3
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    [record] = weights_record(tmp_path)
+    assert record["name"] == "model.safetensors" and record["size"] == 5 and len(record["sha256"]) == 64
+
+
+def test_a_run_identity_is_read_none_where_there_is_none_and_refused_where_it_does_not_parse(tmp_path):
+    assert read_run_identity(tmp_path) is None
+    (tmp_path / RUN_IDENTITY_FILE).write_text('{"seed": 1}')
+    assert read_run_identity(tmp_path) == {"seed": 1}
+    (tmp_path / RUN_IDENTITY_FILE).write_text("{")
+    with pytest.raises(ValueError, match=f"{RUN_IDENTITY_FILE} does not parse"):
+        read_run_identity(tmp_path)
+
+
+def test_identity_fields_recorded_later_or_changing_kind_are_named():
+    assert identity_differences({"seed": 1}, {"seed": 1, "model_revision": "abc"}) == [], "recorded before it existed"
+    assert identity_differences({"model_revision": "abc"}, {"model_revision": "def"}) == ["model_revision"]
+    assert identity_differences({"data": {"a": 1}}, {"data": {"a": 1, "b": 2}}) == ["data.b"], "only config is lenient"
+    assert identity_differences({"data": {"files": []}}, {"data": None}) == ["data"]
+    files = [{"name": "train.en"}]
+    assert (
+        describe_differences({"files": files}, {"files": None}, ["files"]) == 'files: [{"name": "train.en"}] vs null'
+    )
+    betas = describe_differences({"betas": [0.9, 0.98]}, {"betas": [0.9, 0.997]}, ["betas"])
+    assert betas == "betas: [0.9, 0.98] vs [0.9, 0.997]", "a list of numbers is no list of files"
+    shown_whole, cut = "ü" * 78, "x" * 79  # 80 and 81 characters as JSON
+    assert describe_differences({"a": shown_whole}, {"a": cut}, ["a"]) == f'a: "{shown_whole}" vs "{"x" * 76}...'
+
+
+def test_a_model_both_runs_fine_tuned_is_the_same_by_its_weights_or_its_path():
+    weights = [{"name": "model.safetensors", "sha256": "1"}]
+    moved = {"model_name_or_path": "/old", "model_weights": weights}
+    assert identity_differences(moved, {"model_name_or_path": "/new", "model_weights": weights}) == []
+    other = {"model_name_or_path": "/new", "model_weights": [{"name": "model.safetensors", "sha256": "2"}]}
+    assert identity_differences(moved, other) == ["model_name_or_path", "model_weights"]
+
+
+def model_directory(directory, d_model: int = 32, vocab: str = '{"a": 0}', identity: dict | None = None) -> None:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"d_model": d_model, "transformers_version": "5.0.0"}))
+    (directory / "vocab.json").write_text(vocab)
+    if identity is not None:
+        (directory / RUN_IDENTITY_FILE).write_text(json.dumps(identity))
+
+
+def test_model_differences_name_config_fields_tokenizer_and_run_identity(tmp_path):
+    model_directory(tmp_path / "a", identity={"seed": 1, "config": {"d_model": 32}})
+    model_directory(tmp_path / "same", identity={"seed": 1, "config": {"d_model": 32}})
+    model_directory(tmp_path / "b", d_model=64, vocab='{"b": 0}', identity={"seed": 2, "config": {"d_model": 64}})
+    model_directory(tmp_path / "unrecorded", d_model=64)
+    model_directory(tmp_path / "newer", identity={"seed": 1, "config": {"d_model": 32}})
+    config = json.loads((tmp_path / "newer" / "config.json").read_text())
+    (tmp_path / "newer" / "config.json").write_text(json.dumps({**config, "added_by_a_newer_library": 1}))
+    assert model_differences(tmp_path / "a", tmp_path / "newer") == [], "a field only one config has"
+    assert model_differences(tmp_path / "a", tmp_path / "same") == []
+    assert model_differences(tmp_path / "a", tmp_path / "b") == ["config.d_model", "tokenizer", "run_identity.seed"]
+    assert model_differences(tmp_path / "a", tmp_path / "unrecorded") == ["config.d_model"]
+    (tmp_path / "same" / "config.json").write_text("{")  # unreadable: no field to compare
+    assert model_differences(tmp_path / "a", tmp_path / "same") == []
