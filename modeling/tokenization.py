@@ -37,10 +37,12 @@ from transformers import PreTrainedTokenizerFast
 
 from .checkpoints import RUN_IDENTITY_FILE, list_checkpoints
 from .files import iter_lines
+from .tokenization_fairseq import FairseqTokenizer
 
 PAD_TOKEN, UNK_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "</s>"
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, EOS_TOKEN]  # ids 0, 1, 2 in this order
 VOCAB_MULTIPLE = 8
+TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 MODEL_MAX_LENGTH = 1024
 # What transformers 5's tokenizer from_pretrained adds to its init_kwargs: how it was loaded, not what it is.
 LOADING_ARGUMENTS = ("is_local", "local_files_only")
@@ -226,6 +228,30 @@ def check_tokenizer_destination(directory: str | os.PathLike) -> None:
             f"{directory} holds a training run ({run[0].name}): a new tokenizer there would replace the one it trains "
             "with; write the tokenizer into another directory"
         )
+
+
+def missing_tokenizer_files(directory: str | os.PathLike) -> list[str]:
+    """The files of the tokenizer saved in `directory` (by `save_pretrained`) that are not there, for a refusal that
+    names them: transformers' errors name none ("Couldn't instantiate the backend tokenizer ... install
+    sentencepiece", a TypeError of a None path). Without tokenizer_config.json, which names the tokenizer's class,
+    transformers takes the class registered for the model type, the fairseq tokenizer, whose error is about its
+    languages. A Hugging Face tokenizer reads tokenizer.json; a converted fairseq one its vocabularies and BPE
+    merges. Another class, or a tokenizer_config.json that does not parse, names none: its loading says more."""
+    directory = Path(directory)
+    config = directory / TOKENIZER_CONFIG_FILE
+    if not config.is_file():
+        return [TOKENIZER_CONFIG_FILE]
+    try:
+        tokenizer_class = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if tokenizer_class in (PreTrainedTokenizerFast.__name__, "PreTrainedTokenizerFast"):  # 5.x's name, 4.x's
+        needed = [TOKENIZER_FILE]
+    elif tokenizer_class == FairseqTokenizer.__name__:
+        needed = list(FairseqTokenizer.vocab_files_names.values())
+    else:
+        needed = []
+    return [name for name in needed if not (directory / name).is_file()]
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -61,7 +61,7 @@ from .hub_client import (
     pinned_commit,
     use_hub_timeouts,
 )
-from .tokenization import LOADING_ARGUMENTS, is_blank
+from .tokenization import LOADING_ARGUMENTS, is_blank, missing_tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -625,6 +625,12 @@ def _load_tokenizer_files(name_or_path: str) -> PreTrainedTokenizerBase:
         raise FileNotFoundError(
             f"{name_or_path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save it beside the model with "
             "tokenizer.save_pretrained."
+        )
+    missing = missing_tokenizer_files(name_or_path)
+    if missing:
+        raise FileNotFoundError(
+            f"{name_or_path!r} holds a tokenizer without {', '.join(missing)}: copy the model directory whole, or "
+            "save the tokenizer again with tokenizer.save_pretrained."
         )
     try:
         return AutoTokenizer.from_pretrained(name_or_path)

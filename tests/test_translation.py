@@ -400,7 +400,10 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
     [
         ("no tokenizer", r"has no tokenizer \(tokenizer\.json or tokenizer_config\.json\): save it beside the model"),
         ("tokenizer.json cut short", r"The tokenizer in .* does not load \(Unterminated string"),
-        ("no tokenizer.json", r"The tokenizer in .* does not load \(Couldn't instantiate the backend tokenizer"),
+        # were "does not load (Couldn't instantiate the backend tokenizer from one of: )" and FSMT's "arg `langs`
+        # needs to be a list of 2 langs": no file named
+        ("no tokenizer.json", r"' holds a tokenizer without tokenizer\.json: copy the model directory whole"),
+        ("no tokenizer_config.json", r"' holds a tokenizer without tokenizer_config\.json: copy the model directory"),
         ("config.json cut short", r"Could not read .*config\.json: .*not a valid JSON file"),
     ],
 )
@@ -411,13 +414,23 @@ def test_a_missing_or_broken_tokenizer_or_config_is_named(tmp_path, damage, mess
     if damage == "no tokenizer":
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (tmp_path / name).unlink()
-    elif damage == "no tokenizer.json":
-        (tmp_path / "tokenizer.json").unlink()
+    elif damage.startswith("no "):
+        (tmp_path / damage.removeprefix("no ")).unlink()
     else:
         damaged = tmp_path / damage.split()[0]
         damaged.write_text(damaged.read_text()[:300])
     with pytest.raises((OSError, ValueError), match=message):
         load_model_and_tokenizer(str(tmp_path))
+
+
+def test_a_converted_fairseq_model_without_a_file_of_its_tokenizer_names_the_file(converted_fairseq_dir, tmp_path):
+    """Before: "does not load (expected str, bytes or os.PathLike object, not NoneType)", no file named."""
+    copy = tmp_path / "converted"
+    shutil.copytree(converted_fairseq_dir, copy)
+    (copy / "merges.txt").unlink()
+    with pytest.raises(FileNotFoundError) as refused:
+        load_model_and_tokenizer(str(copy))
+    assert str(refused.value).startswith(f"'{copy}' holds a tokenizer without merges.txt: copy the model directory")
 
 
 @pytest.mark.parametrize(("to", "runtime"), [("marian", "MarianMTModel"), ("onnx", "onnxruntime")])
