@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import glob
 import importlib.metadata
 import json
 import logging
@@ -80,6 +81,7 @@ from .checkpoints import (
     saved_update,
     staging_directories,
     vocabulary_fingerprint,
+    weights_problems,
     weights_record,
 )
 from .configuration_transformer import TransformerConfig
@@ -111,6 +113,7 @@ from .tokenization import (
     VOCAB_MULTIPLE,
     check_vocab_size,
     iter_corpus_text,
+    missing_tokenizer_files,
     round_up,
     train_shared_bpe,
 )
@@ -695,7 +698,9 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     local = os.path.isdir(name)
     if local and revision is not None:
         raise ValueError(f"{name} is a local directory: --model_revision names a version of a Hub repo only.")
-    hub_id = not (local or looks_like_local_path(name))  # a path that does not exist: named by AutoConfig below
+    hub_id = not (local or looks_like_local_path(name))
+    if not local and not hub_id and not os.path.exists(name):  # AutoConfig would call it a malformed repo id
+        raise ValueError(f"--model_name_or_path {name} does not exist")
     not_cached = offline_cache_error(name, revision, MODEL_REPO_FILES[:1]) if hub_id else None
     if not_cached:
         raise not_cached
@@ -717,13 +722,29 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
             f"({TransformerConfig.model_type!r}) and MarianMT ({MARIAN_MODEL_TYPE!r}, converted exactly) can be "
             "fine-tuned."
         )
+    if local and (problems := _local_weights_problems(name)):
+        # else safetensors' traceback, "header too small", after the data is read
+        raise ValueError(f"Cannot fine-tune {name}: its weights are incomplete: {'; '.join(problems)}")
     if local and model_args.tokenizer_name_or_path is None and not holds_tokenizer(name):
         # else transformers' message, after the data is read, names another tokenizer class's missing argument
         raise ValueError(
             f"Cannot fine-tune {name}: it holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); give the model's "
             "tokenizer with --tokenizer_name_or_path"
         )
+    if local and model_args.tokenizer_name_or_path is None and (missing := missing_tokenizer_files(name)):
+        raise ValueError(
+            f"Cannot fine-tune {name}: it holds a tokenizer without {', '.join(missing)}; copy the model directory "
+            "whole, or give the model's tokenizer with --tokenizer_name_or_path"
+        )
     return model_type
+
+
+def _local_weights_problems(directory: str) -> list[str]:
+    """What is wrong with the safetensors weights of a local model directory (`weights_problems`); none judged in
+    one without them (a MarianMT directory's pytorch_model.bin, whose loading names its own faults)."""
+    if not glob.glob(os.path.join(glob.escape(directory), "*.safetensors")):
+        return []
+    return weights_problems(directory)
 
 
 def _check_run_arguments(
@@ -802,6 +823,8 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
         raise ValueError(
             f"--tokenizer_name_or_path {tokenizer} holds no tokenizer (no {' or '.join(TOKENIZER_FILES)})"
         )
+    if path.is_dir() and (missing := missing_tokenizer_files(path)):
+        raise ValueError(f"--tokenizer_name_or_path {tokenizer} holds a tokenizer without {', '.join(missing)}")
 
 
 def _check_data_sizes(data_args: DataArguments) -> None:

@@ -139,6 +139,37 @@ def test_fine_tuning_a_model_directory_without_its_tokenizer_is_refused_before_t
     assert check_fine_tuning_source(given) == TransformerConfig.model_type
 
 
+@pytest.mark.parametrize("lost", ["tokenizer.json", "tokenizer_config.json"])
+def test_fine_tuning_a_model_directory_whose_tokenizer_lacks_a_file_names_it_before_the_data_is_read(lost, tmp_path):
+    """Before, once the training text had been read: "You need to have sentencepiece or tiktoken installed" without
+    tokenizer.json, and another tokenizer class's "arg `langs` needs to be a list of 2 langs" without
+    tokenizer_config.json."""
+    pretrained = tmp_path / "pretrained"
+    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
+    word_tokenizer().save_pretrained(pretrained)
+    (pretrained / lost).unlink()
+    with pytest.raises(ValueError) as refused:
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(pretrained)))
+    assert str(refused.value) == (
+        f"Cannot fine-tune {pretrained}: it holds a tokenizer without {lost}; copy the model directory whole, or give "
+        "the model's tokenizer with --tokenizer_name_or_path"
+    )
+
+
+def test_fine_tuning_a_model_directory_with_cut_short_weights_is_refused_before_the_data_is_read(tmp_path):
+    """Before: safetensors' traceback, "Error while deserializing header: header too small", after the data."""
+    pretrained = tmp_path / "pretrained"
+    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
+    word_tokenizer().save_pretrained(pretrained)
+    (pretrained / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError) as refused:
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(pretrained)))
+    assert str(refused.value) == (
+        f"Cannot fine-tune {pretrained}: its weights are incomplete: model.safetensors is truncated (0 bytes, not "
+        "even a header)"
+    )
+
+
 def test_a_dropout_the_model_refuses_is_refused_before_the_data_is_read_when_fine_tuning(tmp_path):
     """The config refused it as the model loaded, once the training text had been read and cleaned."""
     pretrained = tmp_path / "pretrained"
@@ -1149,8 +1180,9 @@ def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs
         f"The Hub cache {tmp_path / 'hub'} holds 'owner/partial' without model.safetensors or "
         "model.safetensors.index.json, tokenizer.json or tokenizer_config.json, and offline mode"
     )
-    with pytest.raises(ValueError, match=r"^Cannot fine-tune \./no/such/checkpoint: its config does not load"):
-        check_fine_tuning_source(ModelArguments(model_name_or_path="./no/such/checkpoint"))  # a path, not an id
+    # a path, not an id: named as one (it was "Repo id must be in the form 'repo_name' or 'namespace/repo_name'")
+    with pytest.raises(ValueError, match=r"^--model_name_or_path \./no/such/checkpoint does not exist$"):
+        check_fine_tuning_source(ModelArguments(model_name_or_path="./no/such/checkpoint"))
     with pytest.raises(ValueError, match=r"^--model_revision names a version of --model_name_or_path's Hub repo"):
         check_fine_tuning_source(ModelArguments(model_revision="v1"))
     with pytest.raises(ValueError, match=r"is a local directory: --model_revision names a version of a Hub repo"):

@@ -31,6 +31,7 @@ from helpers import (
     script_error,
     subprocess_env,
     word_for_word,
+    word_tokenizer,
     write_corpus,
     write_run_config,
 )
@@ -201,6 +202,20 @@ def test_settings_that_fail_a_run_late_are_refused_before_anything_is_written(fl
         f"error: {message}"
     )
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_tokenizer_directory_without_tokenizer_json_is_named_before_anything_is_written(tmp_path, monkeypatch):
+    """Before, once the data was read: "You need to have sentencepiece or tiktoken installed to convert a slow
+    tokenizer to a fast one", no file named."""
+    word_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    (tmp_path / "tokenizer" / "tokenizer.json").unlink()
+    data = write_corpus(tmp_path / "data", 20, word_for_word)
+    flags = ["--preset", "tiny", "--data_dir", data, "--output_dir", tmp_path / "run", "--report_to", "none"]
+    message = script_error("train.py", *flags, "--tokenizer", tmp_path / "tokenizer", monkeypatch=monkeypatch)
+    assert (
+        message == f"error: --tokenizer_name_or_path {tmp_path / 'tokenizer'} holds a tokenizer without tokenizer.json"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monkeypatch):
