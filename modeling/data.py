@@ -295,7 +295,11 @@ def discover_parallel_files(
     All splits found, or only `splits` (aliases resolved); only those are checked, so an incomplete
     split you do not ask for (say a test set without German) is no obstacle.
     """
+    if source_lang == target_lang:  # else "not enough values to unpack" where a split's other file is looked for
+        raise ValueError(f"source and target language are both {source_lang!r}")
     data_dir = Path(data_dir)
+    if data_dir.is_file():
+        raise NotADirectoryError(f"data directory {data_dir} is a file: give the directory that holds the corpus")
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory {data_dir} does not exist")
     names = sorted(p.name for p in data_dir.iterdir() if p.is_file())

@@ -344,6 +344,17 @@ def test_argument_errors(tmp_path):
         load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path)
 
 
+def test_finding_files_of_one_language_twice_or_in_a_file_is_refused_naming_it(tmp_path):
+    """train.py (which looks for the training files first) said "not enough values to unpack (expected 1, got 0)"
+    for --source_lang en --target_lang en; a file given as the data directory "does not exist"."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    with pytest.raises(ValueError, match=r"^source and target language are both 'en'$"):
+        discover_parallel_files(tmp_path, "en", "en", ["train"])
+    with pytest.raises(NotADirectoryError, match=r"^data directory .*train\.en is a file: give the directory that"):
+        discover_parallel_files(tmp_path / "train.en", "en", "de")
+
+
 def hub_like(features: datasets.Features | None = None, **columns) -> datasets.DatasetDict:
     """A DatasetDict shaped like a Hub translation dataset, e.g. wmt/wmt14 de-en."""
     return datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns, features=features)})
