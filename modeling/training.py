@@ -447,6 +447,7 @@ def prepare_output_dir(
             logger.info("No complete checkpoint in %s: starting a fresh run", output_dir)
         _check_same_checkpoint_everywhere(checkpoint, training_args)
     else:  # one path for every process, which each checks
+        _refuse_a_run_directory(resume)
         checkpoint = require_complete_checkpoint(resume)
     if training_args.should_save:
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
@@ -454,6 +455,18 @@ def prepare_output_dir(
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     return str(checkpoint) if checkpoint is not None else None
+
+
+def _refuse_a_run_directory(path: str) -> None:
+    """A run's directory named where one of its checkpoints is meant: it holds the final model and trainer state, and
+    passes for a complete checkpoint, but no optimizer, scheduler or random states; resumed from, the run went on
+    with all three started over (the learning rate back at the warmup's first update), and said nothing."""
+    checkpoints = list_checkpoints(path) if Path(path).is_dir() else []
+    if checkpoints:
+        raise ValueError(
+            f"--resume_from_checkpoint {path} is a run's directory, not one of its checkpoints: give "
+            f"{checkpoints[-1]}, or --output_dir {path} --resume_from_checkpoint last"
+        )
 
 
 def _check_same_checkpoint_everywhere(checkpoint: Path | None, training_args: TranslationTrainingArguments) -> None:

@@ -705,6 +705,23 @@ def test_resume_last_without_a_complete_checkpoint_starts_fresh(tmp_path, datase
         train(ModelArguments(preset="tiny", **TINY), data, explicit)
 
 
+def test_a_run_directory_given_as_the_checkpoint_to_resume_is_refused_naming_its_newest_checkpoint(tmp_path):
+    """The run's directory passed for a complete checkpoint (final model, trainer_state.json): the run resumed at its
+    last update with a new optimizer and the learning rate back at the warmup's first update, and said nothing."""
+    run = tmp_path / "run"
+    for step in (2, 4):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+        write_completeness_marker(run / f"checkpoint-{step}", step=step)
+    write_completeness_marker(run, step=4)
+    args = tiny_run_args(tmp_path / "next", resume_from_checkpoint=str(run))
+    with pytest.raises(ValueError) as refused:
+        prepare_output_dir(args)
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint {run} is a run's directory, not one of its checkpoints: give "
+        f"{run / 'checkpoint-4'}, or --output_dir {run} --resume_from_checkpoint last"
+    )
+
+
 def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, monkeypatch):
     """Two nodes without a shared file system (each its own output_dir): rank 0 resumed from checkpoint-15, rank 1
     from its checkpoint-10, which held no weights, and the run failed at every requeue. Here one process, told by
