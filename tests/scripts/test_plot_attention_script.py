@@ -20,3 +20,12 @@ def test_plot_attention_writes_heatmaps_and_checks_indices(tiny_checkpoint, tmp_
 
     message = script_error("plot_attention.py", *common, "--target", "x", "--head", "9", monkeypatch=monkeypatch)
     assert message == "error: head 9 does not exist: this attention has heads 0 to 3."
+
+
+def test_a_directory_given_as_the_output_is_named_as_one(tiny_checkpoint, tmp_path, monkeypatch):
+    """Before, once drawn: "[Errno 21] Is a directory: '.../.plots.tmp-2708-bc3a828e' -> '.../plots'"."""
+    model_dir, _, _ = tiny_checkpoint
+    (tmp_path / "plots").mkdir()
+    flags = ["--model", model_dir, "--source", "a dog.", "--output", tmp_path / "plots"]
+    message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
+    assert message == f"error: cannot write {tmp_path / 'plots'}: it is a directory; give a file name"
