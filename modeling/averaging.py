@@ -86,8 +86,10 @@ def last_checkpoints(
     if len(last) < n:
         names = [path.name for path in checkpoints]
         if not at_most:
+            itself = " (it is itself a checkpoint: give the run's directory, which holds it)"
             raise ValueError(
-                f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}."
+                f"Asked for the last {n} checkpoints of {checkpoint_dir}, found {len(names)} complete: {names}"
+                f"{itself if not checkpoints and CHECKPOINT_RE.match(Path(checkpoint_dir).name) else ''}."
             )
         logger.warning("Averaging the %d checkpoints in %s rather than %d", len(last), checkpoint_dir, n)
     kept = _best_kept_by_rotation(last) if last else None
@@ -123,6 +125,12 @@ def named_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Path]:
     for checkpoint in checkpoints:
         if not checkpoint.is_dir():
             raise IncompleteCheckpointError(f"{checkpoint} is not a directory")
+        if held := list_checkpoints(checkpoint):
+            # its final model, averaged alone (a copy) or counted beside its own checkpoints, without a word
+            raise ValueError(
+                f"{checkpoint} is a run's directory, not a checkpoint: name its checkpoints ({held[-1]}, ...), or "
+                f"average its last N (--checkpoint-dir {checkpoint} --last N)"
+            )
         if problems := checkpoint_problems(checkpoint, training_state=False):
             raise IncompleteCheckpointError(f"{checkpoint} is incomplete: {describe_problems(problems)}")
     return checkpoints

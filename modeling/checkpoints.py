@@ -93,6 +93,8 @@ def saved_update(checkpoint: str | os.PathLike) -> int:
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Every `checkpoint-<step>` directory in `directory`, complete or not, by step (checkpoint-900 before -1000)."""
     directory = Path(directory)
+    if directory.is_file():
+        raise NotADirectoryError(f"Checkpoint directory {directory} is a file, not a directory.")
     if not directory.is_dir():
         raise FileNotFoundError(f"Checkpoint directory {directory} does not exist.")
     found = [path for path in directory.iterdir() if path.is_dir() and CHECKPOINT_RE.match(path.name)]

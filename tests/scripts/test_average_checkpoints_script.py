@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from helpers import SCRIPTS, save_trainer_checkpoint
+from helpers import SCRIPTS, save_trainer_checkpoint, script_error
 from safetensors.torch import load_file
 
 SCRIPT = SCRIPTS / "average_checkpoints.py"
@@ -68,3 +68,35 @@ def test_script_takes_last_with_a_checkpoint_dir_and_checkpoints_without(tmp_pat
     errors = capsys.readouterr().err
     assert errors.count("--checkpoint-dir goes with --last") == 2
     assert "not allowed with argument" in errors
+
+
+def test_a_run_directory_and_a_checkpoint_given_for_each_other_are_named(tmp_path, monkeypatch):
+    """A run's directory named as a checkpoint was "averaged" alone: a copy of its final model, printed as "Averaged
+    run into ...". A checkpoint named as the run's directory: "found 0 complete: []"; a file: "does not exist"."""
+    for step, seed in ((1, 0), (2, 1)):
+        save_trainer_checkpoint(tmp_path / "run" / f"checkpoint-{step}", seed=seed)
+    save_trainer_checkpoint(tmp_path / "run", seed=2)  # the final model beside them
+    (tmp_path / "notes.txt").write_text("")
+    output = ["--output-dir", tmp_path / "averaged"]
+    message = script_error(
+        "average_checkpoints.py", "--checkpoints", tmp_path / "run", *output, monkeypatch=monkeypatch
+    )
+    assert message == (
+        f"error: {tmp_path / 'run'} is a run's directory, not a checkpoint: name its checkpoints "
+        f"({tmp_path / 'run' / 'checkpoint-2'}, ...), or average its last N (--checkpoint-dir {tmp_path / 'run'} "
+        "--last N)"
+    )
+    one = tmp_path / "run" / "checkpoint-2"
+    message = script_error(
+        "average_checkpoints.py", "--checkpoint-dir", one, "--last", "2", *output, monkeypatch=monkeypatch
+    )
+    assert message == (
+        f"error: Asked for the last 2 checkpoints of {one}, found 0 complete: [] (it is itself a checkpoint: give the "
+        "run's directory, which holds it)."
+    )
+    notes = tmp_path / "notes.txt"
+    message = script_error(
+        "average_checkpoints.py", "--checkpoint-dir", notes, "--last", "2", *output, monkeypatch=monkeypatch
+    )
+    assert message == f"error: Checkpoint directory {notes} is a file, not a directory."
+    assert not (tmp_path / "averaged").exists()
