@@ -22,7 +22,6 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoTokenizer, TrainingArguments
-from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
 from .checkpoints import (
     CURVES_FILE,
@@ -38,6 +37,7 @@ from .export.common import refuse_an_export
 from .files import sole_writer
 from .hub_client import hub_call
 from .model_card import EVAL_RESULTS_GLOB, read_json, write_model_card
+from .tokenization import missing_tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ def resolve_token(token: str | None = None) -> str:
 def check_model_dir(model_dir: str | Path) -> Path:
     """Refuse a directory that would give an unusable repo: missing weights, remote code or tokenizer."""
     model_dir = Path(model_dir)
+    if model_dir.is_file():
+        raise NotADirectoryError(f"{model_dir} is a file: give the model directory that holds it.")
     if not model_dir.is_dir():
         raise FileNotFoundError(f"Model directory {model_dir} does not exist.")
     refuse_an_export(model_dir)
@@ -147,7 +149,7 @@ def _check_tokenizer(model_dir: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
     except Exception as error:  # tokenizers fail with anything from OSError to TypeError on missing files
-        missing = _missing_vocabulary_files(model_dir)
+        missing = missing_tokenizer_files(model_dir)
         cause = ", ".join(f"{name} is missing" for name in missing) if missing else " ".join(str(error).split())
         raise ValueError(f"{model_dir}: its tokenizer cannot be loaded: {cause}. Save the tokenizer again.") from None
     vocab_size = read_json(model_dir / "config.json").get("vocab_size")
@@ -156,18 +158,6 @@ def _check_tokenizer(model_dir: Path) -> None:
             f"{model_dir}: its tokenizer has {len(tokenizer)} tokens, more than config.json's vocab_size "
             f"{vocab_size}: it is not this model's tokenizer. Save the model's own tokenizer there."
         )
-
-
-def _missing_vocabulary_files(model_dir: Path) -> list[str]:
-    """The files that tokenizer_config.json's tokenizer class reads and that are not there (best effort: an
-    unknown class names none)."""
-    try:
-        config = read_json(model_dir / "tokenizer_config.json")
-        tokenizer_class = tokenizer_class_from_name(config.get("tokenizer_class") or "")
-    except Exception:
-        return []
-    names = getattr(tokenizer_class, "vocab_files_names", {}).values()
-    return [name for name in names if isinstance(name, str) and not (model_dir / name).is_file()]
 
 
 def _missing_siblings(model_dir: Path) -> list[str]:
