@@ -148,6 +148,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
     current_weights = None  # model_dir's weight files, hashed once for every result that records its own
     for directory in map(Path, directories):
+        if directory.is_file():
+            raise NotADirectoryError(f"Card input directory {directory} is a file, not a directory.")
         if not directory.is_dir():
             raise FileNotFoundError(f"Card input directory {directory} does not exist.")
         for path in sorted(directory.glob(EVAL_RESULTS_GLOB)):
@@ -605,6 +607,8 @@ def render_model_card(
         "fairseq_published_bleu": FAIRSEQ_PUBLISHED_BLEU,
     }
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    if template.is_dir():
+        raise IsADirectoryError(f"Model card template {template} is a directory: give the template file.")
     if not template.is_file():
         raise FileNotFoundError(f"Model card template {template} does not exist; pass template_path.")
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)

@@ -281,3 +281,29 @@ def test_stale_training_curves_are_not_uploaded_and_leave_the_repo(hub, tmp_path
     assert "README.md" in stored and "training_curves.png" not in stored
     assert "Training curves: not recorded" in (root / repo_id / "README.md").read_text()
     assert (model_dir / "training_curves.png").exists()
+
+
+def test_a_file_or_directory_given_for_the_other_is_named_as_such(tmp_path, monkeypatch):
+    """Each was said not to exist: "Model directory notes.txt does not exist.", "Card input directory notes.txt does
+    not exist.", "Model card template templates does not exist; pass template_path.\""""
+    model_dir, notes, templates = tmp_path / "model", tmp_path / "notes.txt", tmp_path / "templates"
+    save_tiny_checkpoint(model_dir)
+    notes.write_text("")
+    templates.mkdir()
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "HfApi", no_hub)
+    cases = {
+        ("--model", notes): f"error: {notes} is a file: give the model directory that holds it.",
+        (
+            "--model",
+            model_dir,
+            "--card-from",
+            notes,
+        ): f"error: Card input directory {notes} is a file, not a directory.",
+        ("--model", model_dir, "--template", templates): (
+            f"error: Model card template {templates} is a directory: give the template file."
+        ),
+    }
+    for flags, expected in cases.items():
+        assert script_error("push_to_hub.py", *flags, "--repo-id", REPO_ID, monkeypatch=monkeypatch) == expected
+    assert not (model_dir / "README.md").exists()
