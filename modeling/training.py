@@ -62,6 +62,8 @@ from .arguments import (
 from .averaging import AVERAGING_RECORD_NAME, REPLACEABLE, average_checkpoints, last_checkpoints
 from .callbacks import PreemptionCallback, any_rank, lowest_and_highest_over_ranks
 from .checkpoints import (
+    CHECKPOINT_RE,
+    COMPLETE_MARKER,
     CONVERSION_FILE,
     DATA_STATS_FILE,
     PREEMPTED_FILE,
@@ -423,6 +425,7 @@ def prepare_output_dir(
     there, removes files and preempted.json.
     """
     output_dir = Path(training_args.output_dir)
+    _refuse_a_checkpoint_as_output_dir(output_dir)
     if training_args.should_save:  # a file in the way or no permission: said now, naming the directory
         check_writable(output_dir / RUN_IDENTITY_FILE)
     if training_args.average_last_checkpoints > 1:
@@ -455,6 +458,17 @@ def prepare_output_dir(
     if checkpoint is not None:
         logger.info("Resuming from %s", checkpoint)
     return str(checkpoint) if checkpoint is not None else None
+
+
+def _refuse_a_checkpoint_as_output_dir(output_dir: Path) -> None:
+    """One of a run's checkpoints named as --output_dir: a run there (a fresh one, "resumed" with "last", which finds
+    no checkpoint in it) wrote its weights, trainer state and checkpoints over the checkpoint's, whose marker then
+    listed sizes they no longer had: the checkpoint was lost."""
+    if CHECKPOINT_RE.match(output_dir.name) and (output_dir / COMPLETE_MARKER).is_file():
+        raise ValueError(
+            f"--output_dir {output_dir} is a checkpoint of the run in {output_dir.parent}: give the run's directory "
+            f"(--output_dir {output_dir.parent}), whose newest checkpoint --resume_from_checkpoint last resumes from"
+        )
 
 
 def _refuse_a_run_directory(path: str) -> None:

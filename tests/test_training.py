@@ -722,6 +722,21 @@ def test_a_run_directory_given_as_the_checkpoint_to_resume_is_refused_naming_its
     )
 
 
+@pytest.mark.parametrize("resume", [None, "last"])
+def test_a_checkpoint_given_as_the_output_directory_is_refused_naming_the_runs(resume, tmp_path):
+    """The refusal of an earlier run there said to resume it with "last", which found no checkpoint inside the
+    checkpoint and trained a fresh run over its files: the checkpoint was lost."""
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    write_completeness_marker(checkpoint, step=2)
+    with pytest.raises(ValueError) as refused:
+        prepare_output_dir(tiny_run_args(checkpoint, resume_from_checkpoint=resume))
+    assert str(refused.value) == (
+        f"--output_dir {checkpoint} is a checkpoint of the run in {tmp_path / 'run'}: give the run's directory "
+        f"(--output_dir {tmp_path / 'run'}), whose newest checkpoint --resume_from_checkpoint last resumes from"
+    )
+
+
 def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, monkeypatch):
     """Two nodes without a shared file system (each its own output_dir): rank 0 resumed from checkpoint-15, rank 1
     from its checkpoint-10, which held no weights, and the run failed at every requeue. Here one process, told by
