@@ -198,8 +198,8 @@ def main() -> None:
         with reporting_on_stdout():
             try:
                 arguments = parse(sys.argv[1:])
-            except (OSError, ValueError) as error:
-                sys.exit(f"error: {error}")
+            except (OSError, ValueError) as error:  # transformers' own checks of its arguments span lines
+                sys.exit(f"error: {' '.join(str(error).split())}")
         with giving_up_broken_output():  # a terminal gone or a log file on a full disk does not stop the run
             run(*arguments)
     finally:

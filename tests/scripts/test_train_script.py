@@ -218,6 +218,14 @@ def test_a_tokenizer_directory_without_tokenizer_json_is_named_before_anything_i
     assert not (tmp_path / "run").exists()
 
 
+def test_a_setting_that_transformers_refuses_is_refused_in_one_line(tmp_path, monkeypatch):
+    """transformers' message spans three lines ("... but found\n- Evaluation strategy: ...\n- Save strategy: ...")."""
+    flags = ["--preset", "tiny", "--output_dir", tmp_path / "run", "--report_to", "none", "--eval_strategy", "no"]
+    message = script_error("train.py", *flags, "--load_best_model_at_end", "true", monkeypatch=monkeypatch)
+    assert message.startswith("error: --load_best_model_at_end requires the save and eval strategy to match")
+    assert message.endswith("but found - Evaluation strategy: IntervalStrategy.NO - Save strategy: SaveStrategy.STEPS")
+
+
 def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "data", 20, word_for_word)
     card = "---\nlicense: cc-by-4.0\n---\n# Our corpus\n"  # a dataset card: front matter, as a model card's
