@@ -148,7 +148,13 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
         values.pop("gradient_accumulation_steps", None)
     parser = HfArgumentParser(ARGUMENT_GROUPS)
     parser.set_defaults(**{**defaults, **values})
-    return parser.parse_args_into_dataclasses(argv)
+    *arguments, unused = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    misplaced = [argument for argument in unused if argument.endswith(CONFIG_SUFFIXES)]
+    if misplaced:  # else "not used by the HfArgumentParser", which says neither why nor what to do
+        raise ValueError(f"{misplaced[0]}: a config file is read as the first argument only, before any flag")
+    if unused:
+        raise ValueError(f"Some specified arguments are not used by the HfArgumentParser: {unused}")
+    return tuple(arguments)
 
 
 def exit_now_on_signal(code: int) -> dict[signal.Signals, typing.Any]:

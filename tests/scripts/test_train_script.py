@@ -218,6 +218,16 @@ def test_a_tokenizer_directory_without_tokenizer_json_is_named_before_anything_i
     assert not (tmp_path / "run").exists()
 
 
+def test_a_config_file_after_a_flag_is_named_as_one_that_goes_first(tmp_path, monkeypatch):
+    """Before: "Some specified arguments are not used by the HfArgumentParser: ['run.yaml']"."""
+    config = write_run_config(tmp_path / "run.yaml", tmp_path / "data", tmp_path / "run")
+    message = script_error("train.py", "--max_steps", "2", config, monkeypatch=monkeypatch)
+    assert message == f"error: {config}: a config file is read as the first argument only, before any flag"
+    message = script_error("train.py", "--max_steps", "2", "--no_such_flag", "1", monkeypatch=monkeypatch)
+    assert message == "error: Some specified arguments are not used by the HfArgumentParser: ['--no_such_flag', '1']"
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_setting_that_transformers_refuses_is_refused_in_one_line(tmp_path, monkeypatch):
     """transformers' message spans three lines ("... but found\n- Evaluation strategy: ...\n- Save strategy: ...")."""
     flags = ["--preset", "tiny", "--output_dir", tmp_path / "run", "--report_to", "none", "--eval_strategy", "no"]
