@@ -5,6 +5,7 @@ naming the file and the line."""
 import bz2
 import errno
 import gzip
+import hashlib
 import io
 import lzma
 import os
@@ -28,10 +29,15 @@ from modeling.files import (
     check_distinct_outputs,
     check_replaceable,
     check_writable,
+    disk_full_error,
+    file_sha256,
+    file_states,
     iter_lines,
+    reads_once,
     replace_files,
     replacing_directory,
     sole_writer,
+    swap_directory,
     undeletable,
     write_files_into,
     write_json,
@@ -83,16 +89,18 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_old_content_stays(tmp_p
 
 def test_an_error_without_errno_on_a_nearly_full_disk_is_a_full_disk(tmp_path, monkeypatch):
     """torch.save and safetensors report a full disk as a bare 'write failed': free space decides."""
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(100, 100, 0))
-    full = r"No space left on device while writing .*optimizer\.pt \(0\.0 MiB free\)"
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30, 3 * 2**19))
+    full = r"No space left on device while writing .*optimizer\.pt \(1\.5 MiB free\)"
     with pytest.raises(DiskFullError, match=full):
         with atomic_path(tmp_path / "optimizer.pt"):
             raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
     failed = r"Writing .*optimizer\.pt failed \(PytorchStreamWriter .*\), with free space on its disk: a quota that"
     with pytest.raises(UnwritableError, match=failed) as error:  # plenty of space: not blamed on the disk
-        with atomic_path(tmp_path / "optimizer.pt"):
-            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        with atomic_path(tmp_path / "optimizer.pt"):  # its first line, not the C++ frames after it
+            raise RuntimeError(
+                "PytorchStreamWriter failed writing file data/0: file write failed\nframe #0: c10::Error"
+            )
     assert not isinstance(error.value, DiskFullError)
 
 
@@ -813,3 +821,212 @@ def test_the_early_check_refuses_another_users_leftover_beside_a_directory_not_t
         monkeypatch.undo()
         shutil.rmtree(leftover)
     check_replaceable(target, "averaging.json", "an average")
+
+
+def test_atomic_write_refuses_a_mode_that_would_not_write_the_whole_file(tmp_path):
+    """'a' would append to an empty temporary file, which then replaced the file: its old content lost."""
+    path = write_text(tmp_path / "hypotheses.de", "old\n")
+    with pytest.raises(ValueError, match=r"^atomic_write writes whole files: mode 'w' or 'wb', not 'a'\.$"):
+        with atomic_write(path, "a") as handle:
+            handle.write("new\n")
+    assert path.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+    with atomic_write(path, "wb") as handle:
+        handle.write("grün\n".encode())
+    assert path.read_bytes() == "grün\n".encode()
+
+
+def test_what_a_killed_writer_left_does_not_block_the_next_one(tmp_path):
+    """A kill between the swap's two renames leaves `.NAME.old`, one during the build `NAME.partial` (or a
+    saver's `.NAME.partial` staging): the next writer clears them rather than failing on them."""
+    target = tmp_path / "averaged"
+    with atomic_directory(target) as staging:
+        (staging / "model.safetensors").write_text("first")
+    for leftover in (tmp_path / ".averaged.old", tmp_path / "averaged.partial"):
+        leftover.mkdir()
+        (leftover / "stale.bin").write_text("killed")
+    with atomic_directory(target) as staging:
+        assert list(staging.iterdir()) == [], "the killed build's files are not part of this one"
+        (staging / "model.safetensors").write_text("second")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"]
+    assert sorted(path.name for path in target.iterdir()) == ["model.safetensors"]
+    assert (target / "model.safetensors").read_text() == "second"
+
+    shared = tmp_path / "run"
+    (shared / ".tokenizer.partial").mkdir(parents=True)
+    (shared / ".tokenizer.partial" / "stale.json").write_text("killed")
+    write_files_into(shared, lambda staging: (staging / "tokenizer.json").write_text("new"), name="tokenizer")
+    assert sorted(path.name for path in shared.iterdir()) == ["tokenizer.json"]
+
+
+def test_a_directory_whose_parents_do_not_exist_yet_is_locked_while_it_is_built(tmp_path):
+    """The lock file goes beside the directory: without its parents there, the first writer took no lock and a
+    second one deleted its partial directory."""
+    target = tmp_path / "runs" / "new" / "averaged"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("first")
+        with pytest.raises(UnwritableError, match=r"^another process is writing "):
+            with atomic_directory(target):
+                pass
+        assert (staging / "model.bin").read_text() == "first"
+    assert (target / "model.bin").read_text() == "first"
+
+
+def test_writes_reach_the_disk_before_they_replace_anything(tmp_path, monkeypatch):
+    """A power cut after a rename whose file (or directory entry) was still in the page cache leaves an empty or
+    missing file in place of the old one: each file is flushed before it is renamed into place, and the
+    directory that holds it after."""
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(
+        files_module.os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd)
+    )
+    monkeypatch.setattr(
+        files_module.os, "replace", lambda a, b: events.append(("replace", os.fspath(b))) or replace(a, b)
+    )
+    descriptors = len(os.listdir("/proc/self/fd"))
+
+    write_text(tmp_path / "record.json", "{}\n")
+    (kind, temporary), *rest = events
+    assert kind == "fsync" and re.fullmatch(r"\.record\.json\.tmp-\d+-[0-9a-f]{8}", Path(temporary).name)
+    assert rest == [("replace", str(tmp_path / "record.json")), ("fsync", str(tmp_path))]
+
+    events.clear()
+    target = tmp_path / "averaged"
+    with atomic_directory(target) as partial:
+        (partial / "sub").mkdir()
+        (partial / "sub" / "model.bin").write_text("weights")
+        (partial / "config.json").write_text("{}")
+    flushed = {path for kind, path in events[:-2] if kind == "fsync"}
+    assert flushed == {
+        str(partial),
+        str(partial / "sub"),
+        str(partial / "sub" / "model.bin"),
+        str(partial / "config.json"),
+    }
+    assert events[-2:] == [("replace", str(target)), ("fsync", str(tmp_path))]
+
+    events.clear()
+    staging, shared = tmp_path / ".final.partial", tmp_path / "run"
+    staging.mkdir()
+    shared.mkdir()
+    (staging / "config.json").write_text("{}")
+    replace_files(staging, shared)
+    assert events == [
+        ("fsync", str(staging / "config.json")),
+        ("replace", str(shared / "config.json")),
+        ("fsync", str(shared)),
+    ]
+    assert len(os.listdir("/proc/self/fd")) == descriptors, "every descriptor opened to flush is closed"
+
+
+def test_a_full_disk_error_already_named_keeps_its_file(tmp_path):
+    """A nested write's DiskFullError names the file it was writing; naming the outer one instead would hide it."""
+    nested = DiskFullError(tmp_path / "model.safetensors", free=0)
+    assert disk_full_error(nested, tmp_path / "export") is nested
+
+
+def test_a_directory_below_that_cannot_be_listed_or_guards_another_users_files_is_named(tmp_path, monkeypatch):
+    """`shutil.rmtree` fails on a directory it cannot list, and on another user's entry in a sticky directory: the
+    old export would stay as `.export.old`, blocking every later replacement."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "listed").mkdir()
+        (staging / "unlisted").mkdir()
+    scandir = os.scandir
+
+    def unlistable(path="."):  # tests run as root, whom no permission stops
+        if Path(path) == target / "unlisted":
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    assert undeletable(target) == target / "unlisted"
+    monkeypatch.undo()
+    (target / "unlisted").rmdir()
+    (target / "listed" / "theirs.bin").write_text("")
+    (target / "listed").chmod(0o1777)
+    monkeypatch.setattr(files_module.os, "geteuid", lambda: 4242)
+    assert undeletable(target) == target / "listed"
+
+
+def test_only_a_sticky_directory_guards_its_entries_and_from_anyone_but_root(tmp_path, monkeypatch):
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("theirs")
+    monkeypatch.setattr(files_module.os, "geteuid", lambda: 4242)
+    assert undeletable(target) is None, "without the sticky bit, write permission on the directory is enough"
+    tmp_path.chmod(tmp_path.stat().st_mode | stat.S_ISVTX)
+    os.chown(tmp_path, 4242, -1)
+    os.chown(target, 4343, -1)
+    monkeypatch.setattr(files_module.os, "geteuid", lambda: 0)
+    assert undeletable(target) is None, "root renames anyone's directory"
+
+
+def test_reads_once_tells_pipes_from_files(tmp_path):
+    fifo, plain = tmp_path / "fifo", write_text(tmp_path / "news.de", "Ein Satz.\n")
+    os.mkfifo(fifo)
+    assert reads_once("-") and reads_once(fifo)
+    assert not reads_once(plain) and not reads_once(tmp_path / "missing")
+
+
+def test_file_states_change_when_a_file_is_rewritten_and_sha256_reads_every_chunk(tmp_path):
+    path = write_text(tmp_path / "train.de", "ein\n")
+    states = file_states([path])
+    assert file_states([path]) == states
+    write_text(path, "zwei\n")
+    assert file_states([path]) != states
+    data = bytes(range(10))
+    path.write_bytes(data)
+    assert file_sha256(path, chunk_size=3) == hashlib.sha256(data).hexdigest()
+
+
+def test_writes_create_the_missing_directories_above_them(tmp_path):
+    write_json(tmp_path / "runs" / "new" / "record.json", {"bleu": 27.3})
+    write_files_into(tmp_path / "runs" / "final" / "model", lambda staging: (staging / "config.json").write_text("{}"))
+    assert (tmp_path / "runs" / "new" / "record.json").is_file()
+    assert (tmp_path / "runs" / "final" / "model" / "config.json").is_file()
+
+
+def test_a_full_disk_is_found_in_the_error_that_caused_the_writers_or_that_it_handled(tmp_path):
+    """safetensors and torch raise their own error, from the file system's or while handling it."""
+    for chained_by in ("cause", "context"):
+        failure = RuntimeError("Error while serializing")
+        setattr(failure, f"__{chained_by}__", OSError(errno.ENOSPC, "No space left on device"))
+        with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {tmp_path / 'model'}"):
+            with atomic_path(tmp_path / "model"):
+                raise failure
+
+
+def test_a_first_swap_whose_rename_fails_raises_the_renames_error(tmp_path, monkeypatch):
+    """With no old directory to put back, the error is the rename's own, not one about the missing old one."""
+    new = tmp_path / "export.partial"
+    new.mkdir()
+    refusal, replace = OSError(errno.EXDEV, "Invalid cross-device link"), os.replace
+
+    def refused(source, destination):
+        if Path(source) == new:
+            raise refusal
+        replace(source, destination)
+
+    monkeypatch.setattr(files_module.os, "replace", refused)
+    with pytest.raises(OSError) as error:
+        swap_directory(new, tmp_path / "export")
+    assert error.value is refusal
+
+
+def test_a_file_system_without_locks_is_warned_about_and_the_write_goes_on(tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):  # an NFS mount without a lock daemon
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(files_module.fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING", logger="modeling.files"):
+        with sole_writer(tmp_path / "export"):
+            pass
+    assert f"a second writer of {tmp_path / 'export'} is not refused" in caplog.text
+
+
+def test_a_file_that_cannot_be_opened_raises_the_error_of_open_naming_it(tmp_path):
+    """Not "cannot read it after 0 lines", which reads as a corrupt file."""
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: .*missing\.de"):
+        list(iter_lines(tmp_path / "missing.de"))
