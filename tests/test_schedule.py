@@ -33,3 +33,12 @@ def test_a_warmup_of_less_than_one_update_is_refused_in_one_line():
             check_warmup_steps(warmup)
     check_warmup_steps(0.1)  # a ratio of the run's updates, as Hugging Face reads it; its count is checked again
     check_warmup_steps(4000)
+
+
+def test_a_step_or_warmup_below_one_is_refused_in_one_line_and_one_is_the_least():
+    for step, warmup in ((0, 4000), (1, 0), (-1, 4000)):
+        with pytest.raises(
+            ValueError, match=rf"^step \({step}\) and warmup_steps \({warmup}\) count updates from 1\.$"
+        ):
+            noam_learning_rate(step, 512, warmup)
+    assert noam_learning_rate(1, 512, 1) == 512**-0.5  # a warmup of one update peaks at the first
