@@ -244,7 +244,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     raises `DiskFullError`, another refusal of the file system `UnwritableError` (`write_error`). A link at
     `path` stays, and the file it points to is replaced.
     """
-    path = _written(Path(path))
+    given = Path(path)
+    path = _written(given)
+    if path.is_dir():  # else the work was done, then refused naming the temporary file ("Is a directory: .x.tmp-…")
+        raise UnwritableError(errno.EISDIR, f"cannot write {_named(given, path)}: it is a directory; give a file name")
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
     umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps

@@ -70,6 +70,23 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_a_directory_where_a_file_is_written_is_refused_before_the_writer_runs(tmp_path):
+    """A figure, a safetensors file or a JSON record written where a directory is: the writer ran (a plot drawn, a
+    model serialised), then the rename was refused naming the temporary file, `[Errno 21] Is a directory:
+    '.x.tmp-2708-bc3a828e' -> 'x'`."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "x")
+    writers = []
+    for given in ("x", "link"):
+        with pytest.raises(UnwritableError) as refusal:
+            with atomic_path(tmp_path / given):
+                writers.append(given)
+        named = str(tmp_path / "x") if given == "x" else f"{tmp_path / 'link'} (which leads to {tmp_path / 'x'})"
+        assert str(refusal.value) == f"cannot write {named}: it is a directory; give a file name"
+        assert refusal.value.errno == errno.EISDIR
+    assert writers == [] and leftovers(tmp_path) == []
+
+
 def test_a_full_disk_is_one_line_naming_the_file_and_the_old_content_stays(tmp_path, monkeypatch):
     path = write_text(tmp_path / "eval_results_test.json", "old\n")
 
