@@ -139,14 +139,19 @@ def test_fine_tuning_a_model_directory_without_its_tokenizer_is_refused_before_t
     assert check_fine_tuning_source(given) == TransformerConfig.model_type
 
 
+def saved_tiny_model(directory: Path) -> Path:
+    """A tiny model and its word tokenizer saved into `directory`, as a model to fine-tune."""
+    tiny_model(len(word_tokenizer())).save_pretrained(directory)
+    word_tokenizer().save_pretrained(directory)
+    return directory
+
+
 @pytest.mark.parametrize("lost", ["tokenizer.json", "tokenizer_config.json"])
 def test_fine_tuning_a_model_directory_whose_tokenizer_lacks_a_file_names_it_before_the_data_is_read(lost, tmp_path):
     """Before, once the training text had been read: "You need to have sentencepiece or tiktoken installed" without
     tokenizer.json, and another tokenizer class's "arg `langs` needs to be a list of 2 langs" without
     tokenizer_config.json."""
-    pretrained = tmp_path / "pretrained"
-    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
-    word_tokenizer().save_pretrained(pretrained)
+    pretrained = saved_tiny_model(tmp_path / "pretrained")
     (pretrained / lost).unlink()
     with pytest.raises(ValueError) as refused:
         check_fine_tuning_source(ModelArguments(model_name_or_path=str(pretrained)))
@@ -158,9 +163,7 @@ def test_fine_tuning_a_model_directory_whose_tokenizer_lacks_a_file_names_it_bef
 
 def test_fine_tuning_a_model_directory_with_cut_short_weights_is_refused_before_the_data_is_read(tmp_path):
     """Before: safetensors' traceback, "Error while deserializing header: header too small", after the data."""
-    pretrained = tmp_path / "pretrained"
-    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
-    word_tokenizer().save_pretrained(pretrained)
+    pretrained = saved_tiny_model(tmp_path / "pretrained")
     (pretrained / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError) as refused:
         check_fine_tuning_source(ModelArguments(model_name_or_path=str(pretrained)))
@@ -172,9 +175,7 @@ def test_fine_tuning_a_model_directory_with_cut_short_weights_is_refused_before_
 
 def test_a_dropout_the_model_refuses_is_refused_before_the_data_is_read_when_fine_tuning(tmp_path):
     """The config refused it as the model loaded, once the training text had been read and cleaned."""
-    pretrained = tmp_path / "pretrained"
-    tiny_model(len(word_tokenizer())).save_pretrained(pretrained)
-    word_tokenizer().save_pretrained(pretrained)
+    pretrained = saved_tiny_model(tmp_path / "pretrained")
     nowhere = DataArguments(data_dir=str(tmp_path / "no-data"), source_lang="en", target_lang="de")
     with pytest.raises(
         ValueError, match=r"^dropout must be a probability in \[0, 1\) \(1 drops everything\), got 1.5"
