@@ -1169,6 +1169,14 @@ def test_a_label_smoothing_factor_outside_0_to_1_is_refused_when_the_arguments_a
         tiny_run_args(tmp_path / "run", label_smoothing_factor=factor)
 
 
+def test_max_steps_0_is_refused_rather_than_read_as_unset(tmp_path):
+    """transformers reads a step count below 1 as unset: `--max_steps 0` trained num_train_epochs epochs (3 by
+    default) and saved a checkpoint, exit 0. -1, transformers' own "unset", still trains by epochs."""
+    with pytest.raises(ValueError, match=r"^max_steps 0 would train num_train_epochs epochs .* or -1 to train by"):
+        tiny_run_args(tmp_path / "run", max_steps=0)
+    assert tiny_run_args(tmp_path / "run", max_steps=-1).max_steps == -1
+
+
 def test_an_averaged_directory_that_cannot_be_replaced_is_refused_before_training(tmp_path, monkeypatch):
     def not_reached(*args, **kwargs):
         raise AssertionError("the data was read although the average could not be written")
