@@ -123,6 +123,8 @@ def named_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Path]:
     missing, not skipped as `average_checkpoints` skips those it finds."""
     checkpoints = [Path(path) for path in paths]
     for checkpoint in checkpoints:
+        if not checkpoint.exists():
+            raise IncompleteCheckpointError(f"{checkpoint} does not exist")
         if not checkpoint.is_dir():
             raise IncompleteCheckpointError(f"{checkpoint} is not a directory")
         if held := list_checkpoints(checkpoint):

@@ -381,8 +381,11 @@ def test_named_checkpoints_are_refused_when_missing_or_incomplete(tmp_path):
     (tmp_path / "checkpoint-1" / "trainer_state.json").unlink()  # a model directory: no training state to check
     (tmp_path / "model").mkdir()
     assert named_checkpoints([str(tmp_path / "checkpoint-1")]) == [tmp_path / "checkpoint-1"]
-    with pytest.raises(IncompleteCheckpointError, match="nowhere is not a directory"):
+    with pytest.raises(IncompleteCheckpointError, match="nowhere does not exist"):  # was "is not a directory"
         named_checkpoints([tmp_path / "checkpoint-1", tmp_path / "nowhere"])
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(IncompleteCheckpointError, match="notes.txt is not a directory"):
+        named_checkpoints([tmp_path / "notes.txt"])
     with pytest.raises(IncompleteCheckpointError, match="model is incomplete: no checkpoint_complete.json, and"):
         named_checkpoints([tmp_path / "model"])
 
