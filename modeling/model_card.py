@@ -610,7 +610,7 @@ def render_model_card(
     if template.is_dir():
         raise IsADirectoryError(f"Model card template {template} is a directory: give the template file.")
     if not template.is_file():
-        raise FileNotFoundError(f"Model card template {template} does not exist; pass template_path.")
+        raise FileNotFoundError(f"Model card template {template} does not exist.")
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     try:
         content = environment.from_string(template.read_text(encoding="utf-8")).render(
