@@ -277,4 +277,9 @@ class DataArguments:
     )
 
     def __post_init__(self):
+        for name in ("dataset", "language_pair", "data_dir", "source_lang", "target_lang"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                # `--data_dir $DATA` with DATA unset: the current directory was searched for the corpus, even
+                # beside --dataset, which an empty data_dir did not contradict
+                raise ValueError(f"--{name} is empty (a shell variable not set?): give its value, or leave it out")
         self.data_dir = _home_expanded(self.data_dir)

@@ -1169,6 +1169,14 @@ def test_a_label_smoothing_factor_outside_0_to_1_is_refused_when_the_arguments_a
         tiny_run_args(tmp_path / "run", label_smoothing_factor=factor)
 
 
+@pytest.mark.parametrize("name", ["data_dir", "dataset", "language_pair", "source_lang", "target_lang"])
+def test_an_empty_data_setting_is_refused_naming_it(name):
+    """`--data_dir $DATA` with DATA unset gives `--data_dir ""`: the current directory was searched for the corpus,
+    even beside --dataset."""
+    with pytest.raises(ValueError, match=rf"^--{name} is empty \(a shell variable not set\?\): give its value"):
+        DataArguments(**{"dataset": "wmt/wmt14", name: " " if name == "source_lang" else ""})
+
+
 def test_max_steps_0_is_refused_rather_than_read_as_unset(tmp_path):
     """transformers reads a step count below 1 as unset: `--max_steps 0` trained num_train_epochs epochs (3 by
     default) and saved a checkpoint, exit 0. -1, transformers' own "unset", still trains by epochs."""
