@@ -114,6 +114,14 @@ class ProbeParser(HfArgumentParser):
         raise argparse.ArgumentError(None, message)
 
 
+class ScriptParser(HfArgumentParser):
+    """The script's parser, whose error is one line: argparse's usage before it, every TrainingArguments flag, was 134
+    lines, with the mistyped value at the end. `--help` still prints them all."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (all flags: --help)\n")
+
+
 def flags_given(argv: list[str]) -> dict[str, typing.Any]:
     """The values of the flags in `argv`, by field name: those given only (none where the flags do not parse)."""
     probe = ProbeParser(ARGUMENT_GROUPS, add_help=False)
@@ -146,7 +154,7 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
         defaults["tokens_per_update"] = values["tokens_per_update"] = None
     elif chosen.keys() == {"tokens_per_update"}:
         values.pop("gradient_accumulation_steps", None)
-    parser = HfArgumentParser(ARGUMENT_GROUPS)
+    parser = ScriptParser(ARGUMENT_GROUPS)
     parser.set_defaults(**{**defaults, **values})
     *arguments, unused = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     misplaced = [argument for argument in unused if argument.endswith(CONFIG_SUFFIXES)]
