@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import file_sha256, write_json
+from .files import file_sha256, require_directory, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +92,7 @@ def saved_update(checkpoint: str | os.PathLike) -> int:
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Every `checkpoint-<step>` directory in `directory`, complete or not, by step (checkpoint-900 before -1000)."""
-    directory = Path(directory)
-    if directory.is_file():
-        raise NotADirectoryError(f"Checkpoint directory {directory} is a file, not a directory.")
-    if not directory.is_dir():
-        raise FileNotFoundError(f"Checkpoint directory {directory} does not exist.")
+    directory = require_directory(directory, "Checkpoint directory")
     found = [path for path in directory.iterdir() if path.is_dir() and CHECKPOINT_RE.match(path.name)]
     return sorted(found, key=checkpoint_step)
 

@@ -31,7 +31,15 @@ import tokenizers
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from .files import DiskFullError, disk_full_error, exception_chain, file_sha256, file_states, iter_lines
+from .files import (
+    DiskFullError,
+    disk_full_error,
+    exception_chain,
+    file_sha256,
+    file_states,
+    iter_lines,
+    require_directory,
+)
 from .hub_client import use_hub_timeouts
 from .tokenization import visible_words
 
@@ -297,11 +305,7 @@ def discover_parallel_files(
     """
     if source_lang == target_lang:  # else "not enough values to unpack" where a split's other file is looked for
         raise ValueError(f"source and target language are both {source_lang!r}")
-    data_dir = Path(data_dir)
-    if data_dir.is_file():
-        raise NotADirectoryError(f"data directory {data_dir} is a file: give the directory that holds the corpus")
-    if not data_dir.is_dir():
-        raise FileNotFoundError(f"data directory {data_dir} does not exist")
+    data_dir = require_directory(data_dir, "data directory")
     names = sorted(p.name for p in data_dir.iterdir() if p.is_file())
     pair = {source_lang, target_lang}
     found: dict[str, list[ParallelFiles]] = {}

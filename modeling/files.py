@@ -289,6 +289,17 @@ def write_json(path: str | Path, data: dict[str, Any], **dumps: Any) -> Path:
     return write_text(path, json.dumps(data, **settings) + "\n")
 
 
+def require_directory(path: str | os.PathLike, role: str) -> Path:
+    """`path`, a directory, as a Path; else one line naming it by its `role` ("Checkpoint directory") and what is
+    there instead: a file (a weight or corpus file given for the directory that holds it), or nothing."""
+    path = Path(path)
+    if path.is_file():
+        raise NotADirectoryError(f"{role} {path} is a file: give the directory that holds it.")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{role} {path} does not exist.")
+    return path
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Raise `UnwritableError` now if `atomic_path` could not write `path` later: a directory there, a file where a
     directory should be, no permission, a read-only file system. For commands whose long work ends in writing a

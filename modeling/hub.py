@@ -34,7 +34,7 @@ from .checkpoints import (
     safetensors_problem,
 )
 from .export.common import refuse_an_export
-from .files import sole_writer
+from .files import require_directory, sole_writer
 from .hub_client import hub_call
 from .model_card import EVAL_RESULTS_GLOB, read_json, write_model_card
 from .tokenization import missing_tokenizer_files
@@ -70,11 +70,7 @@ def resolve_token(token: str | None = None) -> str:
 
 def check_model_dir(model_dir: str | Path) -> Path:
     """Refuse a directory that would give an unusable repo: missing weights, remote code or tokenizer."""
-    model_dir = Path(model_dir)
-    if model_dir.is_file():
-        raise NotADirectoryError(f"{model_dir} is a file: give the model directory that holds it.")
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"Model directory {model_dir} does not exist.")
+    model_dir = require_directory(model_dir, "Model directory")
     refuse_an_export(model_dir)
     missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()] + _missing_siblings(model_dir)
     missing += _missing_tokenizer_code(model_dir) + _missing_shards(model_dir)

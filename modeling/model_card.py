@@ -49,7 +49,7 @@ from .checkpoints import (
     weights_record,
 )
 from .evaluation import DECODING_SETTINGS
-from .files import atomic_path, remove_tree, write_text
+from .files import atomic_path, remove_tree, require_directory, write_text
 from .generation_transformer import set_paper_decoding, unset_decoding_defaults
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -147,11 +147,8 @@ def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path
     """
     inputs: dict[str, Any] = {"eval_results": [], "log_history": None, "training_args": None, "data_stats": None}
     current_weights = None  # model_dir's weight files, hashed once for every result that records its own
-    for directory in map(Path, directories):
-        if directory.is_file():
-            raise NotADirectoryError(f"Card input directory {directory} is a file, not a directory.")
-        if not directory.is_dir():
-            raise FileNotFoundError(f"Card input directory {directory} does not exist.")
+    for directory in directories:
+        directory = require_directory(directory, "Card input directory")
         for path in sorted(directory.glob(EVAL_RESULTS_GLOB)):
             result = check_eval_result(path, read_json(path), model_dir)
             if model_dir is not None and result.get("model_weights") is not None:

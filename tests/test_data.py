@@ -351,7 +351,9 @@ def test_finding_files_of_one_language_twice_or_in_a_file_is_refused_naming_it(t
     write_lines(tmp_path / "train.de", DE)
     with pytest.raises(ValueError, match=r"^source and target language are both 'en'$"):
         discover_parallel_files(tmp_path, "en", "en", ["train"])
-    with pytest.raises(NotADirectoryError, match=r"^data directory .*train\.en is a file: give the directory that"):
+    with pytest.raises(
+        NotADirectoryError, match=r"^data directory .*train\.en is a file: give the directory that holds it\.$"
+    ):
         discover_parallel_files(tmp_path / "train.en", "en", "de")
 
 

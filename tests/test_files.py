@@ -36,6 +36,7 @@ from modeling.files import (
     reads_once,
     replace_files,
     replacing_directory,
+    require_directory,
     sole_writer,
     swap_directory,
     undeletable,
@@ -85,6 +86,20 @@ def test_a_directory_where_a_file_is_written_is_refused_before_the_writer_runs(t
         assert str(refusal.value) == f"cannot write {named}: it is a directory; give a file name"
         assert refusal.value.errno == errno.EISDIR
     assert writers == [] and leftovers(tmp_path) == []
+
+
+def test_a_directory_required_is_refused_naming_its_role_where_a_file_or_nothing_is(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert require_directory(str(tmp_path), "Model directory") == tmp_path
+    with pytest.raises(NotADirectoryError) as refusal:
+        require_directory(tmp_path / "model.safetensors", "Model directory")
+    assert (
+        str(refusal.value)
+        == f"Model directory {tmp_path / 'model.safetensors'} is a file: give the directory that holds it."
+    )
+    with pytest.raises(FileNotFoundError) as refusal:
+        require_directory(tmp_path / "nowhere", "Model directory")
+    assert str(refusal.value) == f"Model directory {tmp_path / 'nowhere'} does not exist."
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_the_old_content_stays(tmp_path, monkeypatch):

@@ -98,5 +98,5 @@ def test_a_run_directory_and_a_checkpoint_given_for_each_other_are_named(tmp_pat
     message = script_error(
         "average_checkpoints.py", "--checkpoint-dir", notes, "--last", "2", *output, monkeypatch=monkeypatch
     )
-    assert message == f"error: Checkpoint directory {notes} is a file, not a directory."
+    assert message == f"error: Checkpoint directory {notes} is a file: give the directory that holds it."
     assert not (tmp_path / "averaged").exists()

@@ -293,13 +293,13 @@ def test_a_file_or_directory_given_for_the_other_is_named_as_such(tmp_path, monk
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     monkeypatch.setattr(hub_module, "HfApi", no_hub)
     cases = {
-        ("--model", notes): f"error: {notes} is a file: give the model directory that holds it.",
+        ("--model", notes): f"error: Model directory {notes} is a file: give the directory that holds it.",
         (
             "--model",
             model_dir,
             "--card-from",
             notes,
-        ): f"error: Card input directory {notes} is a file, not a directory.",
+        ): f"error: Card input directory {notes} is a file: give the directory that holds it.",
         ("--model", model_dir, "--template", templates): (
             f"error: Model card template {templates} is a directory: give the template file."
         ),
