@@ -100,8 +100,10 @@ from .files import check_replaceable, check_writable, is_open_as, open_lock_file
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
+    has_any_file,
     holds_tokenizer,
     looks_like_local_path,
+    naming_hub_failures,
     offline_cache_error,
     pinned_commit,
     use_hub_timeouts,
@@ -839,11 +841,15 @@ def _bleu_sample_size(data_args: DataArguments, preset: TrainingPreset) -> int:
 
 
 def _check_tokenizer_path(tokenizer: str | None) -> None:
-    """A local --tokenizer_name_or_path (else a Hub repo id) that holds no tokenizer: named now, not as the data is
-    read."""
+    """A --tokenizer_name_or_path, local directory or Hub repo, that holds no tokenizer (or, offline, one the Hub
+    cache lacks): named now, not after the data is read in transformers' two lines ("We couldn't connect to
+    'https://huggingface.co' ... Check your internet connection ...") whatever the cause."""
     if tokenizer is None:
         return
     path = Path(tokenizer)
+    if not path.exists():
+        _check_hub_tokenizer(tokenizer)
+        return
     if path.is_file():
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
     if path.is_dir() and not holds_tokenizer(path):
@@ -852,6 +858,19 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
         )
     if path.is_dir() and (missing := missing_tokenizer_files(path)):
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} holds a tokenizer without {', '.join(missing)}")
+
+
+def _check_hub_tokenizer(tokenizer: str) -> None:
+    if looks_like_local_path(tokenizer):
+        raise ValueError(f"--tokenizer_name_or_path {tokenizer} does not exist")
+    if not_cached := offline_cache_error(tokenizer, None, [TOKENIZER_FILES]):
+        raise not_cached
+    with naming_hub_failures(f"--tokenizer_name_or_path {tokenizer}"):
+        if not has_any_file(tokenizer, None, TOKENIZER_FILES):
+            raise ValueError(
+                f"--tokenizer_name_or_path {tokenizer} is no local directory, and no Hub repo you can read holds a "
+                f"tokenizer ({' or '.join(TOKENIZER_FILES)}) there"
+            )
 
 
 def _check_data_sizes(data_args: DataArguments) -> None:

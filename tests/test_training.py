@@ -1383,6 +1383,41 @@ def test_fine_tuning_a_hub_repo_reads_it_at_the_commit_of_its_first_read(hub_her
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
 
 
+def test_a_hub_tokenizer_that_cannot_be_loaded_is_named_in_one_line_before_the_data_is_read(
+    hub_here, tmp_path, monkeypatch
+):
+    """Before, it failed once the data was read and cleaned, in transformers' two lines: "We couldn't connect to
+    'https://huggingface.co' to load the files ... Check your internet connection ...", for a repo without a
+    tokenizer, one that does not exist, a typo'd local path and an offline cache without it alike."""
+    import huggingface_hub
+    from huggingface_hub import HfApi
+
+    from modeling.hub import push_model_dir
+
+    save_tiny_checkpoint(tmp_path / "model")
+    push_model_dir(tmp_path / "model", "tester/with_tokenizer", token=HUB_TOKEN)
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    api.create_repo("tester/without_tokenizer")
+    api.upload_file(
+        path_or_fileobj=tmp_path / "model" / "config.json",
+        path_in_repo="config.json",
+        repo_id="tester/without_tokenizer",
+    )
+    training._check_tokenizer_path("tester/with_tokenizer")
+    for repo in ("tester/without_tokenizer", "tester/absent"):
+        with pytest.raises(ValueError) as error:
+            training._check_tokenizer_path(repo)
+        assert str(error.value) == (
+            f"--tokenizer_name_or_path {repo} is no local directory, and no Hub repo you can read holds a tokenizer "
+            "(tokenizer.json or tokenizer_config.json) there"
+        )
+    with pytest.raises(ValueError, match=r"^--tokenizer_name_or_path \./bpe does not exist$"):
+        training._check_tokenizer_path("./bpe")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match=r"^'tester/absent' is not in the Hub cache .*keeps it from the Hub"):
+        training._check_tokenizer_path("tester/absent")
+
+
 def test_the_sequences_truncated_to_max_length_are_counted_in_data_stats(tmp_path, datasets_cache):
     """Pairs over --max_length tokens are cut (their </s> kept: a cut target teaches the model to stop there); the
     count was only logged, and the run's records, which the card shows, said nothing of it."""
