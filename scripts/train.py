@@ -212,13 +212,19 @@ def main() -> None:
         with reporting_on_stdout():
             try:
                 arguments = parse(sys.argv[1:])
-            except (OSError, ValueError) as error:  # transformers' own checks of its arguments span lines
-                sys.exit(f"error: {' '.join(str(error).split())}")
+            except (OSError, ValueError) as error:
+                sys.exit(one_line(error))
         with giving_up_broken_output():  # a terminal gone or a log file on a full disk does not stop the run
             run(*arguments)
     finally:
         if SIGNALS_AT_LAUNCH is not None:
             SIGNALS_AT_LAUNCH.release()
+
+
+def one_line(error: BaseException) -> str:
+    """The message a failed run exits with: transformers' own span lines (its checks of the arguments, its "We
+    couldn't connect ...\nCheck your internet connection ...")."""
+    return f"error: {' '.join(str(error).split())}"
 
 
 def run(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments) -> None:
@@ -236,7 +242,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
         handlers = exit_now_on_signal(EXIT_PREEMPTED)
         preempted = str(stop)
     except (OSError, ValueError, TrainingDiverged) as error:  # OSError: a full disk, Hub errors; one line each
-        failure = f"error: {error}"
+        failure = one_line(error)
     except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
         crash = traceback.format_exc()
     except KeyboardInterrupt:  # a second Ctrl-C (or one during the push): out at once, as asked

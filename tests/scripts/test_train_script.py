@@ -236,6 +236,24 @@ def test_a_setting_that_transformers_refuses_is_refused_in_one_line(tmp_path, mo
     assert message.endswith("but found - Evaluation strategy: IntervalStrategy.NO - Save strategy: SaveStrategy.STEPS")
 
 
+def test_a_failure_during_the_run_is_one_line_where_transformers_message_spans_two(tmp_path, monkeypatch):
+    """transformers' "couldn't connect" error, raised by a load once the data is read, spanned two lines."""
+    script = load_train_script()
+    message = (
+        "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
+        "files.\nCheck your internet connection or see how to run the library in offline mode at 'https://hf.co'."
+    )
+
+    def fail(*arguments):
+        raise OSError(message)
+
+    monkeypatch.setattr(script, "parse", lambda argv: (None, None, SimpleNamespace(should_log=False)))
+    monkeypatch.setattr(script, "train", fail)
+    with pytest.raises(SystemExit) as exit_info:
+        script.main()
+    assert exit_info.value.code == f"error: {message.replace(chr(10), ' ')}"
+
+
 def test_the_corpus_directory_is_refused_as_the_output_directory(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "data", 20, word_for_word)
     card = "---\nlicense: cc-by-4.0\n---\n# Our corpus\n"  # a dataset card: front matter, as a model card's
