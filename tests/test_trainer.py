@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,7 @@ from modeling.trainer import (
     SaveFailedOnAnotherProcessError,
     TokenBudgetSeq2SeqTrainer,
     bleu_metrics,
+    check_sharding,
     evaluation_metrics,
 )
 
@@ -195,6 +197,18 @@ def test_a_checkpoint_whose_marker_records_no_batching_resumes_with_the_batches_
         two.adopt_checkpoint_batching(checkpoint)
     assert (two.args.gradient_accumulation_steps, two.args.max_tokens_per_device) == (2, 1000)
     assert "with its own batches (1 process(es) × 2 micro-batch(es) per update of at most 1000 tokens)" in caplog.text
+    # Without a random state, nothing tells how many processes trained it: the batches derived now, not none.
+    for rank in (0, 1):
+        (checkpoint / f"rng_state_{rank}.pth").unlink()
+    caplog.clear()
+    fresh = training_args(tmp_path, max_steps=2, tokens_per_update=28, **RESUMED_BATCHING)
+    unknown = make_trainer(fresh, data, tokenizer, tiny_model(len(tokenizer)))
+    derived = (unknown.args.gradient_accumulation_steps, unknown.args.max_tokens_per_device)
+    assert derived == (1, 62)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        unknown.adopt_checkpoint_batching(checkpoint)
+    assert (unknown.args.gradient_accumulation_steps, unknown.args.max_tokens_per_device) == derived
+    assert "with its own batches" not in caplog.text
 
 
 def test_a_resume_asking_for_other_tokens_per_update_derives_its_batches(tmp_path, caplog):
@@ -948,10 +962,16 @@ class SignalWhileEvaluating(TokenBudgetSeq2SeqTrainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
 
-def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_it_followed(tmp_path):
+@pytest.mark.parametrize(
+    "saving",
+    [{"save_strategy": "steps", "save_steps": 4}, {"save_strategy": "best", "metric_for_best_model": "eval_loss"}],
+)
+def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_it_followed(tmp_path, saving):
+    """Under save_strategy="best" too, where the Trainer saves only on a new best metric, which an abandoned
+    evaluation has none of."""
     tokenizer = word_tokenizer()
     validation = copy_dataset([4, 5, 6, 7] * 4, len(tokenizer), seed=5)
-    settings = {"eval_strategy": "steps", "eval_steps": 2, "save_strategy": "steps", "save_steps": 4}
+    settings = {"eval_strategy": "steps", "eval_steps": 2, **saving}
     args = training_args(
         tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, predict_with_generate=True, **settings
     )
@@ -1230,6 +1250,26 @@ def test_rotation_keeps_another_users_checkpoint_saying_so_once(tmp_path, monkey
     assert f"Deleted {theirs}" not in caplog.text and "Removing" not in caplog.text
 
 
+def test_a_save_total_limit_of_0_keeps_every_checkpoint_as_the_trainer_does(tmp_path):
+    resumable_run(tmp_path, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=0).train()
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+
+
+def test_nan_gradients_at_the_first_update_of_a_launch_name_the_weights_it_started_from(tmp_path):
+    """No learning rate has acted yet: lowering it, which the other messages advise, would not help."""
+    trainer = resumable_run(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
+    compute_loss = trainer.compute_loss
+    trainer.compute_loss = lambda *args, **kwargs: compute_loss(*args, **kwargs) * float("nan")
+    with pytest.raises(trainer_module.TrainingDiverged) as diverged:
+        trainer.train()
+    assert str(diverged.value) == (
+        f"Training diverged at update 1 of {tmp_path}: its gradient norm is nan, at the first update of this launch: "
+        "the weights it started from give non-finite gradients (the weights of a run that had diverged already?), "
+        "or its batches do. Nothing was saved."
+    )
+    assert list_checkpoints(tmp_path) == []
+
+
 def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_checkpoint_finite(tmp_path):
     """Without the stop, the run went on to update 8 logging a loss of 0.0 (the Trainer's NaN filter) and rotated
     checkpoints 2 and 4 out for NaN ones."""
@@ -1351,6 +1391,81 @@ def test_a_quota_or_an_io_error_during_a_checkpoint_is_one_line_and_the_previous
         output_dir / "checkpoint-2"
     )
     assert staging_directories(output_dir) == []
+
+
+def test_a_checkpoint_save_failing_otherwise_than_in_the_file_system_raises_its_own_error_and_leaves_no_half(
+    tmp_path, monkeypatch
+):
+    """A bug's error (here a state that does not pickle) is no write error to name in one line: it is raised as it
+    is, for its traceback, not as "failed on another process"; the staged half is removed and checkpoint-2 stays."""
+    output_dir = tmp_path / "run"
+    torch_save = torch.save
+
+    def save_until_a_state_does_not_pickle(obj, path, *args, **kwargs):
+        if ".checkpoint-4.partial" in str(path):
+            raise TypeError("cannot pickle '_thread.lock' object")
+        return torch_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_a_state_does_not_pickle)
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(TypeError, match=r"^cannot pickle '_thread.lock' object$"):
+        trainer.train()
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"]
+    assert staging_directories(output_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("failure", "raised", "message"),
+    [
+        (OSError(errno.EIO, "Input/output error"), UnwritableError, "^Input/output error while writing {run}$"),
+        (TypeError("cannot pickle '_thread.lock' object"), TypeError, "^cannot pickle '_thread.lock' object$"),
+    ],
+)
+def test_a_final_model_that_fails_to_save_names_its_directory_or_raises_its_own_error_and_leaves_no_half(
+    tmp_path, monkeypatch, failure, raised, message
+):
+    """A file system's error names output_dir in one line; any other is raised as it is. Either way the staging
+    directory is removed and output_dir holds no final model, half or whole."""
+    output_dir = tmp_path / "run"
+    trainer = resumable_run(output_dir, max_steps=1)
+    trainer.train()
+
+    def save_model_failing(directory, *args, **kwargs):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "config.json").write_text("{}")
+        raise failure
+
+    monkeypatch.setattr(trainer, "save_model", save_model_failing)
+    with pytest.raises(raised, match=message.format(run=re.escape(str(output_dir)))):
+        trainer.save_final_model()
+    assert not (output_dir / ".final-model.partial").exists()
+    assert not (output_dir / "config.json").exists() and not (output_dir / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("setting", [{"split_batches": True}, {"dispatch_batches": True}, {"even_batches": False}])
+def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_refused_on_several_processes(
+    tmp_path, setting
+):
+    """Each process trains whole batches of its own, as many as the others: split (its token budget shared out),
+    dispatched from rank 0 or left uneven at an epoch's end, the processes' updates no longer add up."""
+    check_sharding(training_args(tmp_path), 2)
+    args = training_args(tmp_path, accelerator_config=setting)
+    check_sharding(args, 1)  # one process: nothing is shared out
+    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, the same number to every"):
+        check_sharding(args, 2)
+
+
+@pytest.mark.parametrize(("max_tokens", "micro_batches"), [(24, 2), (24, 3), (1000, 4)])
+def test_the_number_of_updates_a_resume_is_checked_against_is_the_number_the_trainer_runs(
+    tmp_path, max_tokens, micro_batches
+):
+    """`_total_updates` (what a warmup ratio is taken of when a resume compares warmups) counts the updates of
+    `num_train_epochs` as the Trainer does: one per epoch at least, where the batches are fewer than an update's."""
+    settings = {"max_tokens_per_device": max_tokens, "gradient_accumulation_steps": micro_batches}
+    trainer = resumable_run(tmp_path, max_steps=-1, num_train_epochs=2, save_strategy="no", **settings)
+    counted = trainer._total_updates()
+    trainer.train()
+    assert counted == trainer.state.max_steps == trainer.state.global_step
 
 
 @pytest.fixture
