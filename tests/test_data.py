@@ -11,15 +11,17 @@ import lzma
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from unittest import mock
 
 import datasets
+import huggingface_hub.utils._http as hf_http
 import pyarrow
 import pyarrow.parquet
 import pytest
 import torch
-from helpers import MULTI30K, word_for_word, write_corpus
+from helpers import MULTI30K, stalled_endpoint, word_for_word, write_corpus
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
@@ -31,8 +33,11 @@ from modeling.data import (
     discover_parallel_files,
     load_parallel_dataset,
     normalize_translation_dataset,
+    require_rows,
     resolve_split,
+    split_source,
     tokenisation_workers,
+    tokenize_counting_truncations,
     tokenize_parallel_dataset,
 )
 from modeling.files import DiskFullError
@@ -179,9 +184,10 @@ def test_a_corpus_rewritten_while_it_is_read_is_refused_and_leaves_no_cache_entr
 
 @pytest.mark.parametrize("longer", ["en", "de"])
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path, longer):
-    write_lines(tmp_path / "train.en.gz", EN + ["extra ."] if longer == "en" else EN)
-    write_lines(tmp_path / "train.de", DE + ["noch einer ."] if longer == "de" else DE)
-    n_en, n_de = (5, 4) if longer == "en" else (4, 5)
+    extra = ["one more .", "and another ."]  # counted to the end of the longer file
+    write_lines(tmp_path / "train.en.gz", EN + extra if longer == "en" else EN)
+    write_lines(tmp_path / "train.de", DE + extra if longer == "de" else DE)
+    n_en, n_de = (6, 4) if longer == "en" else (4, 6)
     with pytest.raises(ValueError, match=rf"train\.en\.gz has {n_en} lines but .*train\.de has {n_de}"):
         load(tmp_path)
 
@@ -230,6 +236,20 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_p
     assert str(error.value) == (
         f"cannot write the datasets cache {given_cache} (Read-only file system): give a writable cache directory"
     )
+
+    def not_found_in_the_cache(*args, cache_dir=None, **kwargs):  # not a permission: the error as it was
+        raise OSError(errno.ENOENT, "No such file or directory", str(given_cache / "generator"))
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", not_found_in_the_cache)
+    with pytest.raises(FileNotFoundError, match=r"^\[Errno 2\] No such file or directory: "):
+        load(tmp_path, cache_dir=str(given_cache))
+
+    def unnamed(*args, **kwargs):  # no file named: the error as it was
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", unnamed)
+    with pytest.raises(PermissionError, match=r"^\[Errno 13\] Permission denied$"):
+        load(tmp_path)
 
     def elsewhere(*args, **kwargs):  # not the cache: the error as it was
         raise OSError(errno.EACCES, "Permission denied", "/somewhere/else")
@@ -280,7 +300,7 @@ def test_missing_or_unreadable_inputs(tmp_path):
         load(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no parallel files for en-de"):
         load(tmp_path)
-    with pytest.raises(FileNotFoundError, match="absent.tsv"):
+    with pytest.raises(FileNotFoundError, match=r"^parallel data file .*absent\.tsv does not exist$"):
         load(tmp_path, data_files={"train": "absent.tsv"})
     (tmp_path / "train.en.gz").write_bytes(b"not gzip at all")
     write_lines(tmp_path / "train.de", DE)
@@ -296,7 +316,9 @@ def test_malformed_tsv_and_jsonl_rows_are_located(tmp_path):
         load(tmp_path)
     (tmp_path / "train.tsv").unlink()
     write_lines(tmp_path / "train.jsonl", [json.dumps({"translation": {"en": "a", "fr": "b"}})])
-    with pytest.raises(ValueError, match=r"train\.jsonl:1: expected .*KeyError"):
+    with pytest.raises(
+        ValueError, match=r'train\.jsonl:1: expected \{"translation": \{"en": \.\.\., "de": \.\.\.\}\}, .*KeyError'
+    ):
         load(tmp_path)
 
 
@@ -317,14 +339,14 @@ def test_a_byte_order_mark_opening_a_file_is_not_text(tmp_path, kind):
     assert pairs(load(tmp_path)["train"]) == list(zip(EN, DE, strict=True))
 
 
-@pytest.mark.parametrize("value", [None, ["a list"], 3, {"text": "a dict"}])
+@pytest.mark.parametrize("value", [None, ["eine Übung"], 3, {"text": "a dict"}])
 def test_a_jsonl_value_that_is_not_a_string_is_located(tmp_path, value):
     rows = [{"translation": {"en": e, "de": d}} for e, d in zip(EN, DE, strict=True)]
     rows[2]["translation"]["en"] = value
     write_lines(tmp_path / "train.jsonl.gz", [json.dumps(row) for row in rows])
     with pytest.raises(ValueError, match=r"^\S*train\.jsonl\.gz:3: the 'en' sentence must be a string, got ") as error:
         load(tmp_path)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and str(error.value).endswith(f"got {json.dumps(value, ensure_ascii=False)}")
 
 
 def test_ambiguous_split_is_rejected(tmp_path):
@@ -342,6 +364,21 @@ def test_argument_errors(tmp_path):
         load_parallel_dataset(source_lang="en", target_lang="de", dataset="wmt/wmt14", data_dir=tmp_path)
     with pytest.raises(ValueError, match="both 'en'"):
         load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path)
+    # Named files and a Hub dataset too: a TSV read as English twice gave one column, {"en": <the second>}.
+    write_lines(tmp_path / "dev.tsv", ["a dog .\tein hund ."])
+    with pytest.raises(ValueError, match="both 'en'"):
+        load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path, data_files={"train": "dev.tsv"})
+    with pytest.raises(ValueError, match="both 'en'"):
+        load_parallel_dataset(source_lang="en", target_lang="en", dataset=str(tmp_path))
+
+
+def test_named_data_files_that_cannot_be_read_as_a_pair_are_named(tmp_path):
+    write_lines(tmp_path / "corpus.en", EN)
+    write_lines(tmp_path / "corpus.txt", EN)
+    with pytest.raises(ValueError, match=r"^data_files\['train'\] has no file for \['de'\]; it has \['en'\]$"):
+        load(tmp_path, data_files={"train": {"en": "corpus.en"}})
+    with pytest.raises(ValueError, match=r"^data_files\['train'\] = .*corpus\.txt: expected a \.tsv or \.jsonl file"):
+        load(tmp_path, data_files={"train": "corpus.txt"})
 
 
 def test_finding_files_of_one_language_twice_or_in_a_file_is_refused_naming_it(tmp_path):
@@ -355,6 +392,9 @@ def test_finding_files_of_one_language_twice_or_in_a_file_is_refused_naming_it(t
         NotADirectoryError, match=r"^data directory .*train\.en is a file: give the directory that holds it\.$"
     ):
         discover_parallel_files(tmp_path / "train.en", "en", "de")
+    write_lines(tmp_path / "train.en.gz", EN[:2])  # which one is the corpus? neither is chosen in silence
+    with pytest.raises(ValueError, match=r"^two files for one split and language: .*train\.en and .*train\.en\.gz$"):
+        discover_parallel_files(tmp_path, "en", "de")
 
 
 def hub_like(features: datasets.Features | None = None, **columns) -> datasets.DatasetDict:
@@ -392,6 +432,18 @@ def test_dataset_option_goes_through_load_dataset(tmp_path):
         source_lang="de", target_lang="en", dataset=str(tmp_path), splits=["validation"], cache_dir=str(tmp_path / "c")
     )
     assert list(ds) == ["validation"] and pairs(ds["validation"], "de", "en") == [(DE[0], EN[0])]
+
+
+def test_a_hub_dataset_on_a_stalled_hub_fails_within_the_timeout(quick_hub, monkeypatch, tmp_path):
+    """Without the Hub's timeouts, a Hub dataset named on a Hub that never answers waited minutes, retried."""
+    monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)  # huggingface_hub's pauses between retries
+    with stalled_endpoint() as endpoint:
+        quick_hub(endpoint)
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="^Couldn't reach 'user/corpus' on the Hub"):
+            load_parallel_dataset(source_lang="en", target_lang="de", dataset="user/corpus", cache_dir=str(tmp_path))
+        assert time.monotonic() - start < 10
 
 
 def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
@@ -455,6 +507,52 @@ def test_unknown_language_in_hub_dataset():
         normalize_translation_dataset(hub_like(translation=[{"de": "a", "en": "b"}]), "en", "fr")
     with pytest.raises(ValueError, match="needs a 'translation' column"):
         normalize_translation_dataset(hub_like(text=["a"]), "en", "de")
+    with pytest.raises(ValueError, match="^the dataset has no splits$"):
+        normalize_translation_dataset(datasets.DatasetDict(), "en", "de")
+
+
+def test_an_empty_split_is_refused_naming_where_it_comes_from(tmp_path):
+    write_lines(tmp_path / "val.en", [])
+    write_lines(tmp_path / "val.de", [])
+    empty = load(tmp_path)["val"]
+    where = split_source("validation", source_lang="en", target_lang="de", data_dir=tmp_path)
+    assert where == f"{tmp_path / 'val.en'} + {tmp_path / 'val.de'}"
+    with pytest.raises(ValueError, match=rf"^split 'val' is empty: {re.escape(where)} hold\(s\) no sentence pairs$"):
+        require_rows(empty, "val", where)
+    train = tiny_corpus()["train"]
+    assert require_rows(train, "train", where) is train
+    # A split whose files cannot be told (none, or incomplete): the directory is named.
+    assert split_source("test", source_lang="en", target_lang="de", data_dir=tmp_path) == f"{tmp_path} (split 'test')"
+    hub = {"source_lang": "en", "target_lang": "de", "dataset": "wmt/wmt14"}
+    assert split_source("test", **hub, language_pair="de-en") == "wmt/wmt14 (de-en), split 'test'"
+    assert split_source("test", **hub) == "wmt/wmt14, split 'test'"
+
+
+def test_only_datasets_refusal_of_an_empty_corpus_gives_an_empty_split(tmp_path, monkeypatch):
+    """Any other ValueError of datasets' is its own: taken for empty files, a corpus would load as no pairs."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+
+    def failing(*args, **kwargs):
+        raise ValueError("some other failure")
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", failing)
+    with pytest.raises(ValueError, match="^some other failure$"):
+        load(tmp_path)
+
+
+def test_the_default_cleaning_is_fairseqs_up_to_250_words_and_a_ratio_of_1_5():
+    rows = [("w " * 250, "v " * 250), ("w " * 251, "v " * 251), ("a b", "c d e"), ("a b", "c d e f g")]
+    ds = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"translation": [{"en": e, "de": d} for e, d in rows]})}
+    )
+    assert clean_parallel_dataset(ds, "en", "de")[1]["train"] == {
+        "total": 4,
+        "empty": 0,
+        "too_long": 1,
+        "ratio": 1,
+        "kept": 2,
+    }
 
 
 def test_each_cleaning_rule_is_counted_and_logged(caplog):
@@ -547,10 +645,40 @@ def test_the_tokenisation_is_cached_by_content_not_by_where_the_tokenizer_came_f
     assert widths == {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
 
 
-def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(tmp_path, datasets_cache, tokenizer):
+def test_the_cache_keys_follow_the_code_that_reads_and_encodes(tmp_path, monkeypatch):
+    """datasets hashes a function by its name alone: a fix to reading or encoding must give other keys, or the
+    cache serves what the old code made."""
+    edited = tmp_path / "data.py"
+    edited.write_text(Path(data_module.__file__).read_text(encoding="utf-8") + "# a fix\n", encoding="utf-8")
+    data_module._code_version.cache_clear()
+    this_code = data_module._code_version()
+    monkeypatch.setattr(data_module, "__file__", str(edited))
+    data_module._code_version.cache_clear()
+    try:
+        assert data_module._code_version() != this_code
+    finally:
+        data_module._code_version.cache_clear()
+
+
+def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(
+    tmp_path, datasets_cache, tokenizer, monkeypatch
+):
     cores = len(os.sched_getaffinity(0))
     assert tokenisation_workers(2 * PAIRS_PER_TOKENISATION_WORKER - 1) is None
     assert tokenisation_workers(10**9) == (cores if cores > 1 else None)
+    if cores > 1:  # a job given some of the machine's cores (taskset, a Slurm allocation): those alone
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, sorted(allowed)[:1])
+        try:
+            assert tokenisation_workers(10**9) is None
+        finally:
+            os.sched_setaffinity(0, allowed)
+    with monkeypatch.context() as no_affinity:  # macOS: no sched_getaffinity, the machine's count
+        no_affinity.delattr(os, "sched_getaffinity")
+        no_affinity.setattr(os, "cpu_count", lambda: 4)
+        assert tokenisation_workers(10**9) == 4
+        no_affinity.setattr(os, "cpu_count", lambda: None)  # unknown: one
+        assert tokenisation_workers(10**9) is None
     text = load_parallel_dataset(
         source_lang="en", target_lang="de", data_dir=write_corpus(tmp_path, 40, word_for_word)
     )
@@ -561,6 +689,7 @@ def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(t
 def test_tokenized_columns_work_with_seq2seq_collator(tokenizer):
     encoded = tokenize_parallel_dataset(tiny_corpus(), tokenizer, "en", "de")["train"]
     assert encoded.column_names == ["input_ids", "attention_mask", "labels"]
+    assert encoded["attention_mask"] == [[1] * len(ids) for ids in encoded["input_ids"]]
     assert encoded[0]["input_ids"] == tokenizer(EN[0])["input_ids"]
     assert encoded[0]["labels"][-1] == tokenizer.eos_token_id
     batch = DataCollatorForSeq2Seq(tokenizer)([encoded[i] for i in range(4)])
@@ -584,6 +713,24 @@ def test_truncation_keeps_eos_and_is_counted(tokenizer, caplog):
     assert encoded[long]["input_ids"] == full[long]["input_ids"][:3] + [tokenizer.eos_token_id]
 
 
+def test_only_the_side_longer_than_max_length_is_truncated(tokenizer):
+    rows = [{"en": EN[1], "de": "ein mann"}, {"en": "a man", "de": DE[1]}]  # the short sides: max_length exactly
+    max_length = len(tokenizer("ein mann")["input_ids"])
+    assert max_length == len(tokenizer("a man")["input_ids"]) < len(tokenizer(DE[1])["input_ids"])
+    corpus = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": rows})})
+    encoded, truncations = tokenize_counting_truncations(corpus, tokenizer, "en", "de", max_length=max_length)
+    assert truncations == {"train": 2}
+    cut = max_length - 1
+    assert encoded["train"]["input_ids"] == [
+        tokenizer(EN[1])["input_ids"][:cut] + [tokenizer.eos_token_id],
+        tokenizer("a man")["input_ids"],
+    ]
+    assert encoded["train"]["labels"] == [
+        tokenizer("ein mann")["input_ids"],
+        tokenizer(DE[1])["input_ids"][:cut] + [tokenizer.eos_token_id],
+    ]
+
+
 @pytest.mark.parametrize("max_length", [1, 0, -3])
 def test_a_max_length_without_room_for_a_token_and_eos_is_refused(tokenizer, max_length):
     # 0 kept whole sequences while logging them as truncated; a negative value dropped tokens from their middle.
@@ -601,6 +748,14 @@ def test_the_smallest_max_length_keeps_one_token_and_eos(tokenizer):
 def test_cleaning_limits_that_would_reject_every_pair_are_refused(option, value):
     with pytest.raises(ValueError, match=rf"^{option} must be at least 1 .*, got {value}$"):
         clean_parallel_dataset(tiny_corpus(), "en", "de", **{option: value})
+
+
+def test_the_tightest_cleaning_limits_keep_pairs_of_one_word_each():
+    rows = [{"en": "dog", "de": "hund"}, {"en": "a dog", "de": "ein hund"}, {"en": "dog", "de": "der hund"}]
+    corpus = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": rows})})
+    counts = clean_parallel_dataset(corpus, "en", "de", max_length=1, max_ratio=1)[1]["train"]
+    assert counts == {"total": 3, "empty": 0, "too_long": 2, "ratio": 0, "kept": 1}
+    assert clean_parallel_dataset(corpus, "en", "de", max_length=None, max_ratio=1)[1]["train"]["ratio"] == 1
 
 
 def test_sampler_drives_a_dataloader(tokenizer):
