@@ -112,6 +112,8 @@ def test_small_corpus_is_padded_with_unreachable_fillers(corpus):
     assert fillers and max(fillers) == len(tokenizer) - 1
     encoded = {i for ids in tokenizer(corpus)["input_ids"] for i in ids}
     assert not encoded & fillers
+    one_short = train_shared_bpe(["abc"], vocab_size=64)  # 3 special tokens, 4 characters, no pair seen twice
+    assert len(one_short) == 8 and one_short.convert_ids_to_tokens(7) == "<unused0>"
 
 
 def test_trains_from_a_one_shot_generator(corpus):
@@ -139,8 +141,35 @@ def test_a_signal_while_the_bpe_trains_stops_it_at_once(corpus):
                 train_shared_bpe(texts(), vocab_size=100)
         finally:
             stopped_before_the_end = not read_to_the_end.is_set()
+            training = [thread for thread in threading.enumerate() if thread.name == "BPE training"]
             handled.set()
-    assert stopped_before_the_end
+    assert stopped_before_the_end and training
+    for thread in training:  # left to end with the process (which does not wait for it), reading no further
+        assert thread.daemon
+        thread.join(timeout=30)
+    assert not read_to_the_end.is_set()
+
+
+def test_a_failure_while_reading_the_text_is_raised_not_a_bpe_of_what_came_before(corpus):
+    """The BPE trains in a thread of its own: what the text's reader raises there (a gzip file cut short) must reach
+    the caller, not leave a tokenizer of the lines read until then."""
+
+    def cut_short():
+        yield from corpus[:20]
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    with pytest.raises(EOFError, match="^Compressed file ended"):
+        train_shared_bpe(cut_short(), vocab_size=100)
+
+
+def test_a_pair_is_merged_once_seen_min_frequency_times_twice_by_default():
+    texts = ["xy", "zw", "zw"]
+    tokenizer = train_shared_bpe(texts, vocab_size=64)
+    assert (tokenizer.tokenize("xy"), tokenizer.tokenize("zw")) == (["▁", "x", "y"], ["▁zw"])
+    every_pair = train_shared_bpe(texts, vocab_size=64, min_frequency=0)  # the smallest, allowed
+    assert (every_pair.tokenize("xy"), every_pair.tokenize("zw")) == (["▁xy"], ["▁zw"])
+    with pytest.raises(ValueError, match=r"^min_frequency must be at least 0 .*, got -1$"):
+        train_shared_bpe(texts, vocab_size=64, min_frequency=-1)
 
 
 def test_rejects_vocab_without_room_for_specials(corpus):
