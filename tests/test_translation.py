@@ -129,6 +129,21 @@ def test_what_is_not_a_list_of_lines_of_text_is_refused_naming_the_line(tokenize
     assert model.calls == []
 
 
+def test_a_token_budget_or_a_chunk_below_one_is_refused_before_any_work(tokenizer, tmp_path, capsys):
+    # Taken as given, a budget of 0 translated a sentence a batch, and chunks of 0 lines wrote an empty translation.
+    model = EchoModel()
+    with pytest.raises(ValueError, match=r"^max_tokens must be positive, got 0\.$"):
+        translate(model, tokenizer, ["a cat."], max_tokens=0)
+    (tmp_path / "news.en").write_text("a cat.\n")
+    with pytest.raises(ValueError, match=r"^chunk_lines must be positive, got 0\.$"):
+        translate_file(model, tokenizer, tmp_path / "news.en", tmp_path / "news.de", chunk_lines=0)
+    assert model.calls == [] and sorted(path.name for path in tmp_path.iterdir()) == ["news.en"]
+    # The smallest allowed: a sentence a batch, a line a chunk.
+    assert translate(model, tokenizer, ["a cat.", "the dog."], max_tokens=1) == ["a cat.", "the dog."]
+    assert translate_file(model, tokenizer, tmp_path / "news.en", None, chunk_lines=1) == 1
+    assert capsys.readouterr().out == "a cat.\n"
+
+
 def test_real_model_translations_do_not_depend_on_batching(tokenizer):
     """Padding must not leak into results: one big batch and one sentence per batch agree exactly."""
     model = tiny_translator(len(tokenizer))
@@ -385,6 +400,7 @@ def test_workers_are_refused_where_they_cannot_help(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="workers must be positive, got 0"):
         list(generate_batches(EchoModel(), [], workers=0))
     assert on_gpu.calls == []
+    assert list(generate_batches(on_gpu, [])) == [], "one worker by default, on any device"
 
 
 def test_truncated_weights_are_named_before_loading(tmp_path):
@@ -553,6 +569,23 @@ def test_weights_cut_short_in_the_hub_cache_are_named_in_one_line(hub_here, tiny
     )
 
 
+def test_a_hub_model_pushed_without_its_tokenizer_is_named(hub_here, tmp_path):
+    """transformers would fall back to the tokenizer class registered for the model type, whose error is about
+    its languages."""
+    from huggingface_hub import HfApi
+
+    endpoint, _ = hub_here
+    save_tiny_checkpoint(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).unlink()
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo("tester/untokenized")
+    api.upload_folder(folder_path=tmp_path, repo_id="tester/untokenized")
+    expected = r"^'tester/untokenized' has no tokenizer \(tokenizer\.json or tokenizer_config\.json\): push it beside"
+    with pytest.raises(FileNotFoundError, match=expected):
+        load_model_and_tokenizer("tester/untokenized", device="cpu")
+
+
 SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
 
 
@@ -619,6 +652,24 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sizes == [3, 3], "only the 6 lines not yet translated"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_each_chunk_is_in_the_file_before_the_record_vouches_for_it(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """Left in Python's buffer, a chunk the record counts is lost to a kill (SIGKILL, a node lost): the resumption
+    finds the file shorter than its record and starts over."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    sizes, write_json = [], translation.write_json
+
+    def recording(path, record):
+        sizes.append((partial_translation_path(destination).stat().st_size, record["bytes"]))
+        write_json(path, record)
+
+    monkeypatch.setattr(translation, "write_json", recording)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert len(sizes) == 4 and all(in_the_file == recorded for in_the_file, recorded in sizes)
 
 
 def killed_translation(file_to_translate, tokenizer, destination, monkeypatch) -> Path:
