@@ -95,6 +95,7 @@ SEARCH_SETTINGS = [
     {"min_new_tokens": 4},
     {"min_length": 6, "max_length_offset": 3},
     {"repetition_penalty": 1.3},  # its processor hands back a non-contiguous slice
+    {"eos_token_id": [EOS, 5]},  # several end-of-sentence ids, as transformers' loop takes them
 ]
 
 
@@ -116,6 +117,21 @@ def test_beam_search_dropping_finished_sentences_equals_transformers_loop(settin
         library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
         assert dropping.tolist() == library.tolist()
     assert removals, "sentences should have left the batch"
+
+
+def test_without_early_stopping_a_sentence_with_its_beams_finished_stays_while_a_longer_one_can_beat_them(
+    decoder_steps,
+):
+    """A length penalty of 2 favours long hypotheses: with early_stopping=False a sentence whose num_beams
+    hypotheses have finished may still find a better one, and leaves the batch only when no running beam can."""
+    torch.manual_seed(3)
+    model = TransformerForConditionalGeneration(tiny_config(20)).eval()
+    inputs = random_sources(6, seed=0, vocab_size=20)
+    settings = {"early_stopping": False, "length_penalty": 2.0}
+    dropping = model.generate(**inputs, **settings)
+    assert decoder_steps, "the loop dropping finished sentences ran"
+    library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
+    assert dropping.tolist() == library.tolist()
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -210,11 +226,28 @@ def test_a_checkpoint_without_a_generation_config_decodes_as_the_paper_and_says_
     assert torch.equal(loaded.generate(**inputs), model.generate(**inputs))
 
 
+def test_a_saved_generation_config_is_loaded_as_saved(tmp_path, caplog):
+    """The paper's settings are the model's own, not derived from config.json: a checkpoint whose decoding was
+    changed keeps that decoding, without the warning for a checkpoint that has none."""
+    model = tiny_model()
+    model.generation_config.num_beams, model.generation_config.max_length_offset = 2, 7
+    model.save_pretrained(tmp_path)
+    config = TransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config
+    assert (config.num_beams, config.length_penalty_type, config.max_length_offset) == (2, "gnmt", 7)
+    assert "has no generation_config.json" not in caplog.text
+
+
 def test_an_unreadable_generation_config_is_named_not_skipped(tmp_path):
-    tiny_model().save_pretrained(tmp_path)
-    (tmp_path / "generation_config.json").write_text('{"num_beams": ')  # cut short
-    with pytest.raises(ValueError, match=r"generation_config\.json is not a readable generation config"):
-        TransformerForConditionalGeneration.from_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path / "sub")
+    (tmp_path / "sub" / "generation_config.json").write_text('{"num_beams": ')  # cut short
+    with pytest.raises(ValueError, match=r"sub/generation_config\.json is not a readable generation config"):
+        TransformerForConditionalGeneration.from_pretrained(tmp_path / "sub")
+    with pytest.raises(ValueError, match=r"sub/generation_config\.json is not a readable generation config"):
+        TransformerForConditionalGeneration.from_pretrained(tmp_path, subfolder="sub")
+    # given one, transformers reads no file: nor does this check
+    given = GenerationConfig(num_beams=3)
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path / "sub", generation_config=given)
+    assert loaded.generation_config.num_beams == 3
 
 
 def test_low_memory_beam_search_is_refused_as_transformers_refuses_it():
@@ -230,16 +263,18 @@ def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
         tiny_model().generate(**inputs, max_length_offset=offset)
 
 
-def test_embeddings_as_the_source_keep_the_per_sentence_limit():
-    """Without ids or a mask, every position of the embeddings is a source token: source + offset, not
-    transformers' default of 20 tokens."""
+def test_embeddings_or_encoder_states_as_the_source_keep_the_per_sentence_limit():
+    """Without ids or a mask, every position of the embeddings (or encoder states) is a source token: source +
+    offset, not transformers' default of 20 tokens."""
     model = tiny_model()
     input_ids = torch.randint(4, 50, (2, 30))
     input_ids[:, -1] = EOS
     embeddings = model.get_input_embeddings()(input_ids)
     forced = {"max_length_offset": 4, "min_new_tokens": 34, "num_beams": 2}  # runs to the limit: 30 + 4
-    assert model.generate(inputs_embeds=embeddings, **forced).shape[1] == 1 + 34
-    assert torch.equal(model.generate(inputs_embeds=embeddings, **forced), model.generate(input_ids, **forced))
+    expected = model.generate(input_ids, **forced)
+    assert expected.shape[1] == 1 + 34
+    assert torch.equal(model.generate(inputs_embeds=embeddings, **forced), expected)
+    assert torch.equal(model.generate(encoder_outputs=model.get_encoder()(input_ids=input_ids), **forced), expected)
 
 
 def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users(recwarn):
@@ -255,6 +290,16 @@ def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
     assert torch.equal(given, model.generate(**inputs, max_new_tokens=5))
     greedy = model.generate(**inputs, generation_config=GenerationConfig(max_new_tokens=5, num_beams=1))
     assert torch.equal(greedy, model.generate(**inputs, max_new_tokens=5, num_beams=1))
+
+
+def test_a_generation_config_given_takes_the_models_own_fields_it_lacks():
+    """`GenerationConfig(num_beams=2)` has no max_length_offset: the model's per-sentence limit still holds."""
+    model, inputs = tiny_model(seed=6), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():  # only the length limit ends the hypotheses
+        model.model.shared.weight[7] *= 8
+    model.generation_config.max_length_offset = 2
+    given = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2))
+    assert [row[1:].index(EOS) + 1 for row in given.tolist()] == [6 + 2, 4 + 2]
 
 
 @pytest.mark.parametrize("cap", [{"max_new_tokens": 3}, {"max_length": 4}])
@@ -466,6 +511,22 @@ def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_
     assert out[0, 1:].tolist().index(EOS) == 7  # max_position_embeddings - 1, as fairseq's max_len - 1
 
 
+def test_fairseq_limit_takes_the_width_of_embeddings_or_encoder_states_given_in_place_of_ids():
+    model = tiny_model(seed=6)
+    with torch.no_grad():  # only the length limit ends the hypotheses
+        model.model.shared.weight[7] *= 8
+    input_ids = batch()["input_ids"][:1]  # 6 tokens, no padding
+    limit = {"num_beams": 2, "max_length_offset": None, "max_length_a": 0.5, "max_length_b": 1}  # int(0.5 · 6 + 1)
+    sources = {
+        "input_ids": {"input_ids": input_ids},
+        "inputs_embeds": {"inputs_embeds": model.get_input_embeddings()(input_ids)},
+        # the encoder's output as it comes, its hidden states included: the width is that of its first tensor
+        "encoder_outputs": {"encoder_outputs": model.get_encoder()(input_ids=input_ids, output_hidden_states=True)},
+    }
+    for name, source in sources.items():
+        assert model.generate(**source, **limit)[0, 1:].tolist().index(EOS) == 4, name
+
+
 def test_forced_end_of_sentence_keeps_or_zeroes_its_score():
     scores = torch.log_softmax(torch.randn(4, 10), dim=-1)
     input_ids = torch.zeros((4, 5), dtype=torch.long)  # 5 tokens: at the limit of 5, below that of 6
@@ -492,6 +553,8 @@ def test_a_minimum_length_beyond_the_limit_still_ends_every_hypothesis_there(num
 
 def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
     config = GenerationConfig()
+    set_fairseq_decoding(config, pad_token_id=1)  # fairseq-generate's defaults: --beam 5 --lenpen 1
+    assert (config.num_beams, config.length_penalty, config.max_length_a, config.max_length_b) == (5, 1.0, 0, 200)
     set_fairseq_decoding(config, pad_token_id=1, num_beams=4, length_penalty=0.6)
     assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
     assert (config.max_length_a, config.max_length_b, config.max_length_offset) == (0, 200, None)
@@ -529,8 +592,9 @@ def test_a_plain_seq2seq_trainer_evaluation_leaves_the_length_limit_of_later_tra
     after each generate() it evaluates with; they must not cap later translations, nor be saved."""
     tokenizer = word_tokenizer()
     model = tiny_model(len(tokenizer))
+    # One batch: the evaluation's single generate() comes before the Trainer's fill, the next is the user's own.
     args = Seq2SeqTrainingArguments(
-        tmp_path, use_cpu=True, report_to="none", predict_with_generate=True, per_device_eval_batch_size=2
+        tmp_path, use_cpu=True, report_to="none", predict_with_generate=True, per_device_eval_batch_size=4
     )
     collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     trainer = Seq2SeqTrainer(
