@@ -21,6 +21,9 @@ from modeling.callbacks import (
     SamplerEpochCallback,
     SaveEveryMinutesCallback,
     StopAfterMinutesCallback,
+    any_rank,
+    lowest_and_highest_over_ranks,
+    max_over_ranks,
 )
 
 
@@ -73,6 +76,80 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     assert control.should_training_stop and control.should_save
 
 
+@pytest.mark.parametrize("callback_class", [SaveEveryMinutesCallback, StopAfterMinutesCallback])
+def test_minutes_must_be_positive(callback_class):
+    with pytest.raises(ValueError, match="minutes must be positive, got 0"):
+        callback_class(minutes=0)
+    callback_class(minutes=0.5)  # half a minute is a budget like any other
+
+
+def test_collectives_in_a_single_process_return_its_own_values():
+    cpu = torch.device("cpu")
+    assert (max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu), any_rank(True, cpu)) == (5, (5, 5), True)
+
+
+def test_two_processes_decide_together(tmp_path):
+    """Saving and stopping lead to collectives, so every process must decide the same: rank 0's clock decides, and a
+    signal that reached one process only stops both."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import signal, sys, time
+            from types import SimpleNamespace
+            import torch, torch.distributed as dist, torch.multiprocessing as mp
+            from transformers import TrainerControl
+            from modeling.callbacks import (
+                PreemptionCallback, SaveEveryMinutesCallback, StopAfterMinutesCallback, any_rank,
+                leave_process_group, lowest_and_highest_over_ranks, max_over_ranks,
+            )
+
+            def decisions(rank, late_rank):  # the callbacks' decisions, where only late_rank's clock says it is time
+                args, control = SimpleNamespace(device=torch.device("cpu")), TrainerControl()
+                saving, stopping = SaveEveryMinutesCallback(minutes=1), StopAfterMinutesCallback(minutes=1)
+                if rank == late_rank:
+                    saving.last_save, stopping.start = time.monotonic() - 120, time.monotonic() - 120
+                saving.on_step_end(args, None, control)
+                saved = control.should_save
+                control = TrainerControl()
+                stopping.on_step_end(args, SimpleNamespace(global_step=3), control)
+                return saved, control.should_training_stop
+
+            def run(rank, store):
+                dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+                cpu = torch.device("cpu")
+                preemption, control = PreemptionCallback(), TrainerControl()
+                if rank == 1:
+                    preemption.requested = signal.SIGUSR1  # the scheduler's signal reached this process only
+                preemption.on_step_end(SimpleNamespace(device=cpu), SimpleNamespace(global_step=4), control)
+                outcome = [
+                    max_over_ranks(3 + rank, cpu),
+                    lowest_and_highest_over_ranks(3 + 4 * rank, cpu),
+                    any_rank(rank == 1, cpu),
+                    decisions(rank, late_rank=0),
+                    decisions(rank, late_rank=1),
+                    (preemption.preempted, control.should_training_stop),
+                ]
+                leave_process_group()
+                print(rank, outcome, dist.is_initialized(), flush=True)
+
+            if __name__ == "__main__":
+                mp.start_processes(run, args=(sys.argv[1],), nprocs=2, start_method="fork")
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store")],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    agreed = "[4, (3, 7), True, (True, True), (False, False), ({'signal': 'SIGUSR1', 'step': 4}, True)] False"
+    assert sorted(done.stdout.splitlines()) == [f"0 {agreed}", f"1 {agreed}"]
+
+
 def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock, sigint_raises_keyboard_interrupt):
     """SIGINT and SIGTERM alike; SIGINT here, whose default handler raises KeyboardInterrupt in the test."""
     callback = PreemptionCallback()
@@ -120,6 +197,27 @@ def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_st
         clock[0] += 2.0
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)  # an impatient user's second
+
+
+def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_path):
+    """The run is over at exit: a signal's default action there would replace the exit code the run chose."""
+    script = tmp_path / "exit.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import atexit, signal
+            from modeling.callbacks import PREEMPTION_SIGNALS, ignore_signals_at_exit
+
+            ignored = lambda: all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS)
+            atexit.register(lambda: print("ignored at exit:", ignored()))  # registered first, run last
+            ignore_signals_at_exit()
+            print("ignored before:", ignored())
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["ignored before: False", "ignored at exit: True"]
 
 
 def test_a_signal_the_process_ignores_stays_ignored():
