@@ -248,6 +248,22 @@ def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
     assert signal.getsignal(signal.SIGUSR1) is previous
 
 
+def test_the_callback_restores_at_the_end_of_training_only_the_handlers_it_installed():
+    """A Trainer used without `handling()`: Ctrl-C after train() returned must interrupt again. Within `handling()`,
+    the block's handlers outlive train() (scripts/train.py saves and pushes after it)."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        callback.on_train_begin(CPU_ARGS, None, None)
+        callback.on_train_end(CPU_ARGS, None, None)
+        assert signal.getsignal(signal.SIGUSR1) == callback._handle
+    assert signal.getsignal(signal.SIGUSR1) is previous
+    callback.on_train_begin(CPU_ARGS, None, None)
+    assert signal.getsignal(signal.SIGUSR1) == callback._handle
+    callback.on_train_end(CPU_ARGS, None, None)
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
 def test_a_worker_forked_while_the_data_is_prepared_dies_of_a_signal_in_the_instant_after_the_fork(tmp_path):
     """A pool that replaces a worker killed by the job's signal, then is terminated, sends SIGTERM to the new worker
     as it starts: caught there by the parent's handler (a copy, whose signal is already received: a duplicate),
