@@ -1270,6 +1270,23 @@ def test_nan_gradients_at_the_first_update_of_a_launch_name_the_weights_it_start
     assert list_checkpoints(tmp_path) == []
 
 
+def test_nan_gradients_before_any_checkpoint_advise_a_lower_rate_from_the_start(tmp_path):
+    trainer = resumable_run(tmp_path, max_steps=3, save_strategy="no")
+    compute_loss = trainer.compute_loss
+
+    def nan_from_update_2(*args, **kwargs):
+        loss = compute_loss(*args, **kwargs)
+        return loss * float("nan") if trainer.state.global_step >= 1 else loss
+
+    trainer.compute_loss = nan_from_update_2
+    with pytest.raises(trainer_module.TrainingDiverged) as diverged:
+        trainer.train()
+    assert str(diverged.value) == (
+        f"Training diverged at update 2 of {tmp_path}: its gradient norm is nan. The update was not applied; no "
+        "checkpoint was saved before it. Start again with a lower --learning_rate or more --warmup_steps."
+    )
+
+
 def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_checkpoint_finite(tmp_path):
     """Without the stop, the run went on to update 8 logging a loss of 0.0 (the Trainer's NaN filter) and rotated
     checkpoints 2 and 4 out for NaN ones."""
