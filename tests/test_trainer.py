@@ -398,6 +398,25 @@ def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
     assert trainer.label_smoother is None, "set for the generating call only"
 
 
+def test_a_model_without_the_fused_loss_is_smoothed_by_the_trainers_label_smoother(tmp_path):
+    """A stock transformers model (MarianMT) has no `smoothing_epsilon` argument: it is not passed one."""
+    from transformers import MarianConfig, MarianMTModel
+
+    tokenizer = word_tokenizer()
+    sizes = {"d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 64}
+    layers = {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2}
+    special = {"pad_token_id": tokenizer.pad_token_id, "decoder_start_token_id": tokenizer.pad_token_id}
+    config = MarianConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, **sizes, **layers, **special)
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    dataset = equal_length_halves(len(tokenizer))
+    trainer = make_trainer(training_args(tmp_path, max_steps=1, max_tokens_per_device=36), dataset, tokenizer, model)
+    assert trainer.label_smoother is not None
+    batch = trainer.data_collator(list(dataset.select([0, 2])))
+    loss = trainer.compute_loss(model, dict(batch))
+    assert loss.item() == pytest.approx(LabelSmoother(epsilon=0.1)(model(**batch), batch["labels"]).item(), rel=1e-6)
+
+
 def test_the_evaluation_loss_is_per_labelled_token_of_the_whole_split_whatever_its_batches(tmp_path):
     """The Trainer's own was the unweighted mean of its batches' means: the 3 tokens of a short last batch counted
     as much as the 30 of another, and the number changed with the token budget."""
