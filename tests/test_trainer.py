@@ -1274,11 +1274,21 @@ def test_a_save_total_limit_of_0_keeps_every_checkpoint_as_the_trainer_does(tmp_
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 
 
+def diverging_from_update(update: int, trainer: TokenBudgetSeq2SeqTrainer) -> TokenBudgetSeq2SeqTrainer:
+    """`trainer`, its loss (and so its gradients) NaN from `update` on."""
+    compute_loss = trainer.compute_loss
+
+    def nan_from_the_update(*args, **kwargs):
+        loss = compute_loss(*args, **kwargs)
+        return loss * float("nan") if trainer.state.global_step >= update - 1 else loss
+
+    trainer.compute_loss = nan_from_the_update
+    return trainer
+
+
 def test_nan_gradients_at_the_first_update_of_a_launch_name_the_weights_it_started_from(tmp_path):
     """No learning rate has acted yet: lowering it, which the other messages advise, would not help."""
-    trainer = resumable_run(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
-    compute_loss = trainer.compute_loss
-    trainer.compute_loss = lambda *args, **kwargs: compute_loss(*args, **kwargs) * float("nan")
+    trainer = diverging_from_update(1, resumable_run(tmp_path, max_steps=2, save_strategy="steps", save_steps=1))
     with pytest.raises(trainer_module.TrainingDiverged) as diverged:
         trainer.train()
     assert str(diverged.value) == (
@@ -1290,14 +1300,7 @@ def test_nan_gradients_at_the_first_update_of_a_launch_name_the_weights_it_start
 
 
 def test_nan_gradients_before_any_checkpoint_advise_a_lower_rate_from_the_start(tmp_path):
-    trainer = resumable_run(tmp_path, max_steps=3, save_strategy="no")
-    compute_loss = trainer.compute_loss
-
-    def nan_from_update_2(*args, **kwargs):
-        loss = compute_loss(*args, **kwargs)
-        return loss * float("nan") if trainer.state.global_step >= 1 else loss
-
-    trainer.compute_loss = nan_from_update_2
+    trainer = diverging_from_update(2, resumable_run(tmp_path, max_steps=3, save_strategy="no"))
     with pytest.raises(trainer_module.TrainingDiverged) as diverged:
         trainer.train()
     assert str(diverged.value) == (
@@ -1310,13 +1313,7 @@ def test_an_update_with_nan_gradients_stops_the_run_before_it_keeping_every_chec
     """Without the stop, the run went on to update 8 logging a loss of 0.0 (the Trainer's NaN filter) and rotated
     checkpoints 2 and 4 out for NaN ones."""
     trainer = resumable_run(tmp_path, max_steps=8, save_strategy="steps", save_steps=2, save_total_limit=2)
-    compute_loss = trainer.compute_loss
-
-    def nan_from_update_5(*args, **kwargs):
-        loss = compute_loss(*args, **kwargs)
-        return loss * float("nan") if trainer.state.global_step >= 4 else loss
-
-    trainer.compute_loss = nan_from_update_5
+    diverging_from_update(5, trainer)
     with pytest.raises(trainer_module.TrainingDiverged) as diverged:
         trainer.train()
     assert str(diverged.value).startswith(
