@@ -781,7 +781,8 @@ def _check_run_arguments(
 ) -> None:
     """Arguments that would fail the run only after work (a BPE trained and saved, a directory cleared, the run
     recorded, so that the corrected command finds an earlier run there): refused first, in one line."""
-    _check_tokenizer_path(model_args.tokenizer_name_or_path)
+    tokenizer = model_args.tokenizer_name_or_path
+    _check_tokenizer_path(tokenizer, _revision_of(tokenizer, model_args).get("revision") if tokenizer else None)
     if training_args.paper_schedule:
         check_warmup_steps(training_args.warmup_steps)
     output_dir = Path(training_args.output_dir).resolve()
@@ -840,15 +841,16 @@ def _bleu_sample_size(data_args: DataArguments, preset: TrainingPreset) -> int:
     return data_args.bleu_sample_size if data_args.bleu_sample_size is not None else preset.bleu_sample_size
 
 
-def _check_tokenizer_path(tokenizer: str | None) -> None:
-    """A --tokenizer_name_or_path, local directory or Hub repo, that holds no tokenizer (or, offline, one the Hub
-    cache lacks): named now, not after the data is read in transformers' two lines ("We couldn't connect to
-    'https://huggingface.co' ... Check your internet connection ...") whatever the cause."""
+def _check_tokenizer_path(tokenizer: str | None, revision: str | None = None) -> None:
+    """A --tokenizer_name_or_path, local directory or Hub repo (at `revision`, the model's where it is the model's
+    repo), that holds no tokenizer (or, offline, one the Hub cache lacks): named now, not after the data is read in
+    transformers' two lines ("We couldn't connect to 'https://huggingface.co' ... Check your internet connection
+    ...") whatever the cause."""
     if tokenizer is None:
         return
     path = Path(tokenizer)
     if not path.exists():
-        _check_hub_tokenizer(tokenizer)
+        _check_hub_tokenizer(tokenizer, revision)
         return
     if path.is_file():
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} is a file: give the directory that holds it")
@@ -860,16 +862,17 @@ def _check_tokenizer_path(tokenizer: str | None) -> None:
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} holds a tokenizer without {', '.join(missing)}")
 
 
-def _check_hub_tokenizer(tokenizer: str) -> None:
+def _check_hub_tokenizer(tokenizer: str, revision: str | None) -> None:
     if looks_like_local_path(tokenizer):
         raise ValueError(f"--tokenizer_name_or_path {tokenizer} does not exist")
-    if not_cached := offline_cache_error(tokenizer, None, [TOKENIZER_FILES]):
+    if not_cached := offline_cache_error(tokenizer, revision, [TOKENIZER_FILES]):
         raise not_cached
     with naming_hub_failures(f"--tokenizer_name_or_path {tokenizer}"):
-        if not has_any_file(tokenizer, None, TOKENIZER_FILES):
+        if not has_any_file(tokenizer, revision, TOKENIZER_FILES):
+            at = f" at revision {revision}" if revision else ""
             raise ValueError(
                 f"--tokenizer_name_or_path {tokenizer} is no local directory, and no Hub repo you can read holds a "
-                f"tokenizer ({' or '.join(TOKENIZER_FILES)}) there"
+                f"tokenizer ({' or '.join(TOKENIZER_FILES)}) there{at}"
             )
 
 

@@ -1413,6 +1413,23 @@ def test_a_hub_tokenizer_that_cannot_be_loaded_is_named_in_one_line_before_the_d
         )
     with pytest.raises(ValueError, match=r"^--tokenizer_name_or_path \./bpe does not exist$"):
         training._check_tokenizer_path("./bpe")
+    # The model's repo at the model's revision, as the tokenizer is then loaded: not at main, which has one now.
+    without = api.model_info("tester/without_tokenizer").sha
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        api.upload_file(
+            path_or_fileobj=tmp_path / "model" / name, path_in_repo=name, repo_id="tester/without_tokenizer"
+        )
+    training._check_tokenizer_path("tester/without_tokenizer")
+    pinned = ModelArguments(
+        model_name_or_path="tester/without_tokenizer",
+        model_revision=without,
+        tokenizer_name_or_path="tester/without_tokenizer",
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"holds a tokenizer \(tokenizer.json or tokenizer_config.json\) there at revision {without}$",
+    ):
+        training._check_run_arguments(pinned, DataArguments(), tiny_run_args(tmp_path / "run"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError, match=r"^'tester/absent' is not in the Hub cache .*keeps it from the Hub"):
         training._check_tokenizer_path("tester/absent")
