@@ -677,6 +677,24 @@ def pinned_hub_revision(repo_id: str, revision: str | None) -> str | None:
         return pinned_commit(repo_id, revision)
 
 
+# A model directory's own files, which an output written over would destroy: its configs, tokenizer and records
+# (JSON), weights, remote code and card. A translation written beside them (`test.de`) is not one.
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".py", ".model", ".spm")
+
+
+def model_files(name_or_path: str | os.PathLike) -> dict[str, Path]:
+    """The own files of a local model directory, by role (`{"the model's config.json": path}`), to refuse an output
+    that is one of them (`files.check_distinct_outputs`); none for a Hub repo id."""
+    directory = Path(name_or_path)
+    if not directory.is_dir():
+        return {}
+    return {
+        f"the model's {path.name}": path
+        for path in sorted(directory.iterdir())
+        if path.is_file() and (path.suffix in MODEL_FILE_SUFFIXES or path.name == "README.md")
+    }
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,

@@ -32,6 +32,7 @@ from modeling.translation import (
     TranslationInProgressError,
     as_lines,
     load_model_and_tokenizer,
+    model_files,
     partial_translation_path,
     translate,
     translate_file,
@@ -109,7 +110,8 @@ def main() -> None:
             next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:
             check_writable(args.output_file)
-            check_distinct_outputs({"--output-file": args.output_file}, {} if args.text else {"--input-file": source})
+            inputs = {} if args.text else {"--input-file": source}
+            check_distinct_outputs({"--output-file": args.output_file}, {**inputs, **model_files(args.model)})
         elif sys.stdout is None:  # started with `>&-`: the translations were an AttributeError, once all done
             raise ValueError("standard output is closed, where the translations go: give --output-file")
         model, tokenizer = load_model_and_tokenizer(

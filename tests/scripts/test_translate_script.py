@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from helpers import HUB_TOKEN, SCRIPTS, closed_port_endpoint, fed_pipe, run_scri
 
 from modeling import translation
 from modeling.quantization import quantize_int8
-from modeling.translation import translate
+from modeling.translation import model_files, translate
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
 pytestmark = pytest.mark.usefixtures("datasets_cache")
@@ -64,6 +65,28 @@ def test_an_output_file_that_is_the_input_file_is_refused_before_loading(tiny_ch
         "choose another path"
     )
     assert source.read_text() == "a cat.\n"
+
+
+def test_an_output_file_that_is_one_of_the_models_files_is_refused_before_loading(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """`--output-file MODEL/config.json` wrote the translations over the model's config (exit 0)."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint[0], model_dir)
+    config = (model_dir / "config.json").read_text()
+    (model_dir / "README.md").write_text("# card\n")
+    for name in ("config.json", "model.safetensors", "README.md"):
+        message = script_error(
+            "translate.py", "--model", model_dir, "--output-file", model_dir / name, "a cat.", monkeypatch=monkeypatch
+        )
+        assert message == (
+            f"error: --output-file {model_dir / name} is the model's {name} {model_dir / name}: writing it would "
+            "destroy it; choose another path"
+        )
+    assert (model_dir / "config.json").read_text() == config
+    (model_dir / "test.de").write_text("Eine Katze.\n")  # an earlier translation beside the model: written again
+    assert "the model's test.de" not in model_files(model_dir) and "the model's README.md" in model_files(model_dir)
+    assert model_files("owner/name") == {}
 
 
 def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, monkeypatch, capsys):
