@@ -24,7 +24,13 @@ import torch
 import yaml
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerFast
+from transformers import (
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerFast,
+)
 
 from modeling import TransformerConfig, TransformerForConditionalGeneration
 from modeling.arguments import TranslationTrainingArguments
@@ -70,6 +76,27 @@ def tiny_model(vocab_size: int = 50, *, seed: int = 0, **overrides) -> Transform
     """A seeded random model of `tiny_config`, in eval mode."""
     torch.manual_seed(seed)
     return TransformerForConditionalGeneration(tiny_config(vocab_size, **overrides)).eval()
+
+
+def tiny_marian(vocab_size: int) -> MarianMTModel:
+    """A seeded random MarianMTModel with the shared BPE's special ids: a stock transformers model to fine-tune, or
+    to train without this project's fused loss."""
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+    )
+    return MarianMTModel(config)
 
 
 def batch() -> dict[str, torch.Tensor]:

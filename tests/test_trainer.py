@@ -24,6 +24,7 @@ from helpers import (
     losses,
     make_trainer,
     subprocess_env,
+    tiny_marian,
     tiny_model,
     training_args,
     word_tokenizer,
@@ -400,15 +401,8 @@ def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
 
 def test_a_model_without_the_fused_loss_is_smoothed_by_the_trainers_label_smoother(tmp_path):
     """A stock transformers model (MarianMT) has no `smoothing_epsilon` argument: it is not passed one."""
-    from transformers import MarianConfig, MarianMTModel
-
     tokenizer = word_tokenizer()
-    sizes = {"d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 64}
-    layers = {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2}
-    special = {"pad_token_id": tokenizer.pad_token_id, "decoder_start_token_id": tokenizer.pad_token_id}
-    config = MarianConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, **sizes, **layers, **special)
-    torch.manual_seed(0)
-    model = MarianMTModel(config).eval()
+    model = tiny_marian(len(tokenizer)).eval()
     dataset = equal_length_halves(len(tokenizer))
     trainer = make_trainer(training_args(tmp_path, max_steps=1, max_tokens_per_device=36), dataset, tokenizer, model)
     assert trainer.label_smoother is not None

@@ -30,6 +30,7 @@ from helpers import (
     make_trainer,
     save_tiny_checkpoint,
     tiny_config,
+    tiny_marian,
     tiny_model,
     tiny_translator,
     training_args,
@@ -757,33 +758,12 @@ def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, mon
         prepare_output_dir(args)
 
 
-def tiny_marian_dir(directory: Path, vocab_size: int) -> Path:
-    from transformers import MarianConfig, MarianMTModel
-
-    torch.manual_seed(0)
-    config = MarianConfig(
-        vocab_size=vocab_size,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=0,
-    )
-    MarianMTModel(config).save_pretrained(directory)
-    return directory
-
-
 def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(tmp_path, datasets_cache):
     from transformers import MarianMTModel
 
     tokenizer = word_tokenizer()
-    marian_dir = tiny_marian_dir(tmp_path / "marian", len(tokenizer))
+    marian_dir = tmp_path / "marian"
+    tiny_marian(len(tokenizer)).save_pretrained(marian_dir)
     tokenizer.save_pretrained(marian_dir)  # its tokenizer is kept
     model_args = ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0)
     converted = _model(model_args, get_preset("tiny"), tokenizer, check_fine_tuning_source(model_args))
