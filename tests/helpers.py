@@ -78,7 +78,7 @@ def tiny_model(vocab_size: int = 50, *, seed: int = 0, **overrides) -> Transform
     return TransformerForConditionalGeneration(tiny_config(vocab_size, **overrides)).eval()
 
 
-def tiny_marian(vocab_size: int) -> MarianMTModel:
+def seeded_marian(vocab_size: int) -> MarianMTModel:
     """A seeded random MarianMTModel with the shared BPE's special ids: a stock transformers model to fine-tune, or
     to train without this project's fused loss."""
     torch.manual_seed(0)

@@ -23,8 +23,8 @@ from helpers import (
     equal_length_halves,
     losses,
     make_trainer,
+    seeded_marian,
     subprocess_env,
-    tiny_marian,
     tiny_model,
     training_args,
     word_tokenizer,
@@ -402,7 +402,7 @@ def test_trainer_smooths_labels_in_the_models_fused_loss(tmp_path):
 def test_a_model_without_the_fused_loss_is_smoothed_by_the_trainers_label_smoother(tmp_path):
     """A stock transformers model (MarianMT) has no `smoothing_epsilon` argument: it is not passed one."""
     tokenizer = word_tokenizer()
-    model = tiny_marian(len(tokenizer)).eval()
+    model = seeded_marian(len(tokenizer)).eval()
     dataset = equal_length_halves(len(tokenizer))
     trainer = make_trainer(training_args(tmp_path, max_steps=1, max_tokens_per_device=36), dataset, tokenizer, model)
     assert trainer.label_smoother is not None

@@ -29,8 +29,8 @@ from helpers import (
     losses,
     make_trainer,
     save_tiny_checkpoint,
+    seeded_marian,
     tiny_config,
-    tiny_marian,
     tiny_model,
     tiny_translator,
     training_args,
@@ -763,7 +763,7 @@ def test_fine_tuning_a_marian_model_converts_it_exactly_and_others_are_refused(t
 
     tokenizer = word_tokenizer()
     marian_dir = tmp_path / "marian"
-    tiny_marian(len(tokenizer)).save_pretrained(marian_dir)
+    seeded_marian(len(tokenizer)).save_pretrained(marian_dir)
     tokenizer.save_pretrained(marian_dir)  # its tokenizer is kept
     model_args = ModelArguments(model_name_or_path=str(marian_dir), dropout=0.0)
     converted = _model(model_args, get_preset("tiny"), tokenizer, check_fine_tuning_source(model_args))
