@@ -190,11 +190,17 @@ def test_beam_scores_follow_the_chosen_length_penalty(penalty_type):
     assert expected_scores == sorted(expected_scores, reverse=True)  # the first returned is the best
 
 
-def test_each_sentence_stops_at_its_own_limit():
-    model = tiny_model(seed=6)
-    # Bias the output towards a non-EOS token so that only the length limit ends the hypotheses.
+def ended_by_the_length_limit_only(**overrides) -> TransformerForConditionalGeneration:
+    """`tiny_model(seed=6)`, its output biased towards a token other than the end of sentence (7): only the length
+    limit ends its hypotheses."""
+    model = tiny_model(seed=6, **overrides)
     with torch.no_grad():
         model.model.shared.weight[7] *= 8
+    return model
+
+
+def test_each_sentence_stops_at_its_own_limit():
+    model = ended_by_the_length_limit_only()
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
     source_lengths = inputs["attention_mask"].sum(-1).tolist()  # [6, 4]
     for num_beams in (1, 4):
@@ -294,9 +300,7 @@ def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
 
 def test_a_generation_config_given_takes_the_models_own_fields_it_lacks():
     """`GenerationConfig(num_beams=2)` has no max_length_offset: the model's per-sentence limit still holds."""
-    model, inputs = tiny_model(seed=6), {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    with torch.no_grad():  # only the length limit ends the hypotheses
-        model.model.shared.weight[7] *= 8
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
     model.generation_config.max_length_offset = 2
     given = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2))
     assert [row[1:].index(EOS) + 1 for row in given.tolist()] == [6 + 2, 4 + 2]
@@ -487,9 +491,7 @@ def test_fairseq_decoding_gives_fairseqs_n_best_lists_where_transformers_rules_w
 
 
 def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_the_batch():
-    model = tiny_model(seed=6)
-    with torch.no_grad():  # only the length limit ends the hypotheses
-        model.model.shared.weight[7] *= 8
+    model = ended_by_the_length_limit_only()
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}  # sources of 6 and 4 tokens, width 6
     for num_beams in (1, 4):
         for a, b in ((0, 3), (0.5, 2), (1.2, 0)):
@@ -504,17 +506,13 @@ def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_
             limit = int(a * 6 + b)  # tokens before the end-of-sentence, the same for both rows
             for row in out.tolist():
                 assert row[1:].index(EOS) == limit, (num_beams, a, b, row)
-    capped = tiny_model(seed=6, max_position_embeddings=8)
-    with torch.no_grad():
-        capped.model.shared.weight[7] *= 8
+    capped = ended_by_the_length_limit_only(max_position_embeddings=8)
     out = capped.generate(**inputs, num_beams=1, max_length_offset=None, max_length_b=200)
     assert out[0, 1:].tolist().index(EOS) == 7  # max_position_embeddings - 1, as fairseq's max_len - 1
 
 
 def test_fairseq_limit_takes_the_width_of_embeddings_or_encoder_states_given_in_place_of_ids():
-    model = tiny_model(seed=6)
-    with torch.no_grad():  # only the length limit ends the hypotheses
-        model.model.shared.weight[7] *= 8
+    model = ended_by_the_length_limit_only()
     input_ids = batch()["input_ids"][:1]  # 6 tokens, no padding
     limit = {"num_beams": 2, "max_length_offset": None, "max_length_a": 0.5, "max_length_b": 1}  # int(0.5 · 6 + 1)
     sources = {
