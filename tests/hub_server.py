@@ -17,6 +17,9 @@ Endpoints, as `huggingface_hub` calls them (hf_api.py, _commit_api.py, file_down
 - `GET /api/models/{ns}/{name}[/revision/{rev}]` (sha, siblings) and `.../tree/{rev}[/{path}]`.
 - `HEAD`/`GET /{ns}/{name}/resolve/{rev}/{path}` with `X-Repo-Commit`, `ETag` and `Content-Length`; errors carry
   the `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`) that the client maps to exceptions.
+- Dataset repos (`create_repo(repo_type="dataset")`) through the same endpoints under `/api/datasets/...` and
+  `/datasets/{ns}/{name}/resolve/...`, which is what `datasets.load_dataset` reads; their files under
+  `DIR/datasets/<namespace>/<name>/`.
 Writes need `Authorization: Bearer <token>`; reads of private repos too. A wrong token is a 401 everywhere.
 Only the `main` branch exists; every commit of it stays readable by its sha (`revision=<sha>` downloads), as on the
 Hub, its files kept by content under `DIR/.objects/`.
@@ -43,15 +46,18 @@ import yaml
 
 BRANCH = "main"
 REPO = r"(?P<repo>[\w.-]+/[\w.-]+)"
+KIND = r"(?P<kind>models|datasets)"
 ROUTES = [
     ("POST", re.compile(r"^/api/repos/create$"), "create_repo"),
     ("POST", re.compile(r"^/api/validate-yaml$"), "validate_yaml"),
-    ("POST", re.compile(rf"^/api/models/{REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
-    ("POST", re.compile(rf"^/api/models/{REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
-    ("GET", re.compile(rf"^/api/models/{REPO}(?:/revision/(?P<rev>[^/]+))?$"), "repo_info"),
-    ("GET", re.compile(rf"^/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?$"), "tree"),
+    ("POST", re.compile(rf"^/api/{KIND}/{REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
+    ("POST", re.compile(rf"^/api/{KIND}/{REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
+    ("GET", re.compile(rf"^/api/{KIND}/{REPO}(?:/revision/(?P<rev>[^/]+))?$"), "repo_info"),
+    ("GET", re.compile(rf"^/api/{KIND}/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?$"), "tree"),
     ("HEAD", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
     ("GET", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
+    ("HEAD", re.compile(rf"^/(?P<kind>datasets)/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
+    ("GET", re.compile(rf"^/(?P<kind>datasets)/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
 ]
 
 
@@ -194,7 +200,10 @@ class Handler(BaseHTTPRequestHandler):
             for route_method, pattern, name in ROUTES:
                 match = pattern.match(path)
                 if route_method == method and match:
-                    status = getattr(self, name)(**{k: v for k, v in match.groupdict().items() if v is not None})
+                    arguments = {k: v for k, v in match.groupdict().items() if v is not None}
+                    if arguments.pop("kind", "models") == "datasets":  # stored apart: a dataset may share a model's id
+                        arguments["repo"] = f"datasets/{arguments['repo']}"
+                    status = getattr(self, name)(**arguments)
                     break
             else:
                 raise HubError(404, f"No route for {method} {path}")
@@ -250,20 +259,22 @@ class Handler(BaseHTTPRequestHandler):
     def create_repo(self) -> int:
         self._require_token()
         payload = self._json_body()
-        if payload.get("type", "model") != "model":
-            raise HubError(400, "This test server only hosts model repos")
+        kind = payload.get("type", "model")
+        if kind not in ("model", "dataset"):
+            raise HubError(400, "This test server only hosts model and dataset repos")
         repo_id = f"{payload.get('organization') or 'tester'}/{payload['name']}"
+        key = repo_id if kind == "model" else f"datasets/{repo_id}"
         with self.state.lock:
-            if repo_id in self.state.repos:
+            if key in self.state.repos:
                 # The Hub answers a conflict with the repo's url, which create_repo(exist_ok=True) returns.
-                url = self._url(repo_id)
+                url = self._url(key)
                 raise HubError(
-                    409, "You already created this model repo", headers={"X-Repo-Url": url}, body={"url": url}
+                    409, f"You already created this {kind} repo", headers={"X-Repo-Url": url}, body={"url": url}
                 )
             private = payload.get("visibility") == "private" or bool(payload.get("private"))
-            self.state.repos[repo_id] = Repo(private=private, sha=hashlib.sha1(repo_id.encode()).hexdigest())
-            (self.state.root / repo_id).mkdir(parents=True, exist_ok=True)
-        return self._send_json(200, {"url": self._url(repo_id), "name": repo_id, "id": repo_id})
+            self.state.repos[key] = Repo(private=private, sha=hashlib.sha1(key.encode()).hexdigest())
+            (self.state.root / key).mkdir(parents=True, exist_ok=True)
+        return self._send_json(200, {"url": self._url(key), "name": repo_id, "id": repo_id})
 
     def validate_yaml(self) -> int:
         errors = card_metadata_errors(self._json_body().get("content", ""))
@@ -305,10 +316,11 @@ class Handler(BaseHTTPRequestHandler):
             {"rfilename": path, "size": self.state.blob(oid).stat().st_size, "blobId": oid}
             for path, oid in sorted(info.files.items())
         ]
+        repo_id = repo.removeprefix("datasets/")
         payload = {
-            "id": repo,
-            "modelId": repo,
-            "author": repo.split("/")[0],
+            "id": repo_id,
+            "modelId": repo_id,
+            "author": repo_id.split("/")[0],
             "sha": info.sha,
             "private": info.private,
             "lastModified": info.last_modified,
