@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import glob
 import inspect
 import json
 import logging
@@ -29,6 +30,8 @@ import numpy as np
 import pyarrow.compute as pc
 import tokenizers
 import transformers
+from datasets.naming import camelcase_to_snakecase
+from datasets.packaged_modules.cache.cache import Cache
 from transformers import PreTrainedTokenizerBase
 
 from .files import (
@@ -193,7 +196,15 @@ def _load_hub_splits(
     pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
     split by split, with the configuration's own options (a TSV's separator, ...); a dataset with a loading script,
     as a whole."""
-    builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir)
+    try:
+        builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir)
+    except ValueError:
+        # Offline or with the Hub unreachable, datasets looks in its cache for the configuration under its name
+        # alone, where the splits read one by one below are cached under the name and a hash of their files.
+        cached = _cached_hub_splits(dataset, language_pair, splits, cache_dir)
+        if cached is None:
+            raise
+        return cached
     files = builder.config.data_files
     if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:
         names = [resolve_split(datasets.get_dataset_split_names(dataset, language_pair), split) for split in splits]
@@ -209,6 +220,58 @@ def _load_hub_splits(
             for name in names
         }
     )
+
+
+def _cached_hub_splits(
+    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None
+) -> datasets.DatasetDict | None:
+    """The splits as `_load_hub_splits` cached them, each from its latest copy, for a Hub that cannot be asked (a
+    compute node without internet evaluating on the test set a login node read); None where the cache holds no
+    split of this configuration. A split it does not hold is refused, naming those it does."""
+    config_name = language_pair or "default"
+    namespace, _, name = dataset.rpartition("/")
+    root = Path(cache_dir or datasets.config.HF_DATASETS_CACHE).expanduser()
+    root /= "___".join(filter(None, (namespace, camelcase_to_snakecase(name))))
+    latest: dict[str, Path] = {}  # split -> the directory of its latest copy
+    for info_file in sorted(root.glob(f"{glob.escape(config_name)}*/*/*/dataset_info.json"), key=_modified):
+        if info_file.parent.name.endswith(".incomplete"):  # a read killed before datasets renamed it
+            continue
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+        if info.get("config_name") == config_name:  # not another configuration whose name starts the same
+            latest |= dict.fromkeys(info.get("splits") or {}, info_file.parent)
+    if not latest:
+        return None
+    parts = {}
+    for asked in splits:
+        try:
+            split = resolve_split(latest, asked)
+        except SplitNotFoundError:
+            raise ValueError(
+                f"{dataset} ({config_name}): the Hub cannot be asked and the datasets cache {root} holds the splits "
+                f"{sorted(latest)}, not {asked!r}: read it once where the Hub answers"
+            ) from None
+        config_id, version, commit = latest[split].parts[-3:]
+        logger.warning(
+            "%s (%s): split %r from the datasets cache, %s (the Hub cannot be asked)",
+            dataset,
+            config_name,
+            split,
+            latest[split],
+        )
+        builder = Cache(
+            cache_dir=cache_dir,
+            repo_id=dataset,
+            dataset_name=name,
+            config_name=config_id,
+            version=version,
+            hash=commit,
+        )
+        parts[split] = builder.as_dataset(split=split)
+    return datasets.DatasetDict(parts)
+
+
+def _modified(path: Path) -> float:
+    return path.stat().st_mtime
 
 
 def normalize_translation_dataset(

@@ -11,6 +11,7 @@ import lzma
 import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 from unittest import mock
@@ -21,7 +22,8 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 import torch
-from helpers import MULTI30K, stalled_endpoint, word_for_word, write_corpus
+from helpers import HUB_TOKEN, MULTI30K, stalled_endpoint, word_for_word, write_corpus
+from huggingface_hub import HfApi, constants
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
@@ -446,10 +448,8 @@ def test_a_hub_dataset_on_a_stalled_hub_fails_within_the_timeout(quick_hub, monk
         assert time.monotonic() - start < 10
 
 
-def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
-    """wmt/wmt14's layout (parquet files by split, the configs in README.md): `load_dataset(split="test")` downloaded
-    and converted every split first (datasets#6529), 4.5M training pairs to score newstest2014's 3,003."""
-    repo = tmp_path / "wmt14"
+def write_wmt14_like(repo: Path) -> Path:
+    """wmt/wmt14's layout: parquet files by split, the configs in README.md."""
     (repo / "de-en").mkdir(parents=True)
     for split, count in (("train", 50), ("validation", 3), ("test", 4)):
         rows = [{"de": f"{split} {i} de", "en": f"{split} {i} en"} for i in range(count)]
@@ -458,12 +458,74 @@ def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
         )
     configs = "\n".join(f"  - split: {split}\n    path: de-en/{split}-*" for split in ("train", "validation", "test"))
     (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: de-en\n  data_files:\n{configs}\n---\n")
+    return repo
+
+
+def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
+    """`load_dataset(split="test")` downloaded and converted every split first (datasets#6529), 4.5M training pairs
+    to score newstest2014's 3,003."""
+    repo = write_wmt14_like(tmp_path / "wmt14")
     cache = tmp_path / "cache"
     ds = load_parallel_dataset(
         source_lang="en", target_lang="de", dataset=str(repo), language_pair="de-en", splits=["test"], cache_dir=cache
     )
     assert list(ds) == ["test"] and pairs(ds["test"])[0] == ("test 0 en", "test 0 de")
     assert sorted(path.name for path in cache.rglob("*.arrow")) == ["wmt14-test.arrow"]
+
+
+@pytest.mark.parametrize("hub_state", ["HF_HUB_OFFLINE", "unreachable"])
+def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_cannot_be_asked(
+    hub_state, hub_here, quick_hub, tmp_path, monkeypatch, caplog
+):
+    """A compute node without internet scoring the test set a login node read: datasets looked for the cache under
+    the configuration's name alone, where the splits read one by one are cached under the name and a hash of
+    their files ("ValueError: Couldn't find cache for tester/wmt14 for config 'de-en'")."""
+    endpoint, _ = hub_here
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    repo_id = f"tester/wmt14-{hub_state.lower()}"  # one Hub serves the module
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo(repo_id, repo_type="dataset")
+    api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=write_wmt14_like(tmp_path / "wmt14"))
+    cache = tmp_path / "cache"
+
+    def read(*splits: str) -> datasets.DatasetDict:
+        return load_parallel_dataset(
+            source_lang="en",
+            target_lang="de",
+            dataset=repo_id,
+            language_pair="de-en",
+            splits=splits,
+            cache_dir=cache,
+        )
+
+    read("test")
+    revised = tmp_path / "revised.parquet"  # a later commit of the dataset: the node reads the latest copy
+    pyarrow.parquet.write_table(pyarrow.table({"translation": [{"de": "neu", "en": "new"}]}), revised)
+    api.upload_file(
+        repo_id=repo_id, repo_type="dataset", path_or_fileobj=revised, path_in_repo="de-en/test-00000-of-00001.parquet"
+    )
+    online = {split: pairs(read(split)[split]) for split in ("test", "validation")}
+    assert online["test"] == [("new", "neu")]
+    killed = next(cache.rglob("dataset_info.json")).parent  # a read killed before datasets renamed its directory
+    shutil.copytree(killed, killed.with_name(killed.name + ".incomplete"))
+    info = killed.with_name(killed.name + ".incomplete") / "dataset_info.json"
+    info.write_text(info.read_text().replace('"test"', '"train"').replace('"validation"', '"train"'))
+    if hub_state == "HF_HUB_OFFLINE":
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    else:
+        monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)  # huggingface_hub's pauses between retries
+        with socket.socket() as closed:  # a port that refuses connections
+            closed.bind(("127.0.0.1", 0))
+            nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        quick_hub(nowhere)
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", nowhere)
+    with caplog.at_level(logging.WARNING, logger="modeling.data"):
+        cached = read("test", "validation")
+    assert {split: pairs(cached[split]) for split in cached} == online
+    assert "split 'test' from the datasets cache" in caplog.text
+    with pytest.raises(ValueError, match=r"holds the splits \['test', 'validation'\], not 'train': read it once"):
+        read("train")
 
 
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):
