@@ -264,6 +264,12 @@ class DataArguments:
     target_lang: str = field(default="de", metadata={"help": "Target language code."})
     dataset: str | None = field(default=None, metadata={"help": "Hub dataset, e.g. wmt/wmt14."})
     language_pair: str | None = field(default=None, metadata={"help": "Hub dataset configuration, e.g. de-en."})
+    dataset_revision: str | None = field(
+        default=None,
+        metadata={
+            "help": "The branch, tag or commit of --dataset (default: main; a resumed run: the commit it read)."
+        },
+    )
     data_dir: str | None = field(default=None, metadata={"help": "Local parallel files (see modeling.data)."})
     vocab_size: int | None = field(default=None, metadata={"help": "Size of the shared BPE to train (preset's)."})
     max_length: int | None = field(default=256, metadata={"help": "Truncate sequences to this many tokens."})
@@ -282,4 +288,6 @@ class DataArguments:
                 # `--data_dir $DATA` with DATA unset: the current directory was searched for the corpus, even
                 # beside --dataset, which an empty data_dir did not contradict
                 raise ValueError(f"--{name} is empty (a shell variable not set?): give its value, or leave it out")
+        if self.dataset_revision is not None and self.dataset is None:
+            raise ValueError("--dataset_revision names a version of --dataset's Hub repo: give that too")
         self.data_dir = _home_expanded(self.data_dir)

@@ -92,8 +92,10 @@ def load_parallel_dataset(
     data_files: Mapping[str, str | os.PathLike | Mapping[str, str | os.PathLike]] | None = None,
     splits: Sequence[str] | None = None,
     cache_dir: str | None = None,
+    revision: str | None = None,
 ) -> datasets.DatasetDict:
-    """Load a parallel corpus from the Hub (`dataset`) or from local files (`data_dir` / `data_files`).
+    """Load a parallel corpus from the Hub (`dataset`, at `revision`: a branch, tag or commit, default main) or
+    from local files (`data_dir` / `data_files`). `dataset_commit` says which commit a Hub dataset's split was read at.
 
     Local files, discovered in `data_dir` by split and language, plain or compressed (`.gz`, `.xz`, `.bz2`):
       - line-aligned text, one sentence per line: `train.en` + `train.de`, `val.en.gz` + `val.de.gz`;
@@ -108,13 +110,15 @@ def load_parallel_dataset(
         raise ValueError(f"source and target language are both {source_lang!r}")
     if (dataset is None) == (data_dir is None and data_files is None):
         raise ValueError("give either dataset= (a Hub dataset) or data_dir= / data_files= (local files)")
+    if revision is not None and dataset is None:
+        raise ValueError(f"revision={revision!r} names a version of a Hub dataset: local files have none")
     if dataset is not None:
         use_hub_timeouts()
         with _naming_an_unwritable_cache(cache_dir):
             if splits is None:
-                raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir)
+                raw = datasets.load_dataset(dataset, language_pair, cache_dir=cache_dir, revision=revision)
             else:
-                raw = _load_hub_splits(dataset, language_pair, splits, cache_dir)
+                raw = _load_hub_splits(dataset, language_pair, splits, cache_dir, revision)
         try:
             return normalize_translation_dataset(raw, source_lang, target_lang)
         except ValueError as error:
@@ -190,55 +194,67 @@ def _cache_directory(part: datasets.Dataset) -> Path:
 
 
 def _load_hub_splits(
-    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None
+    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None, revision: str | None
 ) -> datasets.DatasetDict:
     """Only the splits asked for: evaluating on WMT14's test set must not download and convert its 4.5M training
     pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
     split by split, with the configuration's own options (a TSV's separator, ...); a dataset with a loading script,
     as a whole."""
     try:
-        builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir)
+        builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir, revision=revision)
     except ValueError:
         # Offline or with the Hub unreachable, datasets looks in its cache for the configuration under its name
         # alone, where the splits read one by one below are cached under the name and a hash of their files.
-        cached = _cached_hub_splits(dataset, language_pair, splits, cache_dir)
+        cached = _cached_hub_splits(dataset, language_pair, splits, cache_dir, revision)
         if cached is None:
             raise
         return cached
     files = builder.config.data_files
+    at = {"cache_dir": cache_dir, "revision": revision}
     if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:
-        names = [resolve_split(datasets.get_dataset_split_names(dataset, language_pair), split) for split in splits]
+        available = datasets.get_dataset_split_names(dataset, language_pair, revision=revision)
+        names = [resolve_split(available, split) for split in splits]
         return datasets.DatasetDict(
-            {name: datasets.load_dataset(dataset, language_pair, split=name, cache_dir=cache_dir) for name in names}
+            {name: datasets.load_dataset(dataset, language_pair, split=name, **at) for name in names}
         )
     names = [resolve_split(files, split) for split in splits]
     return datasets.DatasetDict(
         {
-            name: datasets.load_dataset(
-                dataset, language_pair, data_files={name: files[name]}, split=name, cache_dir=cache_dir
-            )
+            name: datasets.load_dataset(dataset, language_pair, data_files={name: files[name]}, split=name, **at)
             for name in names
         }
     )
 
 
 def _cached_hub_splits(
-    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None
+    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None, revision: str | None
 ) -> datasets.DatasetDict | None:
-    """The splits as `_load_hub_splits` cached them, each from its latest copy, for a Hub that cannot be asked (a
-    compute node without internet evaluating on the test set a login node read); None where the cache holds no
-    split of this configuration. A split it does not hold is refused, naming those it does."""
+    """The splits as `_load_hub_splits` cached them, each from its latest copy (of commit `revision`, when given),
+    for a Hub that cannot be asked (a compute node without internet evaluating on the test set a login node read);
+    None where the cache holds no split of this configuration. A split it does not hold is refused, naming those it
+    does."""
     config_name = language_pair or "default"
     namespace, _, name = dataset.rpartition("/")
     root = Path(cache_dir or datasets.config.HF_DATASETS_CACHE).expanduser()
     root /= "___".join(filter(None, (namespace, camelcase_to_snakecase(name))))
     latest: dict[str, Path] = {}  # split -> the directory of its latest copy
+    other_commits = set()
     for info_file in sorted(root.glob(f"{glob.escape(config_name)}*/*/*/dataset_info.json"), key=_modified):
-        if info_file.parent.name.endswith(".incomplete"):  # a read killed before datasets renamed it
+        commit = info_file.parent.name
+        if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
             continue
         info = json.loads(info_file.read_text(encoding="utf-8"))
-        if info.get("config_name") == config_name:  # not another configuration whose name starts the same
-            latest |= dict.fromkeys(info.get("splits") or {}, info_file.parent)
+        if info.get("config_name") != config_name:  # another configuration whose name starts the same
+            continue
+        if revision is not None and commit != revision:  # a branch or tag: only the Hub knows where it is
+            other_commits.add(commit)
+            continue
+        latest |= dict.fromkeys(info.get("splits") or {}, info_file.parent)
+    if not latest and other_commits:
+        raise ValueError(
+            f"{dataset} ({config_name}): the Hub cannot be asked and the datasets cache {root} holds it at the "
+            f"commits {sorted(other_commits)}, not at {revision!r}: give one of them, or read it where the Hub answers"
+        )
     if not latest:
         return None
     parts = {}
@@ -246,9 +262,10 @@ def _cached_hub_splits(
         try:
             split = resolve_split(latest, asked)
         except SplitNotFoundError:
+            at = f" at commit {revision}" if revision is not None else ""
             raise ValueError(
                 f"{dataset} ({config_name}): the Hub cannot be asked and the datasets cache {root} holds the splits "
-                f"{sorted(latest)}, not {asked!r}: read it once where the Hub answers"
+                f"{sorted(latest)}{at}, not {asked!r}: read it once where the Hub answers"
             ) from None
         config_id, version, commit = latest[split].parts[-3:]
         logger.warning(
@@ -272,6 +289,12 @@ def _cached_hub_splits(
 
 def _modified(path: Path) -> float:
     return path.stat().st_mtime
+
+
+def dataset_commit(part: datasets.Dataset) -> str | None:
+    """The commit a split of a Hub dataset was read at (datasets keeps it under `<config>/<version>/<commit>/`, from
+    the Hub or from the cache alike); None for a split held in memory."""
+    return Path(part.cache_files[0]["filename"]).parent.name if part.cache_files else None
 
 
 def normalize_translation_dataset(

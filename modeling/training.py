@@ -90,6 +90,7 @@ from .configuration_transformer import TransformerConfig
 from .data import (
     SplitNotFoundError,
     clean_parallel_dataset,
+    dataset_commit,
     discover_parallel_files,
     load_parallel_dataset,
     require_rows,
@@ -505,26 +506,46 @@ def _check_same_run(identity: dict[str, Any], output_dir: Path, checkpoint: str 
     """Resuming (or restarting fresh with "last") must continue the same run: same architecture, tokenizer,
     data, seed and preset as recorded in the checkpoint, or in output_dir for a checkpoint that predates them.
     An `identity` with some of the fields (the data, before it is read) is checked on those."""
+    source, recorded = _recorded_identity(output_dir, checkpoint)
+    if recorded is None:
+        return
+    differences = identity_differences({key: recorded[key] for key in identity if key in recorded}, identity)
+    if differences:
+        raise RunMismatchError(
+            f"{source / RUN_IDENTITY_FILE} was written by a different run: "
+            f"{describe_differences(recorded, identity, differences)} (recorded vs now). Resume with the "
+            "settings of that run, or start over with --overwrite_output_dir."
+        )
+
+
+def _recorded_identity(output_dir: Path, checkpoint: str | None) -> tuple[Path | None, dict[str, Any] | None]:
+    """The identity a resumed run continues, and where it is recorded: the checkpoint's, else output_dir's."""
     for source in ([Path(checkpoint)] if checkpoint else []) + [output_dir]:
         recorded = read_run_identity(source)
-        if recorded is None:
-            continue
-        differences = identity_differences({key: recorded[key] for key in identity if key in recorded}, identity)
-        if differences:
-            raise RunMismatchError(
-                f"{source / RUN_IDENTITY_FILE} was written by a different run: "
-                f"{describe_differences(recorded, identity, differences)} (recorded vs now). Resume with the "
-                "settings of that run, or start over with --overwrite_output_dir."
-            )
-        return
+        if recorded is not None:
+            return source, recorded
+    return None, None
+
+
+def _dataset_revision(data_args: DataArguments, output_dir: Path, checkpoint: str | None) -> str | None:
+    """The revision of `--dataset` to read: the one given, else the commit a resumed run's launch read, so that a
+    requeue after a push to the dataset does not train the rest of the run on other data."""
+    if data_args.dataset is None or data_args.dataset_revision is not None:
+        return data_args.dataset_revision
+    commit = (_recorded_identity(output_dir, checkpoint)[1] or {}).get("dataset_commit")
+    if commit is not None:
+        logger.info("Reading %s at commit %s, as the run's launch did", data_args.dataset, commit)
+    return commit
 
 
 # --- data, tokenizer, model -----------------------------------------------------------------------------------
 
 
-def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.DatasetDict, dict[str, int]]:
+def _load_text(
+    data_args: DataArguments, *, evaluate: bool, revision: str | None = None
+) -> tuple[datasets.DatasetDict, dict[str, int]]:
     """Training (and validation) pairs, as `{"train", "validation"}` splits of untokenised text, and the counts of
-    training pairs removed by cleaning.
+    training pairs removed by cleaning; `revision`: of the Hub dataset.
 
     Only these splits are read (validation only when evaluating, the only use of it, BLEU included): a test set
     training never sees, blind or with unaligned files, is no obstacle."""
@@ -537,7 +558,7 @@ def _load_text(data_args: DataArguments, *, evaluate: bool) -> tuple[datasets.Da
     }
     keys = ("train", "validation") if evaluate else ("train",)
     try:  # one load: from the Hub, each load asks it for the split names
-        raw = load_parallel_dataset(**where, splits=list(keys))
+        raw = load_parallel_dataset(**where, splits=list(keys), revision=revision)
     except SplitNotFoundError as err:
         if err.name == "train":
             raise ValueError(f"Training needs a training split ({err.args[0]}).") from None
@@ -1042,10 +1063,12 @@ def run_identity(
     *,
     data: dict[str, Any] | None = None,
     conversion: dict[str, Any] | None = None,
+    dataset_commit: str | None = None,
 ) -> dict[str, Any]:
     """What makes checkpoints part of one run (see `modeling.checkpoints`); `data`: `_data_description` of
     `data_args`, when already computed; `conversion`: the `_conversion_record` of the model fine-tuned, which
-    travels with the run's every checkpoint and average, so that a fine-tune of them finds what they came from."""
+    travels with the run's every checkpoint and average, so that a fine-tune of them finds what they came from;
+    `dataset_commit`: the commit of the Hub dataset the training split was read at (`modeling.data.dataset_commit`)."""
     trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
     local_model = model_args.model_name_or_path is not None and os.path.isdir(model_args.model_name_or_path)
     identity = {
@@ -1061,6 +1084,7 @@ def run_identity(
         # A directory's weights identify it wherever it is moved; a Hub repo is its name (and revision).
         "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
         "fairseq_conversion": conversion,
+        "dataset_commit": dataset_commit,
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
@@ -1294,7 +1318,8 @@ def _prepare_run(
     data = _data_description(data_args)
     _check_same_run({"data": data}, output_dir, checkpoint)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
-    text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no")
+    revision = _dataset_revision(data_args, output_dir, checkpoint)
+    text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no", revision=revision)
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
     model = _model(model_args, preset, tokenizer, source_type, _recorded_config(output_dir, checkpoint))
@@ -1302,8 +1327,17 @@ def _prepare_run(
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).
     conversion = _conversion_record(model_args)  # read once: a Hub model's is a request
+    commit = dataset_commit(text["train"]) if data_args.dataset is not None else None
     identity = run_identity(
-        model, tokenizer, model_args, data_args, training_args, vocab_size, data=data, conversion=conversion
+        model,
+        tokenizer,
+        model_args,
+        data_args,
+        training_args,
+        vocab_size,
+        data=data,
+        conversion=conversion,
+        dataset_commit=commit,
     )
     _check_same_run(identity, output_dir, checkpoint)
     if training_args.should_save:

@@ -96,9 +96,11 @@ def hub(tmp_path_factory):
 
 @pytest.fixture
 def hub_here(hub, tmp_path, monkeypatch):
-    """The loopback Hub for this process's loads and pushes, with an empty cache: (endpoint, storage root)."""
+    """The loopback Hub for this process's loads and pushes, datasets' too, with an empty cache: (endpoint, storage
+    root)."""
     endpoint, root = hub
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
     monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
     template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)

@@ -19,9 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
+import pyarrow
+import pyarrow.parquet
 import pytest
 import torch
 import yaml
+from huggingface_hub import CommitOperationAdd, HfApi
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import (
@@ -302,6 +305,23 @@ TINY_RUN_SETTINGS = {
     "use_cpu": True,
     "disable_tqdm": True,
 }
+
+
+def push_translation_dataset(endpoint: str, repo_id: str, splits: dict[str, list[tuple[str, str]]]) -> str:
+    """Push (English, German) pairs by split to the loopback Hub's dataset `repo_id`, created if new, as wmt/wmt14
+    lays them out (parquet files of its `de-en` configuration); the commit's sha."""
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+    operations = []
+    for split, pairs in splits.items():
+        table = pyarrow.table({"translation": [{"en": en, "de": de} for en, de in pairs]})
+        parquet = io.BytesIO()
+        pyarrow.parquet.write_table(table, parquet)
+        operations.append(CommitOperationAdd(f"de-en/{split}-00000-of-00001.parquet", parquet.getvalue()))
+    configs = "".join(f"  - split: {split}\n    path: de-en/{split}-*\n" for split in splits)
+    card = f"---\nconfigs:\n- config_name: de-en\n  data_files:\n{configs}---\n"
+    operations.append(CommitOperationAdd("README.md", card.encode()))
+    return api.create_commit(repo_id, operations, commit_message="splits", repo_type="dataset").oid
 
 
 def write_run_config(path: Path, data_dir: Path, output_dir: Path, **settings) -> Path:

@@ -481,14 +481,13 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
     the configuration's name alone, where the splits read one by one are cached under the name and a hash of
     their files ("ValueError: Couldn't find cache for tester/wmt14 for config 'de-en'")."""
     endpoint, _ = hub_here
-    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
     repo_id = f"tester/wmt14-{hub_state.lower()}"  # one Hub serves the module
     api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
     api.create_repo(repo_id, repo_type="dataset")
     api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=write_wmt14_like(tmp_path / "wmt14"))
     cache = tmp_path / "cache"
 
-    def read(*splits: str) -> datasets.DatasetDict:
+    def read(*splits: str, revision: str | None = None) -> datasets.DatasetDict:
         return load_parallel_dataset(
             source_lang="en",
             target_lang="de",
@@ -496,9 +495,11 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
             language_pair="de-en",
             splits=splits,
             cache_dir=cache,
+            revision=revision,
         )
 
-    read("test")
+    first = pairs(read("test")["test"])
+    first_commit = api.dataset_info(repo_id).sha
     revised = tmp_path / "revised.parquet"  # a later commit of the dataset: the node reads the latest copy
     pyarrow.parquet.write_table(pyarrow.table({"translation": [{"de": "neu", "en": "new"}]}), revised)
     api.upload_file(
@@ -526,6 +527,9 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
     assert "split 'test' from the datasets cache" in caplog.text
     with pytest.raises(ValueError, match=r"holds the splits \['test', 'validation'\], not 'train': read it once"):
         read("train")
+    assert pairs(read("test", revision=first_commit)["test"]) == first  # the commit asked for, not the latest
+    with pytest.raises(ValueError, match=rf"holds it at the commits \[.*'{first_commit}'.*\], not at 'v1': give one"):
+        read("test", revision="v1")  # a tag: only the Hub knows its commit
 
 
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):

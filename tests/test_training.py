@@ -28,8 +28,10 @@ from helpers import (
     copy_dataset,
     losses,
     make_trainer,
+    push_translation_dataset,
     save_tiny_checkpoint,
     seeded_marian,
+    synthetic_pairs,
     tiny_config,
     tiny_model,
     tiny_translator,
@@ -50,6 +52,7 @@ from modeling.checkpoints import (
     IncompleteCheckpointError,
     RunMismatchError,
     identity_differences,
+    read_run_identity,
     write_completeness_marker,
 )
 from modeling.files import DiskFullError, UnwritableError, write_json
@@ -1361,6 +1364,36 @@ def test_fine_tuning_a_hub_repo_reads_it_at_the_commit_of_its_first_read(hub_her
     push_model_dir(tmp_path / "second", "tester/base", token=HUB_TOKEN)
     loaded = AutoModelForSeq2SeqLM.from_pretrained("tester/base", **_revision_of("tester/base", model_args))
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_a_requeue_reads_the_hub_dataset_at_the_commit_its_launch_read(hub_here, tmp_path, datasets_cache, caplog):
+    """Each launch read the dataset's main branch: a push to the dataset between a run's launch and its requeue
+    trained the rest of the run on the new data, without a word (the identity recorded the dataset's name only)."""
+    first = push_translation_dataset(hub_here[0], "tester/corpus", {"train": synthetic_pairs(40)})
+    data = DataArguments(dataset="tester/corpus", language_pair="de-en", source_lang="en", target_lang="de")
+    data.vocab_size = 64
+    run = tmp_path / "run"
+    settings = {"eval_strategy": "no"}
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, **settings))
+    assert read_run_identity(run)["dataset_commit"] == first
+    second = push_translation_dataset(hub_here[0], "tester/corpus", {"train": synthetic_pairs(40, seed=1)})
+    with caplog.at_level(logging.INFO, logger="modeling.training"):
+        train(
+            ModelArguments(preset="tiny", **TINY),
+            data,
+            tiny_run_args(run, max_steps=4, resume_from_checkpoint="last", **settings),
+        )
+    assert f"Reading tester/corpus at commit {first}, as the run's launch did" in caplog.text
+    assert read_run_identity(run / "checkpoint-4")["dataset_commit"] == first
+    with pytest.raises(ValueError, match=r"^--dataset_revision names a version of --dataset's Hub repo: give that"):
+        DataArguments(data_dir=str(tmp_path), dataset_revision=first)
+    data.dataset_revision = "main"  # asked for by name: another run's data
+    with pytest.raises(RunMismatchError, match=rf'different run: dataset_commit: "{first}" vs "{second}" \(recorded'):
+        train(
+            ModelArguments(preset="tiny", **TINY),
+            data,
+            tiny_run_args(run, max_steps=6, resume_from_checkpoint="last", **settings),
+        )
 
 
 def test_a_hub_tokenizer_that_cannot_be_loaded_is_named_in_one_line_before_the_data_is_read(
