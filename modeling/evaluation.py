@@ -94,11 +94,14 @@ def evaluation_record(
     limit: int | None,
     sentences_in_split: int,
     int8: bool = False,
+    dataset_commit: str | None = None,
 ) -> dict[str, Any]:
     """The evaluation JSON `scripts/evaluate.py` writes and a model card reads (`model_card.collect_card_inputs`):
-    the model scored (`load_scored_model`), the split (`limit`: its first sentences only, of `sentences_in_split`)
-    and `evaluate_split`'s metrics."""
+    the model scored (`load_scored_model`), the split (`limit`: its first sentences only, of `sentences_in_split`;
+    `dataset_commit`: the commit of the Hub dataset it was read at) and `evaluate_split`'s metrics."""
     where = {"dataset": dataset, "language_pair": language_pair, "split": split}
+    if dataset_commit is not None:
+        where["dataset_commit"] = dataset_commit
     return {**scored, **where, "limit": limit, "sentences_in_split": sentences_in_split, "int8": int8, **metrics}
 
 

@@ -247,7 +247,7 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object of evaluation results.")
     fields = [("num_sentences", int, False), ("source_lang", str, False), ("target_lang", str, False)]
     fields += [("limit", int, True), ("sentences_in_split", int, True)]
-    fields += [(key, str, True) for key in ("dataset", "split", "language_pair")]
+    fields += [(key, str, True) for key in ("dataset", "split", "language_pair", "dataset_commit")]
     fields += [(key, int | float, True) for key, _, _ in CARD_METRICS]
     fields += [(f"{key}_signature", str, True) for key, _, _ in CARD_METRICS]
     fields += [("int8", bool, True)]
@@ -505,6 +505,7 @@ def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str 
                     dataset_name=f"{dataset} {pair}",
                     dataset_config=result.get("language_pair"),
                     dataset_split=result.get("split"),
+                    dataset_revision=result.get("dataset_commit"),
                     metric_type=metric_type,
                     metric_name=metric_name,
                     metric_value=round(float(result[key]), 2),

@@ -26,6 +26,7 @@ from modeling.cli import (
 )
 from modeling.data import (
     SplitNotFoundError,
+    dataset_commit,
     discover_parallel_files,
     load_parallel_dataset,
     require_rows,
@@ -58,6 +59,7 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--dataset", help="Hub dataset, e.g. wmt/wmt14")
     source.add_argument("--data-dir", help="directory of local parallel files (see modeling.data)")
     parser.add_argument("--language-pair", help="Hub dataset configuration, e.g. de-en")
+    parser.add_argument("--dataset-revision", help="the branch, tag or commit of --dataset (default: main)")
     parser.add_argument("--source-lang", required=True)
     parser.add_argument("--target-lang", required=True)
     parser.add_argument("--split", default="test", help="split to evaluate; 'validation'/'test' find aliases")
@@ -66,7 +68,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, help="where to write the metrics JSON and hypotheses")
     parser.add_argument("--metrics-json", type=Path, help="metrics JSON path (default: in --output-dir)")
     parser.add_argument("--hypotheses-file", type=Path, help="hypotheses path (default: in --output-dir)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.dataset_revision is not None and args.dataset is None:
+        parser.error("--dataset-revision names a version of a Hub dataset (--dataset)")
+    return args
 
 
 def split_files(data_dir: Path | None, source_lang: str, target_lang: str, split: str) -> dict[str, Path]:
@@ -97,6 +102,7 @@ def main() -> None:
             language_pair=args.language_pair,
             data_dir=args.data_dir,
             splits=[args.split],
+            revision=args.dataset_revision,
         )
     except SplitNotFoundError as error:  # the message lists the available ones
         sys.exit(f"error: {error.args[0]}")
@@ -155,6 +161,7 @@ def main() -> None:
         scored,
         metrics,
         dataset=args.dataset or Path(args.data_dir).resolve().name,
+        dataset_commit=dataset_commit(split) if args.dataset else None,
         language_pair=args.language_pair,
         split=split_name,
         limit=args.limit,

@@ -10,12 +10,20 @@ import subprocess
 import sys
 
 import pytest
-from helpers import HUB_TOKEN, SCRIPTS, run_script, script_error, subprocess_env
+from helpers import (
+    HUB_TOKEN,
+    SCRIPTS,
+    push_translation_dataset,
+    run_script,
+    script_error,
+    subprocess_env,
+    synthetic_pairs,
+)
 from transformers import MarianConfig
 
 from modeling import evaluation, translation
 from modeling.checkpoints import weights_record
-from modeling.model_card import result_caveats
+from modeling.model_card import _eval_results_metadata, result_caveats
 from modeling.scoring import corpus_scores
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
@@ -41,6 +49,24 @@ def test_evaluate_writes_scores_signature_and_hypotheses(
     rescored = corpus_scores(hypotheses, references, "de")
     for key in ("sacrebleu", "paper_bleu", "tokenized_bleu_lc", "chrf"):
         assert metrics[key] == pytest.approx(rescored[key])
+
+
+def test_a_hub_test_set_is_read_at_the_revision_asked_for_and_its_commit_reaches_the_cards_model_index(
+    tiny_checkpoint, hub_here, tmp_path, monkeypatch, capsys
+):
+    """Scores of a Hub dataset named it, not the version of it that was scored: a BLEU on a test set since
+    corrected could not be told from one on the corrected set."""
+    first = push_translation_dataset(hub_here[0], "tester/newstest", {"test": synthetic_pairs(3)})
+    push_translation_dataset(hub_here[0], "tester/newstest", {"test": synthetic_pairs(5, seed=1)})
+    common = ["--model", tiny_checkpoint[0], "--dataset", "tester/newstest", "--language-pair", "de-en"]
+    common += ["--source-lang", "en", "--target-lang", "de", "--output-dir", tmp_path]
+    run_script("evaluate.py", *common, "--dataset-revision", first, monkeypatch=monkeypatch)
+    metrics = json.loads((tmp_path / "eval_results_test.json").read_text())
+    assert (metrics["dataset_commit"], metrics["num_sentences"]) == (first, 3)
+    assert {entry.dataset_revision for entry in _eval_results_metadata([metrics], None)} == {first}
+    local = ["--model", tiny_checkpoint[0], "--data-dir", tmp_path, "--source-lang", "en", "--target-lang", "de"]
+    assert script_error("evaluate.py", *local, "--dataset-revision", first, monkeypatch=monkeypatch) == "2"
+    assert "error: --dataset-revision names a version of a Hub dataset (--dataset)" in capsys.readouterr().err
 
 
 def test_scores_of_other_weights_in_the_output_directory_are_replaced_with_a_warning(
