@@ -30,6 +30,7 @@ from helpers import (
     word_tokenizer,
 )
 from safetensors.torch import load_file, save_file
+from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils.tensorboard import SummaryWriter
 from transformers import EvalPrediction, TrainerCallback, modeling_utils
 from transformers.trainer_pt_utils import LabelSmoother
@@ -561,6 +562,13 @@ def test_resuming_warns_of_no_missing_keys_for_the_tied_embedding_copies(tmp_pat
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert resumed.state.global_step == 4
     assert "missing keys" not in caplog.text
+    # A key truly missing is still named, alone.
+    real = next(
+        name for name, _ in resumed.model.named_parameters() if name not in resumed.model.all_tied_weights_keys
+    )
+    with caplog.at_level(logging.WARNING):
+        resumed._issue_warnings_after_load(_IncompatibleKeys([*resumed.model.all_tied_weights_keys, real], []))
+    assert f"There were missing keys in the checkpoint model loaded: [{real!r}]." in caplog.text
 
 
 # --- long runs: preemption, atomic checkpoints, rotation, a full disk -----------------------------------------
