@@ -25,6 +25,7 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--dataset", help="Hub dataset with a translation column, e.g. wmt/wmt14")
     source.add_argument("--data-dir", help="folder of parallel files (train.en.gz + train.de.gz, tsv, jsonl)")
     parser.add_argument("--language-pair", help="Hub dataset config, e.g. de-en")
+    parser.add_argument("--dataset-revision", help="the branch, tag or commit of --dataset (default: main)")
     parser.add_argument("--source-lang", help="default: first language of --language-pair")
     parser.add_argument("--target-lang", help="default: second language of --language-pair")
     parser.add_argument(
@@ -38,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--cache-dir", help="datasets cache folder")
     args = parser.parse_args()
+    if args.dataset_revision is not None and args.dataset is None:
+        parser.error("--dataset-revision names a version of a Hub dataset (--dataset)")
     if args.train_files is None:
         pair = args.language_pair.split("-") if args.language_pair else [None, None]
         args.source_lang = args.source_lang or pair[0]
@@ -59,6 +62,7 @@ def training_texts(args: argparse.Namespace) -> Iterable[str]:
         data_dir=args.data_dir,
         splits=["train"],
         cache_dir=args.cache_dir,
+        revision=args.dataset_revision,
     )
     return iter_corpus_text(ds["train"], [args.source_lang, args.target_lang])
 

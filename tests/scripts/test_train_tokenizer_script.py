@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, push_translation_dataset, run_script, script_error, subprocess_env
 from transformers import AutoTokenizer
 
 from modeling import tokenization
@@ -41,6 +41,24 @@ def test_cli_train_files_and_data_dir(corpus, tmp_path, monkeypatch, capsys):
     assert "vocab size: 96" in capsys.readouterr().out
     from_dir = AutoTokenizer.from_pretrained(tmp_path / "bpe2")
     assert from_dir(corpus[:20])["input_ids"] == from_files(corpus[:20])["input_ids"]  # same text, same BPE
+
+
+def test_cli_reads_a_hub_dataset_at_the_revision_asked_for(hub_here, datasets_cache, tmp_path, monkeypatch, capsys):
+    words = ["ein", "hund", "der", "läuft"]
+    first = push_translation_dataset(hub_here[0], "tester/bpe_corpus", {"train": [("a dog runs .", " ".join(words))]})
+    push_translation_dataset(
+        hub_here[0], "tester/bpe_corpus", {"train": [("the cat sleeps .", "die katze schläft .")]}
+    )
+    argv = ["--dataset", "tester/bpe_corpus", "--language-pair", "de-en", "--source-lang", "en", "--target-lang", "de"]
+    argv += ["--vocab-size", "64"]
+    argv += ["--min-frequency", "1", "--output-dir", str(tmp_path / "bpe"), "--dataset-revision", first]
+    run_script("train_tokenizer.py", *argv, monkeypatch=monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "bpe")
+    assert tokenizer.tokenize(" ".join(words)) == [f"▁{word}" for word in words]  # the first commit's words
+    assert "▁katze" not in tokenizer.get_vocab()  # not main's
+    local = ["--data-dir", str(tmp_path), "--language-pair", "en-de", "--vocab-size", "8", "--output-dir", "x"]
+    assert script_error("train_tokenizer.py", *local, "--dataset-revision", first, monkeypatch=monkeypatch) == "2"
+    assert "error: --dataset-revision names a version of a Hub dataset (--dataset)" in capsys.readouterr().err
 
 
 def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpus, tmp_path, monkeypatch):
