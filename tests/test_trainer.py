@@ -705,7 +705,7 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
 
 @pytest.mark.parametrize("how", ["moved", "copied"])
 @pytest.mark.parametrize("max_steps", [5, 3])  # 3: a finished run, run again, trains nothing and loads its best
-def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps):
+def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps, caplog):
     """The state names the best checkpoint by the path the run was saved in. Resumed after `mv` of the run, that
     path was gone: the Trainer forgot the best, rotation deleted it and the end kept the last weights; resumed in a
     copy, the original's checkpoint was loaded at the end, whatever another run had put there since."""
@@ -725,7 +725,9 @@ def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path,
         other = {key: tensor + 1 for key, tensor in expected.items()}
         save_file(other, original / name / "model.safetensors", metadata={"format": "pt"})
     resumed = resumable_run(run, max_steps=max_steps, save_total_limit=2, eval_dataset=validation, **best_first)
-    resumed.train(resume_from_checkpoint=str(run / "checkpoint-3"))
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(run / "checkpoint-3"))
+    assert f"The run's best checkpoint is {run / name} (its state named " in caplog.text
     assert Path(resumed.state.best_model_checkpoint) == run / name
     assert (run / name).is_dir(), "rotation kept the best checkpoint"
     weights = resumed.model.state_dict()
