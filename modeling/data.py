@@ -43,7 +43,7 @@ from .files import (
     iter_lines,
     require_directory,
 )
-from .hub_client import use_hub_timeouts
+from .hub_client import cached_commit, cached_snapshot, current_commit, use_hub_timeouts
 from .tokenization import visible_words
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def load_parallel_dataset(
     revision: str | None = None,
 ) -> datasets.DatasetDict:
     """Load a parallel corpus from the Hub (`dataset`, at `revision`: a branch, tag or commit, default main) or
-    from local files (`data_dir` / `data_files`). `dataset_commit` says which commit a Hub dataset's split was read at.
+    from local files (`data_dir` / `data_files`). `pinned_dataset_commit` says which commit a Hub dataset is read at.
 
     Local files, discovered in `data_dir` by split and language, plain or compressed (`.gz`, `.xz`, `.bz2`):
       - line-aligned text, one sentence per line: `train.en` + `train.de`, `val.en.gz` + `val.de.gz`;
@@ -193,26 +193,50 @@ def _cache_directory(part: datasets.Dataset) -> Path:
     return Path(datasets.config.HF_DATASETS_CACHE)
 
 
+def pinned_dataset_commit(
+    dataset: str, language_pair: str | None = None, revision: str | None = None, cache_dir: str | None = None
+) -> str | None:
+    """The commit of the Hub dataset `dataset` that `revision` (None: main) names, which every split of one load, and
+    the record of what a run or an evaluation read, come from: a split read after a push to the dataset would
+    otherwise come from another commit than the one before it. Asked of the Hub; where it cannot be asked (offline,
+    unreachable), the commit the revision has in the Hub cache (`hf download --repo-type dataset`), else, for main,
+    the latest commit of `language_pair` the datasets cache holds. None for a local folder; `revision` as given where
+    nothing says (a repo the Hub does not have: the load names it)."""
+    if os.path.isdir(dataset):
+        return None
+    commit = current_commit(dataset, revision, repo_type="dataset")
+    if commit is None:  # the Hub cannot be asked: datasets falls back to its cache, and so does this
+        commit = cached_commit(dataset, revision, repo_type="dataset")
+    if commit is None and revision is None:
+        copies = _arrow_copies(dataset, language_pair, cache_dir)
+        commit = max(copies, key=lambda commit: copies[commit][1], default=None)
+    return commit or revision
+
+
 def _load_hub_splits(
     dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None, revision: str | None
 ) -> datasets.DatasetDict:
     """Only the splits asked for: evaluating on WMT14's test set must not download and convert its 4.5M training
     pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
-    split by split, with the configuration's own options (a TSV's separator, ...); a dataset with a loading script,
-    as a whole."""
+    split by split, with the configuration's own options (a TSV's separator, ...), all at one commit; a dataset with
+    a loading script, as a whole."""
+    commit = pinned_dataset_commit(dataset, language_pair, revision, cache_dir) or revision
     try:
-        builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir, revision=revision)
-    except ValueError:
-        # Offline or with the Hub unreachable, datasets looks in its cache for the configuration under its name
-        # alone, where the splits read one by one below are cached under the name and a hash of their files.
-        cached = _cached_hub_splits(dataset, language_pair, splits, cache_dir, revision)
+        builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir, revision=commit)
+    except (ValueError, ConnectionError):
+        if os.path.isdir(dataset):
+            raise
+        # Offline or with the Hub unreachable, datasets finds neither the splits read one by one below (it looks in
+        # its cache for the configuration under its name alone, where they are under the name and a hash of their
+        # files: datasets#6837) nor a copy `hf download` put in the Hub cache.
+        cached = _splits_the_caches_hold(dataset, language_pair, splits, cache_dir, commit)
         if cached is None:
             raise
         return cached
     files = builder.config.data_files
-    at = {"cache_dir": cache_dir, "revision": revision}
+    at = {"cache_dir": cache_dir, "revision": commit}
     if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:
-        available = datasets.get_dataset_split_names(dataset, language_pair, revision=revision)
+        available = datasets.get_dataset_split_names(dataset, language_pair, revision=commit)
         names = [resolve_split(available, split) for split in splits]
         return datasets.DatasetDict(
             {name: datasets.load_dataset(dataset, language_pair, split=name, **at) for name in names}
@@ -226,54 +250,47 @@ def _load_hub_splits(
     )
 
 
-def _cached_hub_splits(
-    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None, revision: str | None
+def _splits_the_caches_hold(
+    dataset: str, language_pair: str | None, splits: Sequence[str], cache_dir: str | None, commit: str | None
 ) -> datasets.DatasetDict | None:
-    """The splits as `_load_hub_splits` cached them, each from its latest copy (of commit `revision`, when given),
-    for a Hub that cannot be asked (a compute node without internet evaluating on the test set a login node read);
-    None where the cache holds no split of this configuration. A split it does not hold is refused, naming those it
-    does."""
+    """The splits at `commit`, for a Hub that cannot be asked (a compute node without internet): as an earlier load
+    left them in the datasets cache, else from the dataset's files in the Hub cache (`hf download`). None where
+    neither cache holds this configuration; a ValueError naming what they hold where they lack a split."""
     config_name = language_pair or "default"
-    namespace, _, name = dataset.rpartition("/")
-    root = Path(cache_dir or datasets.config.HF_DATASETS_CACHE).expanduser()
-    root /= "___".join(filter(None, (namespace, camelcase_to_snakecase(name))))
-    latest: dict[str, Path] = {}  # split -> the directory of its latest copy
-    other_commits = set()
-    for info_file in sorted(root.glob(f"{glob.escape(config_name)}*/*/*/dataset_info.json"), key=_modified):
-        commit = info_file.parent.name
-        if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
-            continue
-        info = json.loads(info_file.read_text(encoding="utf-8"))
-        if info.get("config_name") != config_name:  # another configuration whose name starts the same
-            continue
-        if revision is not None and commit != revision:  # a branch or tag: only the Hub knows where it is
-            other_commits.add(commit)
-            continue
-        latest |= dict.fromkeys(info.get("splits") or {}, info_file.parent)
-    if not latest and other_commits:
+    copies = _arrow_copies(dataset, language_pair, cache_dir)
+    held = copies.get(commit, ({}, 0.0))[0] if commit is not None else {}
+    try:
+        names = [resolve_split(held, split) for split in splits]
+    except SplitNotFoundError as missing:
+        snapshot = cached_snapshot(dataset, commit, repo_type="dataset")
+        if snapshot is not None:
+            try:
+                loaded = _load_hub_splits(str(snapshot), language_pair, splits, cache_dir, None)
+            except (FileNotFoundError, ValueError, SplitNotFoundError):  # files left out (`--include`), or the
+                pass  # README alone, which datasets downloads
+            else:
+                logger.warning(
+                    "%s (%s): read from the Hub cache, %s (the Hub cannot be asked)", dataset, config_name, snapshot
+                )
+                return loaded
+        if not copies and snapshot is None:
+            return None
+        cached = "; ".join(f"at {at}: {sorted(copy)}" for at, (copy, _) in copies.items()) or "nothing"
         raise ValueError(
-            f"{dataset} ({config_name}): the Hub cannot be asked and the datasets cache {root} holds it at the "
-            f"commits {sorted(other_commits)}, not at {revision!r}: give one of them, or read it where the Hub answers"
-        )
-    if not latest:
-        return None
+            f"{dataset} ({config_name}): the Hub cannot be asked, and neither the datasets cache "
+            f"{_arrow_root(dataset, cache_dir)} (holding {cached}) nor the Hub cache holds the split {missing.name!r} "
+            f"at {commit}: read it where the Hub answers, or `hf download {dataset} --repo-type dataset` there"
+        ) from None
+    name = dataset.rpartition("/")[2]
     parts = {}
-    for asked in splits:
-        try:
-            split = resolve_split(latest, asked)
-        except SplitNotFoundError:
-            at = f" at commit {revision}" if revision is not None else ""
-            raise ValueError(
-                f"{dataset} ({config_name}): the Hub cannot be asked and the datasets cache {root} holds the splits "
-                f"{sorted(latest)}{at}, not {asked!r}: read it once where the Hub answers"
-            ) from None
-        config_id, version, commit = latest[split].parts[-3:]
+    for split in names:
+        config_id, version, _ = held[split].parts[-3:]
         logger.warning(
             "%s (%s): split %r from the datasets cache, %s (the Hub cannot be asked)",
             dataset,
             config_name,
             split,
-            latest[split],
+            held[split],
         )
         builder = Cache(
             cache_dir=cache_dir,
@@ -287,14 +304,34 @@ def _cached_hub_splits(
     return datasets.DatasetDict(parts)
 
 
-def _modified(path: Path) -> float:
-    return path.stat().st_mtime
+def _arrow_root(dataset: str, cache_dir: str | None) -> Path:
+    """Where datasets caches what it read of the Hub dataset `dataset`."""
+    namespace, _, name = dataset.rpartition("/")
+    root = Path(cache_dir or datasets.config.HF_DATASETS_CACHE).expanduser()
+    return root / "___".join(filter(None, (namespace, camelcase_to_snakecase(name))))
 
 
-def dataset_commit(part: datasets.Dataset) -> str | None:
-    """The commit a split of a Hub dataset was read at (datasets keeps it under `<config>/<version>/<commit>/`, from
-    the Hub or from the cache alike); None for a split held in memory."""
-    return Path(part.cache_files[0]["filename"]).parent.name if part.cache_files else None
+def _arrow_copies(
+    dataset: str, language_pair: str | None, cache_dir: str | None
+) -> dict[str, tuple[dict[str, Path], float]]:
+    """By commit, the splits of the configuration `language_pair` that the datasets cache holds of the Hub dataset
+    `dataset` (each split's latest copy: its directory), and when the latest of them was written."""
+    config_name = language_pair or "default"
+    copies: dict[str, tuple[dict[str, Path], float]] = {}
+    for info_file in _arrow_root(dataset, cache_dir).glob(f"{glob.escape(config_name)}*/*/*/dataset_info.json"):
+        commit = info_file.parent.name
+        if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
+            continue
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+        if info.get("config_name") != config_name:  # another configuration whose name starts the same
+            continue
+        written = info_file.stat().st_mtime
+        held, latest = copies.get(commit, ({}, 0.0))
+        for split in info.get("splits") or {}:
+            if split not in held or written > held[split].joinpath("dataset_info.json").stat().st_mtime:
+                held[split] = info_file.parent
+        copies[commit] = (held, max(latest, written))
+    return copies
 
 
 def normalize_translation_dataset(

@@ -17,6 +17,7 @@ loaders call it before transformers would fail with messages that name neither t
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from huggingface_hub import (
+    HfApi,
     constants,
     file_exists,
     hf_hub_download,
@@ -250,6 +252,50 @@ def pinned_commit(repo_id: str, revision: str | None) -> str | None:
             raise
         return revision
     return Path(config).parent.name  # snapshots/<commit>/config.json
+
+
+def is_commit(revision: str | None) -> bool:
+    """Whether `revision` is a full commit sha, which no push moves (a branch or a tag may be moved)."""
+    return revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+
+
+def current_commit(repo_id: str, revision: str | None, repo_type: str) -> str | None:
+    """The commit `revision` (None: main) of the Hub repo `repo_id` is at now, asked of the Hub; `revision` where the
+    Hub does not say (no such repo or revision, no access: the load names it); None where the Hub cannot be asked
+    (offline, a failed connection, a timeout)."""
+    if is_commit(revision):
+        return revision
+    if is_offline_mode():
+        return None
+    try:
+        return HfApi().repo_info(repo_id, revision=revision, repo_type=repo_type).sha
+    except HfHubHTTPError:
+        return revision
+    except (OSError, httpx2.HTTPError) as error:
+        logger.warning("The Hub cannot be asked for %s (%s)", repo_id, _one_line(error, 1))
+        return None
+
+
+def cached_commit(repo_id: str, revision: str | None, repo_type: str) -> str | None:
+    """The commit `revision` (None: main) of `repo_id` has in the Hub cache (its refs, which a download by branch or
+    tag writes), or `revision` itself where it is a commit the cache holds a snapshot of; None otherwise."""
+    repo = Path(constants.HF_HUB_CACHE, repo_folder_name(repo_id=repo_id, repo_type=repo_type))
+    ref = repo / "refs" / (revision or "main")
+    if ref.is_file():
+        return ref.read_text(encoding="utf-8").strip()
+    return revision if is_commit(revision) and (repo / "snapshots" / revision).is_dir() else None
+
+
+def cached_snapshot(repo_id: str, commit: str | None, repo_type: str) -> Path | None:
+    """The Hub cache's snapshot of `repo_id` at `commit` (None: main's), as `hf download` left it; None where the
+    cache holds none."""
+    commit = cached_commit(repo_id, commit, repo_type) if not is_commit(commit) else commit
+    if commit is None:
+        return None
+    snapshot = Path(
+        constants.HF_HUB_CACHE, repo_folder_name(repo_id=repo_id, repo_type=repo_type), "snapshots", commit
+    )
+    return snapshot if snapshot.is_dir() else None
 
 
 def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[str, ...]]) -> FileNotFoundError | None:

@@ -90,9 +90,9 @@ from .configuration_transformer import TransformerConfig
 from .data import (
     SplitNotFoundError,
     clean_parallel_dataset,
-    dataset_commit,
     discover_parallel_files,
     load_parallel_dataset,
+    pinned_dataset_commit,
     require_rows,
     split_source,
     tokenize_counting_truncations,
@@ -527,15 +527,18 @@ def _recorded_identity(output_dir: Path, checkpoint: str | None) -> tuple[Path |
     return None, None
 
 
-def _dataset_revision(data_args: DataArguments, output_dir: Path, checkpoint: str | None) -> str | None:
-    """The revision of `--dataset` to read: the one given, else the commit a resumed run's launch read, so that a
-    requeue after a push to the dataset does not train the rest of the run on other data."""
-    if data_args.dataset is None or data_args.dataset_revision is not None:
-        return data_args.dataset_revision
-    commit = (_recorded_identity(output_dir, checkpoint)[1] or {}).get("dataset_commit")
-    if commit is not None:
-        logger.info("Reading %s at commit %s, as the run's launch did", data_args.dataset, commit)
-    return commit
+def _dataset_commit(data_args: DataArguments, output_dir: Path, checkpoint: str | None) -> str | None:
+    """The commit of `--dataset` to read (`pinned_dataset_commit`): of `--dataset_revision`, else the one a resumed
+    run's launch read, so that a requeue after a push to the dataset does not train the rest of the run on other
+    data, else main's. None for local data."""
+    if data_args.dataset is None:
+        return None
+    revision = data_args.dataset_revision
+    if revision is None:
+        revision = (_recorded_identity(output_dir, checkpoint)[1] or {}).get("dataset_commit")
+        if revision is not None:
+            logger.info("Reading %s at commit %s, as the run's launch did", data_args.dataset, revision)
+    return pinned_dataset_commit(data_args.dataset, data_args.language_pair, revision)
 
 
 # --- data, tokenizer, model -----------------------------------------------------------------------------------
@@ -1068,7 +1071,7 @@ def run_identity(
     """What makes checkpoints part of one run (see `modeling.checkpoints`); `data`: `_data_description` of
     `data_args`, when already computed; `conversion`: the `_conversion_record` of the model fine-tuned, which
     travels with the run's every checkpoint and average, so that a fine-tune of them finds what they came from;
-    `dataset_commit`: the commit of the Hub dataset the training split was read at (`modeling.data.dataset_commit`)."""
+    `dataset_commit`: the commit of the Hub dataset the training split was read at (`pinned_dataset_commit`)."""
     trained_bpe = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
     local_model = model_args.model_name_or_path is not None and os.path.isdir(model_args.model_name_or_path)
     identity = {
@@ -1318,8 +1321,8 @@ def _prepare_run(
     data = _data_description(data_args)
     _check_same_run({"data": data}, output_dir, checkpoint)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
-    revision = _dataset_revision(data_args, output_dir, checkpoint)
-    text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no", revision=revision)
+    commit = _dataset_commit(data_args, output_dir, checkpoint)
+    text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no", revision=commit)
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
     model = _model(model_args, preset, tokenizer, source_type, _recorded_config(output_dir, checkpoint))
@@ -1327,7 +1330,6 @@ def _prepare_run(
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).
     conversion = _conversion_record(model_args)  # read once: a Hub model's is a request
-    commit = dataset_commit(text["train"]) if data_args.dataset is not None else None
     identity = run_identity(
         model,
         tokenizer,

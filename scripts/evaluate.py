@@ -26,9 +26,9 @@ from modeling.cli import (
 )
 from modeling.data import (
     SplitNotFoundError,
-    dataset_commit,
     discover_parallel_files,
     load_parallel_dataset,
+    pinned_dataset_commit,
     require_rows,
     split_source,
 )
@@ -95,6 +95,7 @@ def main() -> None:
         if args.int8:
             model = quantize_int8(model)
         check_workers(model, args.workers)
+        commit = args.dataset and pinned_dataset_commit(args.dataset, args.language_pair, args.dataset_revision)
         splits = load_parallel_dataset(
             source_lang=args.source_lang,
             target_lang=args.target_lang,
@@ -102,7 +103,7 @@ def main() -> None:
             language_pair=args.language_pair,
             data_dir=args.data_dir,
             splits=[args.split],
-            revision=args.dataset_revision,
+            revision=commit or args.dataset_revision,
         )
     except SplitNotFoundError as error:  # the message lists the available ones
         sys.exit(f"error: {error.args[0]}")
@@ -161,7 +162,7 @@ def main() -> None:
         scored,
         metrics,
         dataset=args.dataset or Path(args.data_dir).resolve().name,
-        dataset_commit=dataset_commit(split) if args.dataset else None,
+        dataset_commit=commit,
         language_pair=args.language_pair,
         split=split_name,
         limit=args.limit,

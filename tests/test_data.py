@@ -22,8 +22,16 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 import torch
-from helpers import HUB_TOKEN, MULTI30K, stalled_endpoint, word_for_word, write_corpus
-from huggingface_hub import HfApi, constants
+from helpers import (
+    HUB_TOKEN,
+    MULTI30K,
+    push_translation_dataset,
+    stalled_endpoint,
+    synthetic_pairs,
+    word_for_word,
+    write_corpus,
+)
+from huggingface_hub import HfApi, constants, snapshot_download
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
@@ -35,6 +43,7 @@ from modeling.data import (
     discover_parallel_files,
     load_parallel_dataset,
     normalize_translation_dataset,
+    pinned_dataset_commit,
     require_rows,
     resolve_split,
     split_source,
@@ -506,6 +515,7 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
         repo_id=repo_id, repo_type="dataset", path_or_fileobj=revised, path_in_repo="de-en/test-00000-of-00001.parquet"
     )
     online = {split: pairs(read(split)[split]) for split in ("test", "validation")}
+    latest = api.dataset_info(repo_id).sha
     assert online["test"] == [("new", "neu")]
     killed = next(cache.rglob("dataset_info.json")).parent  # a read killed before datasets renamed its directory
     shutil.copytree(killed, killed.with_name(killed.name + ".incomplete"))
@@ -525,11 +535,42 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
         cached = read("test", "validation")
     assert {split: pairs(cached[split]) for split in cached} == online
     assert "split 'test' from the datasets cache" in caplog.text
-    with pytest.raises(ValueError, match=r"holds the splits \['test', 'validation'\], not 'train': read it once"):
+    with pytest.raises(ValueError, match=rf"nor the Hub cache holds the split 'train' at {latest}: read it where the"):
         read("train")
     assert pairs(read("test", revision=first_commit)["test"]) == first  # the commit asked for, not the latest
-    with pytest.raises(ValueError, match=rf"holds it at the commits \[.*'{first_commit}'.*\], not at 'v1': give one"):
+    with pytest.raises(ValueError, match=rf"holding at .*{first_commit}: \['test'\].* holds the split 'test' at v1:"):
         read("test", revision="v1")  # a tag: only the Hub knows its commit
+
+
+def test_a_hub_dataset_hf_download_put_in_the_hub_cache_loads_where_the_hub_cannot_be_asked(
+    hub_here, tmp_path, monkeypatch, caplog
+):
+    """`hf download wmt/wmt14 --repo-type dataset`, as README says of models, then HF_HUB_OFFLINE=1: datasets reads
+    only its own cache ("ConnectionError: Couldn't reach 'tester/downloaded' on the Hub (OfflineModeIsEnabled)")."""
+    commit = push_translation_dataset(
+        hub_here[0], "tester/downloaded", {"train": synthetic_pairs(5), "test": synthetic_pairs(3, seed=1)}
+    )
+    snapshot_download("tester/downloaded", repo_type="dataset", allow_patterns=["README.md", "de-en/*"])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+    def read(split: str) -> datasets.DatasetDict:
+        return load_parallel_dataset(
+            source_lang="en",
+            target_lang="de",
+            dataset="tester/downloaded",
+            language_pair="de-en",
+            splits=[split],
+            cache_dir=tmp_path / "datasets",
+        )
+
+    with caplog.at_level(logging.WARNING, logger="modeling.data"):
+        assert pairs(read("test")["test"]) == synthetic_pairs(3, seed=1)
+    assert f"read from the Hub cache, {tmp_path / 'cache'}" in caplog.text and commit in caplog.text
+    assert pinned_dataset_commit("tester/downloaded", "de-en") == commit
+    assert pairs(read("train")["train"]) == synthetic_pairs(5)
+    with pytest.raises(ValueError, match=rf"nor the Hub cache holds the split 'validation' at {commit}: read it"):
+        read("validation")  # the dataset has none
 
 
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):

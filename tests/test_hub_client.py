@@ -1,14 +1,23 @@
 """Tests of modeling/hub_client.py: the timeouts every Hub request gets (pushes and loads: tests/test_hub.py,
 tests/test_translation.py)."""
 
+import socket
 import time
 
 import pytest
-from helpers import stalled_endpoint
-from huggingface_hub import get_session, set_client_factory
+from helpers import push_translation_dataset, stalled_endpoint, synthetic_pairs
+from huggingface_hub import get_session, set_client_factory, snapshot_download
+from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._http import default_client_factory
 
-from modeling.hub_client import HUB_TIMEOUT_ENV, httpx2, use_hub_timeouts  # httpx under huggingface_hub 1.x
+from modeling.hub_client import (  # httpx2: httpx under huggingface_hub 1.x
+    HUB_TIMEOUT_ENV,
+    cached_commit,
+    cached_snapshot,
+    current_commit,
+    httpx2,
+    use_hub_timeouts,
+)
 
 USER_HEADER = {"x-proxy-ticket": "from the user's own factory"}
 
@@ -84,3 +93,21 @@ def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable
 
     monkeypatch.setattr(hub_client, "hf_hub_download", missing)
     assert hub_client.pinned_commit("someorg/somemodel", "v1") == "v1", "the load names the missing file itself"
+
+
+def test_the_commit_of_a_revision_is_asked_of_the_hub_else_read_from_the_hub_cache(hub_here, quick_hub, monkeypatch):
+    """What `pinned_dataset_commit` builds on: the Hub's answer; the revision as given where the Hub does not know
+    the repo; None where it cannot be asked, and then the commit the Hub cache recorded for the revision."""
+    commit = push_translation_dataset(hub_here[0], "tester/pinned", {"test": synthetic_pairs(2)})
+    assert current_commit("tester/pinned", None, repo_type="dataset") == commit
+    assert current_commit("tester/absent", "v1", repo_type="dataset") == "v1"
+    assert cached_commit("tester/pinned", None, repo_type="dataset") is None  # nothing downloaded yet
+    snapshot_download("tester/pinned", repo_type="dataset")
+    with socket.socket() as closed:  # a port that refuses connections
+        closed.bind(("127.0.0.1", 0))
+        quick_hub(f"http://127.0.0.1:{closed.getsockname()[1]}")
+    monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)
+    assert current_commit("tester/pinned", None, repo_type="dataset") is None
+    assert cached_commit("tester/pinned", None, repo_type="dataset") == commit
+    assert cached_snapshot("tester/pinned", None, repo_type="dataset").name == commit
+    assert current_commit("tester/pinned", commit, repo_type="dataset") == commit  # a commit: nothing to ask
