@@ -1061,6 +1061,26 @@ def test_bleu_metrics_score_the_best_of_several_sequences_returned_per_example()
     assert metrics["sentences"] == 2 and metrics["bleu"] == pytest.approx(100.0)
 
 
+def test_bleu_metrics_read_the_minus_100_padding_of_predictions_as_padding():
+    """The Trainer concatenates the generations of batches of other lengths padded with -100 (`nested_concat`): a
+    shorter translation's row ends in -100s, which are no token."""
+    tokenizer = word_tokenizer()
+    sentences = tokenizer(["the dog sees a cat", "a red ball"], padding=True, return_tensors="np")["input_ids"]
+    predictions = np.where(sentences == tokenizer.pad_token_id, -100, sentences)
+    assert (predictions == -100).any()
+    metrics = bleu_metrics(tokenizer, "de")(EvalPrediction(predictions=predictions, label_ids=sentences))
+    assert metrics["sentences"] == 2 and metrics["bleu"] == pytest.approx(100.0)
+
+
+def test_a_bleu_dataset_without_predict_with_generate_is_refused(tmp_path):
+    """BLEU needs translations: without generation the evaluation would score the logits' argmax, or nothing."""
+    tokenizer = word_tokenizer()
+    dataset = copy_dataset([3, 4], len(tokenizer))
+    args = training_args(tmp_path, predict_with_generate=False)
+    with pytest.raises(ValueError, match=r"^BLEU on bleu_dataset needs predict_with_generate=True\.$"):
+        make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), bleu_dataset=dataset)
+
+
 @pytest.mark.parametrize("target_lang", ["de", "zh"])
 def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_name(tmp_path, target_lang):
     """`training` refuses a metric_for_best_model outside `evaluation_metrics` before any work. Into Chinese, no
