@@ -1298,6 +1298,11 @@ def test_a_save_total_limit_of_0_keeps_every_checkpoint_as_the_trainer_does(tmp_
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 
 
+def test_rotation_deletes_only_the_checkpoints_beyond_the_limit(tmp_path):
+    resumable_run(tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=3).train()
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
+
+
 def diverging_from_update(update: int, trainer: TokenBudgetSeq2SeqTrainer) -> TokenBudgetSeq2SeqTrainer:
     """`trainer`, its loss (and so its gradients) NaN from `update` on."""
     compute_loss = trainer.compute_loss
