@@ -1298,6 +1298,22 @@ def test_a_save_total_limit_of_0_keeps_every_checkpoint_as_the_trainer_does(tmp_
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 
 
+def test_the_minute_settings_save_and_stop_a_run_by_the_clock(tmp_path):
+    """`save_every_minutes` and `max_train_minutes` (their callbacks are tested in test_callbacks): a budget spent
+    after the first update stops the run there with a checkpoint; an interval that has passed saves every update."""
+    stopped = resumable_run(tmp_path / "stopped", max_train_minutes=1e-9, save_strategy="no")
+    stopped.train()
+    assert stopped.state.global_step == 1 and [path.name for path in list_checkpoints(tmp_path / "stopped")] == [
+        "checkpoint-1"
+    ]
+    resumable_run(tmp_path / "timed", max_steps=3, save_every_minutes=1e-9, save_strategy="no").train()
+    assert [path.name for path in list_checkpoints(tmp_path / "timed")] == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+
+
 def test_rotation_deletes_only_the_checkpoints_beyond_the_limit(tmp_path):
     resumable_run(tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=3).train()
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
