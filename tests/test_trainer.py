@@ -1314,6 +1314,20 @@ def test_the_minute_settings_save_and_stop_a_run_by_the_clock(tmp_path):
     ]
 
 
+def test_a_second_train_call_starts_the_paper_schedule_over(tmp_path):
+    """A notebook calling `train()` again on the same trainer: the Trainer rebuilds a schedule it created itself; the
+    paper's, kept, would have gone on from the first call's last update."""
+    trainer = resumable_run(tmp_path, max_steps=2, save_strategy="no", logging_steps=1)
+
+    def rates() -> list[float]:
+        trainer.state.log_history.clear()
+        trainer.train()
+        return [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+
+    first = rates()
+    assert len(first) == 2 and rates() == first
+
+
 def test_rotation_deletes_only_the_checkpoints_beyond_the_limit(tmp_path):
     resumable_run(tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=3).train()
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
