@@ -5,6 +5,7 @@ import struct
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 from transformers import AutoModelForSeq2SeqLM
 
 from modeling import attention
@@ -50,3 +51,70 @@ def test_the_figure_of_a_long_input_is_capped_with_a_warning(tmp_path, monkeypat
     width, height = struct.unpack(">II", (tmp_path / "long.png").read_bytes()[16:24])  # the PNG header's size
     assert width * height <= 300_000 and width / height == pytest.approx(3 / 2, rel=0.01)
     assert "labels may be unreadable" in caplog.text and "40 tokens" in caplog.text
+
+
+def distinct_maps() -> AttentionMaps:
+    """Maps whose every (layer, head) differs, with a 2-layer encoder over a 1-layer decoder and 3 heads: no size
+    equals another."""
+    source, target = ["a", "b", "c", "d"], ["x", "</s>"]
+    decoder_input = ["</s>", "x"]
+
+    def weights(layers: int, queries: int, keys: int) -> torch.Tensor:
+        return torch.rand(layers, 3, queries, keys, generator=torch.Generator().manual_seed(keys))
+
+    return AttentionMaps(source, target, decoder_input, weights(2, 4, 4), weights(1, 2, 2), weights(1, 2, 4))
+
+
+@pytest.fixture
+def saved_figures(monkeypatch) -> list[Figure]:
+    """The figures `plot_attention_maps` saves, as drawn."""
+    saved = []
+    savefig = Figure.savefig
+
+    def recording_savefig(figure, *args, **kwargs):
+        saved.append(figure)
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    return saved
+
+
+def test_each_heatmap_is_its_layer_and_head_labelled_with_the_tokens_it_relates(tmp_path, saved_figures):
+    maps = distinct_maps()
+    assert plot_attention_maps(maps, tmp_path / "all.png") == tmp_path / "all.png"
+    (figure,) = saved_figures
+    grid = figure.axes[:6]  # a row per layer, a column per kind; the colorbars' axes follow
+    drawn = {(0, "encoder"): grid[0], (0, "decoder"): grid[1], (0, "cross"): grid[2], (1, "encoder"): grid[3]}
+    for (layer, kind), axes in drawn.items():
+        queries, keys = maps.labels(kind)
+        (image,) = axes.images
+        assert torch.allclose(torch.as_tensor(image.get_array()), getattr(maps, kind)[layer].mean(0))
+        assert image.get_clim()[0] == 0 and image.colorbar is not None, "one colour scale from zero, shown"
+        assert [label.get_text() for label in axes.get_xticklabels()] == keys
+        assert [label.get_text() for label in axes.get_yticklabels()] == queries
+        assert axes.get_title() == f"{attention.ATTENTION_KINDS[kind]}, layer {layer}, mean of heads"
+    assert not grid[4].axison and not grid[5].axison and not grid[4].images, "the decoder has no layer 1"
+
+    plot_attention_maps(maps, tmp_path / "one", layer=0, head=0, kinds=["cross"])
+    (axes, _colorbar) = saved_figures[1].axes
+    assert torch.allclose(torch.as_tensor(axes.images[0].get_array()), maps.cross[0, 0])
+    assert axes.get_title() == "cross-attention, layer 0, head 0"
+    assert (tmp_path / "one").read_bytes().startswith(b"\x89PNG"), "no suffix: a PNG"
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"kinds": ["self"]}, r"Unknown attention kinds \['self'\]; choose among \['encoder', 'decoder', 'cross'\]"),
+        ({"kinds": []}, r"Unknown attention kinds \[\]"),
+        ({"layer": 1}, "layer 1 does not exist: the decoder has layers 0 to 0"),
+        ({"layer": 2, "kinds": ["encoder"]}, "layer 2 does not exist: the encoder has layers 0 to 1"),
+        ({"layer": -1}, "layer -1 does not exist"),
+        ({"head": 3}, "head 3 does not exist: this attention has heads 0 to 2"),
+        ({"head": -1}, "head -1 does not exist"),
+    ],
+)
+def test_a_kind_layer_or_head_the_maps_lack_is_refused_before_anything_is_written(tmp_path, selection, message):
+    with pytest.raises(ValueError, match=message):
+        plot_attention_maps(distinct_maps(), tmp_path / "maps.png", **selection)
+    assert not list(tmp_path.iterdir())
