@@ -86,6 +86,13 @@ def test_positional_offset_shifts_every_position_the_module_gives():
     assert not torch.allclose(*logits)
 
 
+def test_tensor2tensor_frequencies_of_the_smallest_model_are_one_sinusoid():
+    """d_model 2 (the smallest the config accepts) has one frequency, 1: fairseq's formula divides by d_model/2 - 1."""
+    positions = torch.arange(5)
+    table = sinusoidal_positional_encoding(positions, 2, "concatenated", "tensor2tensor")
+    assert torch.equal(table, torch.stack((positions.float().sin(), positions.float().cos()), dim=-1))
+
+
 def test_positions_beyond_the_table_use_the_same_formula():
     model = tiny_model(max_position_embeddings=8)
     encoding = model.model.encoder.embed_positions
@@ -120,6 +127,29 @@ def test_a_model_built_on_the_meta_device_and_loaded_by_load_state_dict_has_the_
     empty.load_state_dict(model.state_dict())
     assert torch.equal(empty.model.encoder.embed_positions.table, model.model.encoder.embed_positions.table)
     assert torch.equal(empty(**batch()).logits, model(**batch()).logits)
+    learned = {"model.encoder.embed_positions.table": torch.randn(64, 32)}  # e.g. another model's learned positions
+    with pytest.raises(
+        RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"model.encoder.embed_positions.table"
+    ):
+        empty.load_state_dict({**model.state_dict(), **learned})  # strict: named, not silently replaced by sinusoids
+
+
+def test_each_stack_reads_scaled_embeddings_plus_the_encodings_of_positions_from_0():
+    """Sec. 3.4 and 3.5: the first layer's input is sqrt(d_model) · embedding + PE(pos) for pos = 0, 1, ..."""
+    model = tiny_model()
+    inputs = batch()
+    first_layer_inputs = {}
+    for stack in ("encoder", "decoder"):
+
+        def record(module, args, stack=stack) -> None:  # returning anything would replace the layer's arguments
+            first_layer_inputs[stack] = args[0]
+
+        getattr(model.model, stack).layers[0].register_forward_pre_hook(record)
+    model(**inputs)
+    for stack, ids in (("encoder", inputs["input_ids"]), ("decoder", inputs["decoder_input_ids"])):
+        positions = sinusoidal_positional_encoding(torch.arange(ids.shape[1]), 32, "interleaved")
+        expected = model.model.shared(ids) * math.sqrt(32) + positions
+        assert torch.allclose(first_layer_inputs[stack], expected, atol=1e-6), stack
 
 
 def test_post_layer_norm_and_no_final_layer_norm():
@@ -235,6 +265,17 @@ def test_output_attentions_returns_all_three_kinds():
     assert torch.all(out.cross_attentions[0][1, :, :, 4:] == 0)  # padded source positions get no attention
 
 
+def test_the_cache_a_forward_pass_returns_continues_its_decoding_and_training_keeps_none():
+    model = tiny_model()
+    inputs = batch()
+    full = model(**inputs).logits
+    prefix = model(**{**inputs, "decoder_input_ids": inputs["decoder_input_ids"][:, :3]})
+    step = model(**{**inputs, "decoder_input_ids": inputs["decoder_input_ids"][:, 3:], "cache": prefix.cache})
+    assert torch.allclose(step.logits[:, 0], full[:, 3], atol=1e-5), "the fourth token, read at position 3"
+    assert model(**inputs, use_cache=False).cache is None
+    assert model.train()(**labelled_batch()).cache is None, "a training step holds no keys and values"
+
+
 def test_return_dict_false_gives_a_tuple():
     out = tiny_model()(**batch(), return_dict=False)
     assert isinstance(out, tuple) and out[0].shape == (2, 4, VOCAB)
@@ -319,7 +360,7 @@ def test_accumulating_two_half_batches_with_num_items_gives_the_full_batch_gradi
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("smoothing_epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("smoothing_epsilon", [0.0, 0.1, 1.0])  # 1: F.cross_entropy's largest
 @pytest.mark.parametrize("rows_per_chunk", [None, 3])  # one chunk, or several with a short last one
 def test_fused_training_loss_has_the_unfused_value_and_gradients(
     monkeypatch, smoothing_epsilon, rows_per_chunk, device
@@ -441,6 +482,15 @@ def test_training_step_compiles_as_one_graph_with_the_plain_loss():
     assert torch.allclose(compiled_model.lm_head.weight.grad, eager.lm_head.weight.grad, atol=1e-5)
 
 
+def test_fused_loss_of_a_vocabulary_wider_than_a_chunk_takes_one_row_at_a_time(monkeypatch):
+    monkeypatch.setattr(modeling_transformer, "LOSS_CHUNK_ELEMENTS", VOCAB // 2)
+    torch.manual_seed(0)  # more rows than dimensions, as in every real batch
+    hidden, weight, labels = torch.randn(20, 16), torch.randn(VOCAB, 16), torch.randint(0, VOCAB, (20,))
+    loss = modeling_transformer.LinearCrossEntropy.apply(hidden, weight, labels, 0.0)
+    expected = torch.nn.functional.cross_entropy(hidden @ weight.T, labels, reduction="sum")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_loss_in_bf16_over_several_chunks_keeps_the_weight_dtype_and_its_gradient(monkeypatch, device):
     torch.manual_seed(0)
@@ -479,6 +529,7 @@ def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
     assert (tmp_path / "configuration_transformer.py").exists() and (tmp_path / "modeling_transformer.py").exists()
     config = AutoConfig.from_pretrained(tmp_path)
     assert config.auto_map["AutoModelForSeq2SeqLM"] == "modeling_transformer.TransformerForConditionalGeneration"
+    assert config.auto_map["AutoModel"] == "modeling_transformer.TransformerModel"
 
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, TransformerForConditionalGeneration)
@@ -606,6 +657,23 @@ def test_encoder_states_passed_bare_as_encoder_outputs_are_refused_saying_how_to
     assert torch.equal(model(**batch(), encoder_outputs=(states,)).logits, model(**batch()).logits)
 
 
+def test_encoder_outputs_given_as_a_tuple_come_back_as_the_encoder_states_and_attentions_it_holds():
+    model = tiny_model()
+    model.set_attn_implementation("eager")
+    inputs = batch()
+    encoded = model.get_encoder()(
+        input_ids=inputs["input_ids"],
+        attention_mask=inputs["attention_mask"],
+        output_hidden_states=True,
+        output_attentions=True,
+    )
+    decoder_inputs = {"attention_mask": inputs["attention_mask"], "decoder_input_ids": inputs["decoder_input_ids"]}
+    out = model(**decoder_inputs, encoder_outputs=encoded.to_tuple())
+    assert out.encoder_hidden_states is encoded.hidden_states and out.encoder_attentions is encoded.attentions
+    out = model(**decoder_inputs, encoder_outputs=encoded.to_tuple()[:2])
+    assert out.encoder_hidden_states is encoded.hidden_states and out.encoder_attentions is None
+
+
 @pytest.mark.parametrize("field", ["pad_token_id", "decoder_start_token_id"])
 def test_labels_without_a_padding_or_start_id_are_refused_naming_the_field(field):
     with pytest.raises(ValueError, match=f"config.{field} has to be defined to make decoder inputs from labels"):
@@ -626,6 +694,28 @@ def test_mismatched_mask_shape_raises():
     inputs = batch()
     with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5\), expected \(2, 6\)"):
         model(**{**inputs, "attention_mask": inputs["attention_mask"][:, :5]})
+    states = model.get_encoder()(**batch()).last_hidden_state  # the encoder is not run: the decoder checks the mask
+    with pytest.raises(ValueError, match=r"attention_mask \(of the encoder input\) has shape \(2, 5\), expected"):
+        model(**{**inputs, "attention_mask": inputs["attention_mask"][:, :5], "encoder_outputs": (states,)})
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"inputs_embeds": torch.zeros(2, 6, 32)}, "Pass exactly one of input_ids and inputs_embeds"),
+        ({"input_ids": None}, "Pass exactly one of input_ids and inputs_embeds"),
+        ({"decoder_inputs_embeds": torch.zeros(2, 4, 32)}, "Pass exactly one of decoder_input_ids and decoder_inputs"),
+        ({"decoder_input_ids": None}, "Pass exactly one of decoder_input_ids and decoder_inputs_embeds"),
+    ],
+)
+def test_both_or_neither_of_the_ids_and_the_embeddings_are_refused(inputs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model()(**{**batch(), **inputs})
+
+
+def test_the_decoder_alone_without_the_encoder_output_is_refused():
+    with pytest.raises(ValueError, match="The decoder attends over the encoder output: pass encoder_hidden_states"):
+        tiny_model().get_decoder()(input_ids=batch()["decoder_input_ids"])
 
 
 def test_loss_accepts_non_contiguous_labels():
