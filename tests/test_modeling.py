@@ -200,6 +200,19 @@ def test_initialisation_as_fairseq():
     xavier_bound = math.sqrt(6 / (64 + 64))
     assert q_proj.abs().max().item() <= xavier_bound
     assert q_proj.std().item() == pytest.approx(xavier_bound / math.sqrt(3), rel=0.1)
+    assert torch.count_nonzero(model.model.encoder.layers[0].ffn.fc1.bias) == 0  # fairseq's zero biases
+    no_padding = tiny_model(pad_token_id=None).model.shared.weight
+    assert no_padding.std().item() == pytest.approx(32**-0.5, rel=0.1), "no padding row: nothing zeroed"
+
+
+def test_a_checkpoint_s_padding_row_is_loaded_as_saved(tmp_path):
+    """Only a new embedding's padding row starts at zero; a converted model's may hold trained values."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.model.shared.weight[PAD] = 0.5
+    model.save_pretrained(tmp_path)
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.equal(loaded.model.shared.weight[PAD], torch.full((32,), 0.5))
 
 
 def test_padding_does_not_change_the_output():
@@ -322,6 +335,8 @@ def test_loss_ignores_minus_100_and_uses_shifted_labels():
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     assert decoder_input_ids.tolist() == [[EOS, 20, 21, 22], [EOS, 23, 24, EOS]]
+    given = {**inputs, "labels": labels}  # decoder inputs given with the labels are the ones read
+    assert torch.equal(model(**given).logits, model(**inputs).logits)
 
 
 def test_label_smoothed_loss_equals_transformers_label_smoother():
@@ -403,10 +418,11 @@ def test_a_tuple_output_in_training_holds_the_logits_second_as_marian_s():
 
 
 @pytest.mark.parametrize("skip_logits", [True, False])
-def test_both_losses_refuse_a_smoothing_epsilon_outside_0_to_1_alike(skip_logits):
+@pytest.mark.parametrize("smoothing_epsilon", [1.5, -0.1])
+def test_both_losses_refuse_a_smoothing_epsilon_outside_0_to_1_alike(skip_logits, smoothing_epsilon):
     model = tiny_model().train()
-    with pytest.raises(ValueError, match=r"smoothing_epsilon must be between 0 and 1, got 1.5"):
-        model(**labelled_batch(), smoothing_epsilon=1.5, skip_logits=skip_logits)
+    with pytest.raises(ValueError, match=f"smoothing_epsilon must be between 0 and 1, got {smoothing_epsilon}"):
+        model(**labelled_batch(), smoothing_epsilon=smoothing_epsilon, skip_logits=skip_logits)
 
 
 def test_training_forward_skips_the_logits_only_when_it_computes_a_loss_to_train_on():
@@ -540,7 +556,8 @@ def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
         loaded.model.decoder.embed_tokens.weight.data_ptr(),
     }
     assert len(pointers) == 1
-    assert loaded.generation_config.num_beams == 4 and loaded.generation_config.length_penalty_type == "gnmt"
+    for decoding in (model.generation_config, loaded.generation_config):  # Sec. 6.1, new or loaded
+        assert decoding.num_beams == 4 and decoding.length_penalty_type == "gnmt"
     assert isinstance(AutoModel.from_pretrained(tmp_path), TransformerModel)
 
 
@@ -687,6 +704,11 @@ def test_token_ids_outside_the_vocabulary_raise():
         model(**{**inputs, "input_ids": inputs["input_ids"] + VOCAB})
     with pytest.raises(ValueError, match="decoder_input_ids holds token ids"):
         model(**{**inputs, "decoder_input_ids": inputs["decoder_input_ids"] - 10})
+    one_token = {"decoder_input_ids": torch.tensor([[EOS]])}
+    with pytest.raises(ValueError, match=rf"input_ids holds token ids in \[{VOCAB}, {VOCAB}\], outside"):
+        model(input_ids=torch.tensor([[VOCAB]]), **one_token)  # the first id past the vocabulary, alone
+    with pytest.raises(ValueError, match=r"input_ids holds token ids in \[-1, "):
+        model(input_ids=torch.tensor([[5, -1]]), **one_token)
 
 
 def test_mismatched_mask_shape_raises():
