@@ -5,6 +5,7 @@ import torch
 from helpers import batch, synthetic_pairs, tiny_tokenizer, tiny_translator
 from torch import nn
 
+from modeling.modeling_transformer import int8_layer_names
 from modeling.quantization import quantize_int8
 from modeling.translation import translate
 
@@ -44,6 +45,8 @@ def test_saving_the_int8_model_is_refused_in_one_line_before_anything_is_written
     with pytest.raises(ValueError, match=r"cannot save to .*packed int8 weights.*save the float model") as error:
         quantized.save_pretrained(tmp_path / "int8")
     assert "\n" not in str(error.value) and not (tmp_path / "int8").exists()
+    layers = int8_layer_names(quantized)
+    assert f"{len(layers)} layers ({layers[0]}, ...)" in str(error.value), "how many, and the first by name"
 
 
 def test_a_bfloat16_model_is_quantised_from_float32_and_another_device_is_refused():
