@@ -37,12 +37,15 @@ def tokenizer():
 def test_evaluate_split_scores_the_split_and_records_decoding_settings(tokenizer, tmp_path):
     pairs = synthetic_pairs(8, seed=3)
     split = Dataset.from_list([{"translation": {"en": en, "de": en}} for en, _ in pairs])
-    metrics, hypotheses = evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    metrics, hypotheses = evaluate_split(
+        EchoModel(), tokenizer, split, source_lang="en", target_lang="de", max_tokens=64
+    )
 
     assert hypotheses == [en for en, _ in pairs]
     assert metrics["sacrebleu"] == pytest.approx(100.0)
     assert metrics["num_beams"] == 4 and metrics["length_penalty"] == 0.6
-    assert metrics["num_sentences"] == 8 and metrics["target_lang"] == "de"
+    assert metrics["num_sentences"] == 8 and (metrics["source_lang"], metrics["target_lang"]) == ("en", "de")
+    assert metrics["max_tokens"] == 64, "the batching the hypotheses were translated with"
 
     path = write_json(tmp_path / "out" / metrics_filename("test"), metrics)
     assert path.name == "eval_results_test.json"
@@ -97,11 +100,14 @@ def test_a_hub_models_record_names_the_commit_loaded_when_the_cache_moved_on(hub
 
 def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
     # Decomposed umlauts (NFD): the tokenizer's NFKC composes them, so no hypothesis can hold these references' bytes.
-    references = ["ein hund .", unicodedata.normalize("NFD", "ein mädchen läuft ."), "zwei hunde ."]
+    girl, dogs = unicodedata.normalize("NFD", "ein mädchen läuft ."), unicodedata.normalize("NFD", "zwei hünde .")
+    references = ["ein hund .", girl, "eine katze .", dogs]
     split = Dataset.from_list([{"translation": {"en": "a dog .", "de": reference}} for reference in references])
     with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
         evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
-    assert "1 of 3 references change under the tokenizer's normalisation (the first: line 2" in caplog.text
+    composed = unicodedata.normalize("NFC", girl)
+    first = f"(the first: line 2, {girl!r} becomes {composed!r})"
+    assert f"2 of 4 references change under the tokenizer's normalisation {first}" in caplog.text
     caplog.clear()
     # Composed (NFC) umlauts, and no-break spaces (French typography) that NFKC makes spaces: the same words, which
     # every score reads alike.
@@ -186,6 +192,24 @@ def test_a_refused_evaluation_leaves_no_hidden_source_file(
     assert [path.name for path in tmp_path.iterdir()] == (["hypotheses_test.de"] if hypotheses_is_a_directory else [])
 
 
+def test_an_evaluation_whose_hidden_source_another_run_removed_meanwhile_finishes(tokenizer, tmp_path, monkeypatch):
+    """Two evaluations into one hypotheses file share its hidden `.NAME.source`: the one that ends first (refused,
+    or killed) removes it, and the other one's own removal must not fail its finished translation."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=2)])
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+
+    def another_run_ends(model, tokenizer, sentences, **kwargs):
+        (tmp_path / ".hypotheses_test.de.source").unlink()
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    _, expected = evaluate_split(model, tokenizer, split, **settings)
+    monkeypatch.setattr(translation, "translate", another_run_ends)
+    _, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert hypotheses == expected
+    assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"]
+
+
 def _killed_while_scoring(monkeypatch) -> None:
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -194,7 +218,7 @@ def _killed_while_scoring(monkeypatch) -> None:
 
 
 def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_without_translating_again(
-    tokenizer, tmp_path, monkeypatch
+    tokenizer, tmp_path, monkeypatch, caplog
 ):
     """Killed after the last chunk was translated, while scoring: the rerun translated everything again, as
     `translate_file` keeps no record of a translation it finished."""
@@ -215,7 +239,9 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
             evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
     assert len(translated) == 5
 
-    metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    with caplog.at_level(logging.INFO, logger="modeling.evaluation"):
+        metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert f"Scoring the hypotheses an earlier run translated into {hypotheses_file}, not yet scored" in caplog.text
     assert len(translated) == 5, "translated again"
     assert (metrics, hypotheses) == (in_memory, expected)
     assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"], "nothing hidden left"
@@ -224,11 +250,21 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
 
 
 @pytest.mark.parametrize(
-    "rerun",
-    ["another model", "another decoding", "other sources", "hypotheses edited", "hypotheses removed", "record broken"],
+    "rerun, why",
+    [
+        ("another model", "another model"),
+        ("another decoding", "another decoding"),
+        ("other sources", "another source_sha256"),
+        ("hypotheses edited", "hypotheses_test.de changed since"),
+        ("hypotheses removed", "hypotheses_test.de is gone"),
+        ("record broken", "its record .hypotheses_test.de.unscored.json is unreadable"),
+    ],
 )
-def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(rerun, tokenizer, tmp_path, monkeypatch):
-    """Only the same weights, tokenizer, decoding and sources as the hypotheses left unscored skip the translating."""
+def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(
+    rerun, why, tokenizer, tmp_path, monkeypatch, caplog
+):
+    """Only the same weights, tokenizer, decoding and sources as the hypotheses left unscored skip the translating;
+    the others are translated again with a warning saying why."""
     pairs = synthetic_pairs(4, seed=9)
     split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in pairs])
     model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
@@ -251,6 +287,8 @@ def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(re
         (tmp_path / ".hypotheses_test.de.unscored.json").write_text("[]")
     in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
 
-    metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
     assert (metrics, hypotheses) == (in_memory, expected)
     assert hypotheses_file.read_text().split("\n")[:-1] == expected
+    assert f"as they are ({why}" in caplog.text and "translating again" in caplog.text
