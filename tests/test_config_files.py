@@ -1,0 +1,66 @@
+"""Tests of modeling/config_files.py: a training config file's values checked against their fields' types, nested
+types included, and a file that is no mapping or not YAML refused in one line naming it. The script's handling of
+config files (flags over the file, the common wrong types, syntax errors) is tested in
+tests/scripts/test_train_script.py."""
+
+import re
+
+import pytest
+
+from modeling.config_files import read_config_file
+
+
+def _config(tmp_path, text: str, name: str = "run.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("run.yaml", "- preset: tiny\n"), ("run.yaml", "tiny\n"), ("run.json", '["tiny"]')]
+)
+def test_a_file_that_holds_no_mapping_is_refused_naming_it(name, text, tmp_path):
+    """A list or a bare word was read as its items' or letters' names, or failed on them as unhashable."""
+    path = _config(tmp_path, text, name)
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)} must hold a mapping of argument names to values\.$"):
+        read_config_file(path)
+
+
+def test_characters_yaml_cannot_read_are_one_line_naming_the_file(tmp_path):
+    path = _config(tmp_path, "preset: tiny\x07\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: invalid YAML: unacceptable character #x0007"):
+        read_config_file(path)
+
+
+def test_mappings_and_literals_are_taken_where_their_fields_allow_them(tmp_path):
+    text = (
+        "gradient_checkpointing_kwargs: {use_reentrant: false}\n"  # dict[str, Any]
+        "liger_kernel_config: {rope: true, swiglu: false}\n"  # dict[str, bool]
+        "trackio_static_space_id: false\n"  # str | None | Literal[False]
+    )
+    assert read_config_file(_config(tmp_path, text)) == {
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        "liger_kernel_config": {"rope": True, "swiglu": False},
+        "trackio_static_space_id": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("liger_kernel_config: {rope: 1}", "liger_kernel_config must be a mapping or null, got {'rope': 1}"),
+        ("liger_kernel_config: 3", "liger_kernel_config must be a mapping or null, got 3"),
+        (
+            "gradient_checkpointing_kwargs: {1: true}",
+            "gradient_checkpointing_kwargs must be a mapping, a string or null, got {1: True}",
+        ),
+        ("trackio_static_space_id: true", "trackio_static_space_id must be a string, null or false, got True"),
+        ("trackio_static_space_id: 0", "trackio_static_space_id must be a string, null or false, got 0"),
+        # A field no file can set (its type is a class): refused by name, not failing on the type's description.
+        ("parallelism_config: {}", "parallelism_config must be a ParallelismConfig or null, got {}"),
+    ],
+)
+def test_nested_values_and_literals_of_the_wrong_type_are_refused_naming_the_field(line, message, tmp_path):
+    path = _config(tmp_path, f"preset: tiny\n{line}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: {re.escape(message)}$"):
+        read_config_file(path)
