@@ -94,11 +94,13 @@ def load_config_text(path: str, text: str) -> object:
 
 
 def field_types() -> dict[str, typing.Any]:
-    """The type of every field of the three argument groups, by name."""
+    """The type of every option of the three argument groups, by name: not a field the run sets itself
+    (`init=False`, such as `model_commit`), which the parser has no option for."""
     return {
         field.name: typing.get_type_hints(group)[field.name]
         for group in ARGUMENT_GROUPS
         for field in dataclasses.fields(group)
+        if field.init
     }
 
 

@@ -64,3 +64,11 @@ def test_nested_values_and_literals_of_the_wrong_type_are_refused_naming_the_fie
     path = _config(tmp_path, f"preset: tiny\n{line}\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(path)}: {re.escape(message)}$"):
         read_config_file(path)
+
+
+def test_a_field_that_is_not_an_option_is_an_unknown_argument(tmp_path):
+    """`model_commit` (set by the run itself, `init=False`) was taken from a file, and the script then failed with
+    "run() takes 3 positional arguments but 4 were given", naming neither the file nor the key."""
+    path = _config(tmp_path, "preset: tiny\nmodel_commit: 0123abc\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: unknown arguments \['model_commit'\]\.$"):
+        read_config_file(path)
