@@ -100,12 +100,14 @@ def test_tokens_per_update_and_accumulation_steps_exclude_each_other(tmp_path):
         training_args(tmp_path, tokens_per_update=25000, gradient_accumulation_steps=2)
 
 
-def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch):
+def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch, caplog):
     """A config written for torchrun, requeued as one process: accelerate would fail, naming no setting."""
     for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    args = training_args(tmp_path, ddp_backend="gloo")
+    with caplog.at_level(logging.INFO, logger="modeling.arguments"):
+        args = training_args(tmp_path, ddp_backend="gloo")
     assert args.ddp_backend is None and args.world_size == 1
+    assert "One process: ddp_backend='gloo' is not needed, ignoring it" in caplog.text
 
 
 def test_the_precision_accelerate_launch_passes_on_is_what_the_arguments_record(tmp_path, monkeypatch, caplog):
@@ -118,8 +120,10 @@ def test_the_precision_accelerate_launch_passes_on_is_what_the_arguments_record(
     assert "Training with bf16 autocast, as ACCELERATE_MIXED_PRECISION=bf16 asks" in caplog.text
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # accelerate trains float32 on a CPU
     assert (training_args(tmp_path).fp16, training_args(tmp_path).mixed_precision) == (False, "fp16")
+    caplog.clear()
     given = training_args(tmp_path, bf16=True)  # the arguments' own choice wins, as in the Trainer
     assert (given.mixed_precision, given.bf16, given.fp16) == ("bf16", True, False)
+    assert "autocast" not in caplog.text, "what was given is not said to come from accelerate"
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     assert (training_args(tmp_path).bf16, training_args(tmp_path).fp16) == (False, False)
 

@@ -84,6 +84,16 @@ def test_script_takes_dashes_and_yaml_over_preset_defaults(tmp_path):
         script.parse([str(config)])
 
 
+def test_the_switches_on_by_default_are_turned_off_by_their_no_flags(tmp_path):
+    """`--no_paper_schedule` and `--no_clean`, as the help says: the parser makes a `--no_` flag only for a field
+    whose default is true."""
+    flags = ["--preset", "tiny", "--output_dir", str(tmp_path), "--report_to", "none"]
+    _, data_args, args = load_train_script().parse(flags)
+    assert (args.paper_schedule, data_args.clean) == (True, True)
+    _, data_args, args = load_train_script().parse([*flags, "--no_paper_schedule", "--no_clean"])
+    assert (args.paper_schedule, data_args.clean) == (False, False)
+
+
 def test_a_config_files_paths_may_start_with_the_home_directory(tmp_path, monkeypatch):
     """No shell expands `~` in a YAML file (nor in `--data_dir=~/x`): transformers expands output_dir's, and
     `data_dir: ~/wmt14` beside it was `data directory ~/wmt14 does not exist`."""
@@ -310,6 +320,7 @@ def test_save_on_each_node_is_refused_across_nodes_only(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert arguments._node_count() == 2
     monkeypatch.delenv("WORLD_SIZE")  # the arguments themselves must stay one process here
+    assert arguments._node_count() == 1, "without the world size, one machine"
     monkeypatch.setattr(arguments, "_node_count", lambda: 2)
     with pytest.raises(ValueError, match=r"^save_on_each_node is not supported: rank 0 writes each checkpoint"):
         load_train_script().parse(flags)
