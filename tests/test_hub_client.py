@@ -1,21 +1,30 @@
 """Tests of modeling/hub_client.py: the timeouts every Hub request gets (pushes and loads: tests/test_hub.py,
-tests/test_translation.py)."""
+tests/test_translation.py), the settings that change them, and which failures a Hub call retries."""
 
+import logging
+import re
 import socket
 import time
 
 import pytest
 from helpers import push_translation_dataset, stalled_endpoint, synthetic_pairs
 from huggingface_hub import get_session, set_client_factory, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._http import default_client_factory
 
+from modeling import hub_client
 from modeling.hub_client import (  # httpx2: httpx under huggingface_hub 1.x
+    HUB_ATTEMPTS_ENV,
     HUB_TIMEOUT_ENV,
+    HubError,
     cached_commit,
     cached_snapshot,
     current_commit,
     httpx2,
+    hub_attempts,
+    hub_call,
+    hub_timeout,
     use_hub_timeouts,
 )
 
@@ -93,6 +102,85 @@ def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable
 
     monkeypatch.setattr(hub_client, "hf_hub_download", missing)
     assert hub_client.pinned_commit("someorg/somemodel", "v1") == "v1", "the load names the missing file itself"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "read", "message"),
+    [
+        (HUB_TIMEOUT_ENV, "0", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive float, got '0'."),
+        (HUB_TIMEOUT_ENV, "a minute", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive float, got 'a minute'."),
+        (HUB_ATTEMPTS_ENV, "1.5", hub_attempts, "VASWANI_HUB_ATTEMPTS must be a positive int, got '1.5'."),
+        (HUB_ATTEMPTS_ENV, "-2", hub_attempts, "VASWANI_HUB_ATTEMPTS must be a positive int, got '-2'."),
+    ],
+)
+def test_a_timeout_or_attempts_setting_that_is_no_positive_number_is_refused_naming_it(
+    name, text, read, message, monkeypatch
+):
+    monkeypatch.setenv(name, text)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        read()
+
+
+def _failing(*errors: BaseException):
+    """A Hub call that raises `errors` in turn, then answers "done"; `calls` counts its calls."""
+
+    def call() -> str:
+        call.calls += 1
+        if call.calls <= len(errors):
+            raise errors[call.calls - 1]
+        return "done"
+
+    call.calls = 0
+    return call
+
+
+COMMIT = httpx2.Request("POST", "http://hub.test/api/models/me/model/commit/main")
+
+
+def _answer(status: int, server_message: str | None = None) -> HfHubHTTPError:
+    return HfHubHTTPError("refused", response=httpx2.Response(status, request=COMMIT), server_message=server_message)
+
+
+@pytest.mark.parametrize("status", [500, 429])
+def test_a_hub_call_is_retried_after_a_server_error_or_too_many_requests(status, monkeypatch, caplog):
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "3")
+    waits = []
+    monkeypatch.setattr(hub_client.time, "sleep", waits.append)
+    call = _failing(_answer(status), _answer(status))
+    with caplog.at_level(logging.WARNING, logger="modeling.hub_client"):
+        assert hub_call(call) == "done"
+    assert call.calls == 3 and waits == [1.0, 2.0]
+    reason = {500: "Internal Server Error", 429: "Too Many Requests"}[status]
+    assert f"POST {COMMIT.url}: HTTP {status} {reason}; trying again in 1 s\n" in caplog.text
+
+    call = _failing(*[_answer(status)] * 3)
+    with pytest.raises(HubError, match=rf"^POST {re.escape(str(COMMIT.url))}: HTTP {status} .*\(3 attempts\)$"):
+        hub_call(call)
+    assert call.calls == 3
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            _answer(404, "Repository Not Found for url: x.\nPlease make sure you specified the correct `repo_id`."),
+            "HTTP 404 Not Found: Repository Not Found for url: x.",
+        ),
+        (_answer(401), "HTTP 401 Unauthorized (check the token: HF_TOKEN or `hf auth login`)"),
+        (_answer(403), "HTTP 403 Forbidden (check the token: HF_TOKEN or `hf auth login`)"),
+        (
+            httpx2.TooManyRedirects("Exceeded maximum allowed redirects.", request=COMMIT),
+            "Exceeded maximum allowed redirects.",
+        ),
+    ],
+)
+def test_a_hub_call_refused_for_another_reason_fails_at_once_in_one_line(error, message, monkeypatch):
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "3")
+    monkeypatch.setattr(hub_client.time, "sleep", lambda seconds: pytest.fail("waited to try again"))
+    call = _failing(error)
+    with pytest.raises(HubError, match=f"^POST {re.escape(str(COMMIT.url))}: {re.escape(message)}$"):
+        hub_call(call)
+    assert call.calls == 1
 
 
 def test_the_commit_of_a_revision_is_asked_of_the_hub_else_read_from_the_hub_cache(hub_here, quick_hub, monkeypatch):
