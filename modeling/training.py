@@ -1102,10 +1102,11 @@ def _write_run_records(
     *,
     hub_model_id: str | None = None,
     conversion: dict[str, Any] | None = None,
+    dataset_commit: str | None = None,
 ) -> None:
     """`training_args.json` and `data_stats.json` in output_dir, which the model card (`modeling.model_card`) reads;
     `truncations`: each split's sequences cut to `max_length` tokens (`tokenize_counting_truncations`);
-    `conversion`: the `_conversion_record` of the model fine-tuned.
+    `conversion`: the `_conversion_record` of the model fine-tuned; `dataset_commit`: the Hub dataset's commit read.
 
     `TrainingArguments.to_dict` writes every `*_token` field as a placeholder (`"<HUB_TOKEN>"`), never its value.
     `hub_model_id` is the repo of a push at the end of training, which the trainer's own arguments don't request.
@@ -1145,6 +1146,8 @@ def _write_run_records(
         "truncated_to_max_length": {"max_length": data_args.max_length, "sequences": truncations},
         "vocab_size": len(trainer.processing_class),
     }
+    if dataset_commit is not None:  # the card's data table shows it
+        stats["dataset_commit"] = dataset_commit
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
 
 
@@ -1437,6 +1440,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
                     truncations,
                     hub_model_id=hub_model_id,
                     conversion=identity["fairseq_conversion"],
+                    dataset_commit=identity["dataset_commit"],
                 )
             agreed = preemption.agreed(training_args.device)
             if agreed is not None:  # a signal while the trainer was being made: stop before the first update

@@ -1376,6 +1376,7 @@ def test_a_requeue_reads_the_hub_dataset_at_the_commit_its_launch_read(hub_here,
     settings = {"eval_strategy": "no"}
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, **settings))
     assert read_run_identity(run)["dataset_commit"] == first
+    assert json.loads((run / "data_stats.json").read_text())["dataset_commit"] == first  # for the card's data table
     second = push_translation_dataset(hub_here[0], "tester/corpus", {"train": synthetic_pairs(40, seed=1)})
     with caplog.at_level(logging.INFO, logger="modeling.training"):
         train(
