@@ -312,11 +312,8 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
     download = f"download it where the Hub can be reached, into the same HF_HOME (hf download {repo_id}" + (
         f" --revision {revision})" if revision else ")"
     )
-    repo = Path(cache, repo_folder_name(repo_id=repo_id, repo_type="model"))
-    snapshots = repo / "snapshots"
-    cached_at_revision = (repo / "refs" / (revision or "main")).is_file() or bool(
-        revision and (snapshots / revision).is_dir()
-    )
+    snapshots = Path(cache, repo_folder_name(repo_id=repo_id, repo_type="model"), "snapshots")
+    cached_at_revision = cached_commit(repo_id, revision, repo_type="model") is not None
     if not cached_at_revision and revision is None and snapshots.is_dir() and any(snapshots.iterdir()):
         # `hf download --revision` leaves no main to find
         revisions = ", ".join(sorted(entry.name for entry in snapshots.iterdir()))
