@@ -317,20 +317,18 @@ def _arrow_copies(
     """By commit, the splits of the configuration `language_pair` that the datasets cache holds of the Hub dataset
     `dataset` (each split's latest copy: its directory), and when the latest of them was written."""
     config_name = language_pair or "default"
+    pattern = f"{glob.escape(config_name)}*/*/*/dataset_info.json"
+    written = {info_file: info_file.stat().st_mtime for info_file in _arrow_root(dataset, cache_dir).glob(pattern)}
     copies: dict[str, tuple[dict[str, Path], float]] = {}
-    for info_file in _arrow_root(dataset, cache_dir).glob(f"{glob.escape(config_name)}*/*/*/dataset_info.json"):
+    for info_file in sorted(written, key=written.get):  # oldest first: a later copy of a split replaces it
         commit = info_file.parent.name
         if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
             continue
         info = json.loads(info_file.read_text(encoding="utf-8"))
         if info.get("config_name") != config_name:  # another configuration whose name starts the same
             continue
-        written = info_file.stat().st_mtime
-        held, latest = copies.get(commit, ({}, 0.0))
-        for split in info.get("splits") or {}:
-            if split not in held or written > held[split].joinpath("dataset_info.json").stat().st_mtime:
-                held[split] = info_file.parent
-        copies[commit] = (held, max(latest, written))
+        held = copies.get(commit, ({}, 0.0))[0] | dict.fromkeys(info.get("splits") or {}, info_file.parent)
+        copies[commit] = (held, written[info_file])
     return copies
 
 
