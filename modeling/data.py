@@ -324,8 +324,12 @@ def _arrow_copies(
         commit = info_file.parent.name
         if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
             continue
-        info = json.loads(info_file.read_text(encoding="utf-8"))
-        if info.get("config_name") != config_name:  # another configuration whose name starts the same
+        try:
+            info = json.loads(info_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:  # cut short (a disk lost with it), or not datasets'
+            logger.warning("Not reading the cached copy %s: %s", info_file.parent, error)
+            continue
+        if not isinstance(info, dict) or info.get("config_name") != config_name:  # another configuration's
             continue
         held = copies.get(commit, ({}, 0.0))[0] | dict.fromkeys(info.get("splits") or {}, info_file.parent)
         copies[commit] = (held, written[info_file])

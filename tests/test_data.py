@@ -521,6 +521,9 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
     shutil.copytree(killed, killed.with_name(killed.name + ".incomplete"))
     info = killed.with_name(killed.name + ".incomplete") / "dataset_info.json"
     info.write_text(info.read_text().replace('"test"', '"train"').replace('"validation"', '"train"'))
+    cut_short = killed.parents[2] / "de-en-0000000000000000" / "0.0.0" / killed.name / "dataset_info.json"
+    cut_short.parent.mkdir(parents=True)
+    cut_short.write_text('{"config_name": "de-')  # a copy whose record a lost disk cut short
     if hub_state == "HF_HUB_OFFLINE":
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
         monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
@@ -535,6 +538,7 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
         cached = read("test", "validation")
     assert {split: pairs(cached[split]) for split in cached} == online
     assert "split 'test' from the datasets cache" in caplog.text
+    assert f"Not reading the cached copy {cut_short.parent}: " in caplog.text
     with pytest.raises(ValueError, match=rf"nor the Hub cache holds the split 'train' at {latest}: read it where the"):
         read("train")
     assert pairs(read("test", revision=first_commit)["test"]) == first  # the commit asked for, not the latest
