@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 from contextlib import suppress
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -131,15 +132,17 @@ def test_two_processes_decide_together(tmp_path):
                     (preemption.preempted, control.should_training_stop),
                 ]
                 leave_process_group()
-                print(rank, outcome, dist.is_initialized(), flush=True)
+                with open(f"{store}.rank{rank}", "w") as out:  # one file each: two prints to one pipe can interleave
+                    out.write(f"{outcome} {dist.is_initialized()}")
 
             if __name__ == "__main__":
                 mp.start_processes(run, args=(sys.argv[1],), nprocs=2, start_method="fork")
             """
         )
     )
+    store = tmp_path / "store"
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store")],
+        [sys.executable, str(script), str(store)],
         env=subprocess_env(),
         capture_output=True,
         text=True,
@@ -147,7 +150,7 @@ def test_two_processes_decide_together(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     agreed = "[4, (3, 7), True, (True, True), (False, False), ({'signal': 'SIGUSR1', 'step': 4}, True)] False"
-    assert sorted(done.stdout.splitlines()) == [f"0 {agreed}", f"1 {agreed}"]
+    assert [Path(f"{store}.rank{rank}").read_text() for rank in (0, 1)] == [agreed, agreed]
 
 
 def test_a_first_signal_asks_to_stop_and_a_later_second_one_stops_at_once(clock, sigint_raises_keyboard_interrupt):
