@@ -149,7 +149,7 @@ def value_fits(hint: typing.Any, value: object) -> bool:
 
 
 def _plural(hint: typing.Any) -> str:
-    names = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+    names = {str: "strings", int: "integers", float: "numbers", bool: "booleans", typing.Any: "values"}
     return names.get(hint) or f"items that are each {describe_type(hint)}"
 
 
@@ -168,7 +168,10 @@ def describe_type(hint: typing.Any) -> str:
     if origin in (list, tuple, set):
         return f"a list of {_plural(args[0])}" if args else "a list"
     if origin is dict or hint is dict:
-        return "a mapping"
+        keys, values = args or (typing.Any, typing.Any)
+        if keys is typing.Any and values is typing.Any:
+            return "a mapping"
+        return f"a mapping of {_plural(keys)} to {_plural(values)}"
     named = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     if hint in named:
         return named[hint]

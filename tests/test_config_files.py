@@ -48,11 +48,14 @@ def test_mappings_and_literals_are_taken_where_their_fields_allow_them(tmp_path)
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("liger_kernel_config: {rope: 1}", "liger_kernel_config must be a mapping or null, got {'rope': 1}"),
-        ("liger_kernel_config: 3", "liger_kernel_config must be a mapping or null, got 3"),
+        (
+            "liger_kernel_config: {rope: 1}",
+            "liger_kernel_config must be a mapping of strings to booleans or null, got {'rope': 1}",
+        ),
+        ("liger_kernel_config: 3", "liger_kernel_config must be a mapping of strings to booleans or null, got 3"),
         (
             "gradient_checkpointing_kwargs: {1: true}",
-            "gradient_checkpointing_kwargs must be a mapping, a string or null, got {1: True}",
+            "gradient_checkpointing_kwargs must be a mapping of strings to values, a string or null, got {1: True}",
         ),
         ("trackio_static_space_id: true", "trackio_static_space_id must be a string, null or false, got True"),
         ("trackio_static_space_id: 0", "trackio_static_space_id must be a string, null or false, got 0"),
