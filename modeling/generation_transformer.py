@@ -311,8 +311,8 @@ class TransformerGenerationMixin(GenerationMixin):
         Without an attention mask, the positions of the input ids holding `pad_token_id` are padding (transformers 5
         infers that mask for decoder-only models only: the encoder attended to the pads of every shorter source).
 
-        An empty input (no tokens) or a row whose attention mask is all zeros is refused, naming the row: there is
-        no source to translate (unchecked, the first fails in a reshape deep inside attention, the second silently
+        An empty input (an empty batch, or no tokens) or a row whose attention mask is all zeros is refused, naming
+        the row: there is no source to translate (unchecked, the first fails deep inside, the second silently
         decodes a translation of nothing).
 
         On x86 CPUs not made by Intel, in float32 (where `onednn_transformer.py` runs linear layers on oneDNN), the
@@ -507,13 +507,16 @@ class TransformerGenerationMixin(GenerationMixin):
 
     @staticmethod
     def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
-        """ValueError for a source without tokens: 0 columns, or a row of the attention mask without a 1."""
+        """ValueError for an input without tokens: 0 rows or columns, or a row of the attention mask without a 1."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if kwargs.get("encoder_outputs") is not None or input_ids is None or input_ids.dim() != 2:
             return
-        if input_ids.shape[1] == 0:
-            raise ValueError(f"generate() got an empty input: input_ids of shape {tuple(input_ids.shape)}, no tokens.")
         attention_mask = kwargs.get("attention_mask")
+        if 0 in input_ids.shape:  # else an error inside the length limit or attention, naming no input
+            raise ValueError(
+                f"generate() got input_ids of shape {tuple(input_ids.shape)}: no source token to translate (an empty "
+                "batch, or sources of length 0)."
+            )
         if attention_mask is not None and attention_mask.dim() == 2:
             empty = attention_mask.eq(0).all(dim=-1)
             if empty.any():  # one synchronisation per call

@@ -526,6 +526,12 @@ class TransformerEncoder(TransformerStack):
         if inputs_embeds is None:
             _check_token_ids(input_ids, self.config.vocab_size, "input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
+        if 0 in inputs_embeds.shape[:2]:  # else a reshape error deep inside attention, naming no input
+            raise ValueError(
+                f"The encoder got {'inputs_embeds' if input_ids is None else 'input_ids'} of shape "
+                f"{tuple(inputs_embeds.shape[:2])}: no source token to encode (an empty batch, or sources of length "
+                "0, where the tokenizer gives even an empty line its </s>)."
+            )
         _check_mask_shape(attention_mask, inputs_embeds.shape[:2], "attention_mask")
 
         hidden_states = self.embed(inputs_embeds, start=0)  # (B, T, D)

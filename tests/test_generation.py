@@ -385,8 +385,15 @@ def test_a_processor_holding_a_value_per_row_takes_transformers_loop(decoder_ste
 
 def test_generation_refuses_a_source_without_tokens_naming_the_row():
     model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    with pytest.raises(ValueError, match=r"empty input: input_ids of shape \(2, 0\)"):
-        model.generate(input_ids=inputs["input_ids"][:, :0], attention_mask=inputs["attention_mask"][:, :0])
+    for num_beams in (1, 4):
+        with pytest.raises(ValueError, match=r"^generate\(\) got input_ids of shape \(2, 0\): no source token"):
+            model.generate(
+                input_ids=inputs["input_ids"][:, :0],
+                attention_mask=inputs["attention_mask"][:, :0],
+                num_beams=num_beams,
+            )
+        with pytest.raises(ValueError, match=r"^generate\(\) got input_ids of shape \(0, \d+\): no source token"):
+            model.generate(input_ids=inputs["input_ids"][:0], num_beams=num_beams)  # an empty batch
     inputs["attention_mask"][1] = 0  # the second source is all padding
     with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
         model.generate(**inputs)

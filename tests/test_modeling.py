@@ -711,6 +711,15 @@ def test_token_ids_outside_the_vocabulary_raise():
         model(input_ids=torch.tensor([[5, -1]]), **one_token)
 
 
+def test_an_input_without_source_tokens_is_refused_naming_its_shape():
+    """Unchecked, both failed in a reshape inside attention ("cannot reshape tensor of 0 elements")."""
+    inputs, decoder_start = batch(), {"decoder_input_ids": torch.tensor([[EOS]])}
+    with pytest.raises(ValueError, match=r"^The encoder got input_ids of shape \(1, 0\): no source token to encode"):
+        tiny_model()(input_ids=inputs["input_ids"][:1, :0], **decoder_start)
+    with pytest.raises(ValueError, match=r"^The encoder got inputs_embeds of shape \(0, 6\): no source token"):
+        tiny_model()(inputs_embeds=torch.zeros(0, 6, 32), decoder_input_ids=decoder_start["decoder_input_ids"][:0])
+
+
 def test_mismatched_mask_shape_raises():
     model = tiny_model()
     inputs = batch()
