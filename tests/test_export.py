@@ -27,7 +27,7 @@ from helpers import (
     trained_tiny_translator,
 )
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, MarianMTModel
+from transformers import AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList, MarianMTModel
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from modeling import export
@@ -350,6 +350,30 @@ def test_ctranslate2_options_list_the_decoding_settings_they_leave_out(tokenizer
     assert [line for line in not_expressed if "not passed on" in line] == [
         "no_repeat_ngram_size=1: not passed on (CTranslate2 decodes as if it were unset)"
     ]
+
+
+def test_ctranslate2_options_of_a_generation_config_that_sets_nothing(tokenizer):
+    """A generation config of transformers' own defaults (num_beams, length_penalty and every limit unset) decodes
+    greedily in generate(), 20 new tokens at most; the options took CTranslate2's default of 256 tokens without a
+    word where the positional table is longer."""
+    model = tiny_model(len(tokenizer), max_position_embeddings=512)
+    model.generation_config = GenerationConfig(decoder_start_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    with torch.no_grad(), pytest.warns(UserWarning, match="model-agnostic default `max_length`"):
+        generated = model.generate(**tokenizer(SOURCES[:1], return_tensors="pt"))
+    assert generated.shape[1] == 1 + 20, "a random model runs to the limit"
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options == {
+        "beam_size": 1,
+        "length_penalty": 1.0,
+        "max_input_length": 512,
+        "max_decoding_length": 256,
+        "min_decoding_length": 0,
+    }
+    assert [line.split(":")[0] for line in not_expressed] == [
+        "max_input_length=512",
+        "no max_length or max_new_tokens",
+    ]
+    assert "at max_decoding_length=256 tokens" in not_expressed[1] and "20 new tokens" in not_expressed[1]
 
 
 def test_ctranslate2_options_ignore_the_length_a_plain_seq2seq_trainer_wrote_into_the_generation_config(

@@ -196,7 +196,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     it is the new tokens generate() allows (`_new_tokens`: `max_new_tokens`, else `max_length` less the decoder
     start token) when the config caps them, else the positional table's length under the paper's per-sentence
     limit (`max_length_offset`: the longest source CTranslate2 takes may run that far), else 256 (CTranslate2's
-    default), within the positional table.
+    default; listed, as generate() then stops at transformers' default of 20 new tokens), within the positional
+    table.
     `min_decoding_length` is `min_new_tokens` (else `min_length` less the decoder start token): 0 allows an empty
     translation, as `generate()` does by default (CTranslate2's default, 1, does not; fairseq's decoding sets 1);
     CTranslate2 removes the blocked end-of-sentence before its softmax, generate() after it (listed).
@@ -213,7 +214,8 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
     cap = _new_tokens(generation, "max")
     # Uncapped, the paper's limit (source + offset) lets a source of up to max_input_length tokens run on to the
     # table: CTranslate2's 256 cut the translations that generate() lets run past it (sources over 206 tokens).
-    uncapped = positions if getattr(generation, "max_length_offset", None) is not None else 256
+    offset = getattr(generation, "max_length_offset", None)
+    uncapped = positions if offset is not None else 256
     limit = cap if cap is not None else uncapped
     a, b = getattr(generation, "max_length_a", None), getattr(generation, "max_length_b", None)
     fairseq_limit = a is not None or b is not None
@@ -234,6 +236,12 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
         "positional table's rows), where generate() encodes it whole; the tokenizer exported with it warns of one "
         f"(model_max_length at most {positions})"
     )
+    if cap is None and offset is None and not fairseq_limit:
+        not_expressed.append(
+            f"no max_length or max_new_tokens: CTranslate2 stops every sentence at max_decoding_length="
+            f"{options['max_decoding_length']} tokens (its default, within the positional table), where generate() "
+            "stops at transformers' default of 20 new tokens"
+        )
     if fairseq_limit:
         forced = getattr(generation, "forced_eos_keeps_log_prob", False)
         not_expressed.append(
