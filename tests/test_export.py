@@ -27,7 +27,15 @@ from helpers import (
     trained_tiny_translator,
 )
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList, MarianMTModel
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MarianMTModel,
+    PreTrainedTokenizerFast,
+)
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from modeling import export
@@ -156,6 +164,7 @@ def test_ctranslate2_scores_are_the_model_log_probabilities(trained, tokenizer, 
         {"tie_word_embeddings": False},
         {"decoder_attention_heads": 2, "decoder_ffn_dim": 48, "decoder_layers": 1},
         {"activation_function": "gelu"},
+        {"eos_token_id": [EOS]},  # a list of one: the end-of-sentence token it holds
     ],
     ids=lambda override: ",".join(override),
 )
@@ -240,8 +249,8 @@ def test_ctranslate2_export_of_a_converted_fairseq_model_is_exact(converted_fair
 
 def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(tokenizer, tmp_path):
     model = tiny_model(len(tokenizer))
-    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     directory = tmp_path / "ct2"
+    assert export.to_ctranslate2(model, tokenizer, directory) == directory
     vocabulary = json.loads((directory / "shared_vocabulary.json").read_text())
     assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     config = json.loads((directory / "config.json").read_text())
@@ -264,7 +273,9 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
         "max_length_offset=50",
         "max_input_length=64",
     ]
-    assert "translate_batch" in (directory / "README.md").read_text()
+    assert "score / length ** 0.6, not by score / ((5 + length) / 6) ** 0.6" in record["not_expressed"][0]
+    readme = (directory / "README.md").read_text()
+    assert "translate_batch" in readme and "from an in-memory model." in readme  # a saved model's: its path
     translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=1)
     long_source = source_tokens(tokenizer, [" ".join(["the dog runs."] * 20)])[0]  # longer than the 64 positions
     assert len(long_source) > 64
@@ -282,9 +293,16 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
 
 
 @pytest.mark.parametrize(
-    "cap", [{"max_length": 9}, {"max_new_tokens": 8}, {"max_length_b": 200, "max_new_tokens": 8}], ids=",".join
+    ("cap", "limit"),
+    [
+        ({"max_length": 9}, 8),
+        ({"max_new_tokens": 8}, 8),
+        ({"max_length_b": 200, "max_new_tokens": 8}, 8),
+        ({"max_length_b": 200}, 63),  # fairseq's limit beyond the table: generate() stops at its last position
+    ],
+    ids=lambda value: ",".join(value) if isinstance(value, dict) else str(value),
 )
-def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokenizer, tmp_path, cap):
+def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokenizer, tmp_path, cap, limit):
     """generate() stops at max_length - 1 new tokens (max_length counts the decoder start token), and within
     fairseq's limit at max_new_tokens; the options took only max_new_tokens, and only without fairseq's limit, and
     let CTranslate2 run on to the positional table's 64 (63 with fairseq's)."""
@@ -294,7 +312,7 @@ def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokeniz
         setattr(model.generation_config, name, value)
     export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     options = json.loads((tmp_path / "ct2" / "translate_options.json").read_text())
-    assert options["max_decoding_length"] == 8
+    assert options["max_decoding_length"] == limit
     generated = model.generate(**tokenizer(SOURCES, padding=True, return_tensors="pt"))
     assert ct2_translations(tmp_path / "ct2", tokenizer, **options) == [strip(row) for row in generated.tolist()]
 
@@ -335,6 +353,10 @@ def test_ctranslate2_options_take_min_length_less_the_decoder_start_token(tokeni
     options, not_expressed = export.ctranslate2_translate_options(model)
     assert options["min_decoding_length"] == 5
     assert any(line.startswith("min_new_tokens=5:") for line in not_expressed)
+    model.generation_config.min_length = 0  # what transformers 4 wrote into every generation config: no minimum
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["min_decoding_length"] == 0
+    assert not any(line.startswith("min_new_tokens") for line in not_expressed)
 
 
 def test_ctranslate2_options_list_the_decoding_settings_they_leave_out(tokenizer):
@@ -350,6 +372,54 @@ def test_ctranslate2_options_list_the_decoding_settings_they_leave_out(tokenizer
     assert [line for line in not_expressed if "not passed on" in line] == [
         "no_repeat_ngram_size=1: not passed on (CTranslate2 decodes as if it were unset)"
     ]
+
+
+def test_ctranslate2_options_list_no_setting_left_at_the_value_that_changes_nothing(tokenizer):
+    """Generation configs saved by transformers 4 hold every setting, at its default: those change no translation."""
+    model = tiny_model(len(tokenizer))
+    no_effect = {
+        "no_repeat_ngram_size": 0,
+        "encoder_no_repeat_ngram_size": 0,
+        "repetition_penalty": 1.0,
+        "encoder_repetition_penalty": 1.0,
+        "bad_words_ids": [],
+        "sequence_bias": {},
+        "begin_suppress_tokens": [],
+        "forced_bos_token_id": None,
+        "forced_eos_token_id": None,
+        "suppress_tokens": [],
+        "do_sample": False,
+    }
+    for name, value in no_effect.items():
+        setattr(model.generation_config, name, value)
+    _, not_expressed = export.ctranslate2_translate_options(model)
+    assert [line.split("=")[0] for line in not_expressed] == [
+        "length_penalty_type",
+        "max_length_offset",
+        "max_input_length",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "listed"),
+    [
+        ({"do_sample": True}, ["do_sample=True"]),
+        ({"early_stopping": False, "num_beams": 2}, ["early_stopping=False"]),
+        ({"early_stopping": "never", "num_beams": 4}, ["early_stopping='never'"]),
+        ({"early_stopping": False, "num_beams": 1}, []),  # greedy search has no beams to stop
+    ],
+    ids=["sampling", "beam-2", "never", "greedy"],
+)
+def test_ctranslate2_options_list_sampling_and_a_search_that_does_not_stop_early(tokenizer, settings, listed):
+    """CTranslate2's translate_batch decodes with beam search and ends a sentence's search once beam_size
+    hypotheses have finished: a generation config that samples, or whose beam search goes on, translates otherwise."""
+    model = tiny_model(len(tokenizer))
+    for name, value in settings.items():
+        setattr(model.generation_config, name, value)
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["beam_size"] == settings.get("num_beams", 4)
+    paper = ["length_penalty_type", "max_length_offset", "max_input_length"]
+    assert [line.split(":")[0] for line in not_expressed if line.split("=")[0] not in paper] == listed
 
 
 def test_ctranslate2_options_of_a_generation_config_that_sets_nothing(tokenizer):
@@ -475,13 +545,30 @@ def test_ctranslate2_pads_a_resized_vocabulary_with_placeholders(tokenizer, tmp_
     [
         ({"activation_function": "relu6"}, "activation_function='relu6'"),
         ({"eos_token_id": [2, 3]}, "eos_token_id=[2, 3]"),
+        ({"decoder_start_token_id": None}, "decoder_start_token_id=None"),
+        ({"eos_token_id": None}, "eos_token_id=None"),
     ],
 )
 def test_ctranslate2_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
     model = tiny_model(len(tokenizer), **override)
-    with pytest.raises(ValueError, match=f"^cannot export to CTranslate2 exactly: {message.replace('[', '.')}"):
+    refused = f"^cannot export to CTranslate2 exactly: {message.replace('[', '.')}"
+    with pytest.raises(ValueError, match=refused):
+        export.check_ctranslate2(model)  # the check alone, as a caller runs it before a long export
+    with pytest.raises(ValueError, match=refused):
         export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists() and not (tmp_path / "ct2.partial").exists()
+
+
+def test_ctranslate2_refuses_a_tokenizer_whose_ids_leave_a_gap(tmp_path):
+    """CTranslate2 maps a token to the id of its position in the vocabulary list: with id 4 unused, "dog" (id 5)
+    would read row 4 and every later token the row before its own."""
+    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, "a": 3, "dog": 5, "runs": 6}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    gapped = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
+    with pytest.raises(ValueError, match=r"^cannot export to CTranslate2: the tokenizer's ids are not 0, 1, \.\.\."):
+        export.to_ctranslate2(tiny_model(8), gapped, tmp_path / "ct2")
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("target", ["ctranslate2", "marian", "onnx"])
@@ -769,6 +856,33 @@ def test_an_untied_model_of_older_remote_code_exports_without_its_unused_shared_
     export.export(model, tokenizer, tmp_path / "package", to="ctranslate2")
     export.export(remote, tokenizer, tmp_path / "remote", to="ctranslate2")
     assert (tmp_path / "package" / "model.bin").read_bytes() == (tmp_path / "remote" / "model.bin").read_bytes()
+
+
+def test_remote_code_whose_modules_differ_from_this_packages_is_refused_in_one_line(tokenizer, tmp_path):
+    """Its weights do not load into this package's classes: exported, the twin would hold its random weights."""
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "saved")
+    code = tmp_path / "saved" / "modeling_transformer.py"
+    code.write_text(code.read_text().replace("fc1", "inner"))  # code of another release, a module renamed
+    remote_class = get_class_from_dynamic_module(
+        "modeling_transformer.TransformerForConditionalGeneration", str(tmp_path / "saved")
+    )
+    remote = remote_class.from_pretrained(tmp_path / "saved")
+    with pytest.raises(TypeError) as error:
+        export.export(remote, tokenizer, tmp_path / "out", to="ctranslate2")
+    message = str(error.value)
+    assert "(remote code) does not hold this package's modules (Missing key(s) in state_dict: " in message
+    assert message.endswith("load the checkpoint with `import modeling` instead of trust_remote_code.")
+    assert "ffn.fc1.weight" in message and "\n" not in message and not (tmp_path / "out").exists()
+
+
+def test_marian_export_without_a_tokenizer_writes_the_model_alone(tokenizer, tmp_path):
+    assert export.to_marian(tiny_model(len(tokenizer)), None, tmp_path / "marian") == tmp_path / "marian"
+    assert sorted(path.name for path in (tmp_path / "marian").iterdir()) == [
+        "config.json",
+        "export.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
 
 
 def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
