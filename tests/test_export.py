@@ -41,6 +41,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from modeling import export
 from modeling.convert import from_marian, to_marian
 from modeling.generation_transformer import set_fairseq_decoding
+from modeling.modeling_transformer import TransformerModel
 from modeling.quantization import quantize_int8
 
 FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
@@ -478,7 +479,10 @@ def test_ctranslate2_options_of_fairseqs_limit_are_not_cut_at_ctranslate2s_defau
     model = tiny_model(len(tokenizer), max_position_embeddings=1024)
     generation = model.generation_config
     generation.max_length_offset, generation.max_length_b = None, 300  # 300 tokens, then end-of-sentence
-    assert export.ctranslate2_translate_options(model)[0]["max_decoding_length"] == 300
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["max_decoding_length"] == 300
+    (limit,) = [line for line in not_expressed if line.startswith("max_length_a=0, max_length_b=300:")]
+    assert "forces" not in limit, "this config forces no end-of-sentence of its own (forced_eos_keeps_log_prob)"
 
 
 def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_keeps_lines(
@@ -666,6 +670,39 @@ def test_marian_export_carries_generates_decoding_rules_and_lists_fairseqs(token
     ]
 
 
+def test_marian_refuses_positional_encodings_a_little_off_its_sinusoids_naming_the_layout(tokenizer, tmp_path):
+    """Marian adds its own sinusoids: a positional module whose table is 1% off them (a formula of its own) would
+    be exported as if it added Marian's."""
+    model = tiny_model(len(tokenizer))
+    for stack in (model.model.encoder, model.model.decoder):
+        module = stack.embed_positions
+        module.forward = lambda start, length, module=module: 0.99 * module.compute_table(length, start)
+    with pytest.raises(ValueError) as error:
+        export.to_marian(model, tokenizer, tmp_path / "marian")
+    assert str(error.value) == (
+        "cannot export to MarianMT exactly: the positional encodings (positional_encoding_layout='interleaved') "
+        "differ from Marian's sinusoids, the paper's formula from position 0."
+    )
+    assert not (tmp_path / "marian").exists()
+
+
+def test_marian_export_keeps_the_generation_configs_cap_and_lists_fairseqs_limit_of_b_alone(tokenizer, tmp_path):
+    """max_new_tokens caps the twin as it caps generate(); max_length_b alone (a at fairseq's default 0) is
+    fairseq's limit all the same."""
+    model = tiny_model(len(tokenizer))
+    generation = model.generation_config
+    generation.max_new_tokens, generation.max_length_offset, generation.max_length_b = 12, None, 30
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    twin = MarianMTModel.from_pretrained(tmp_path / "marian").generation_config
+    assert (twin.max_new_tokens, twin.max_length) == (12, None)
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert [line.split(":")[0] for line in record["not_expressed"]] == [
+        "length_penalty_type='gnmt'",
+        "max_length_a=None, max_length_b=30",
+        "sources over 64 tokens",
+    ]
+
+
 def test_marian_export_does_not_cut_translations_at_transformers_default_length(tokenizer, tmp_path):
     """Without a cap in the generation config (this model's limit is per sentence), the twin's cap is the
     positional table, not transformers' default of 20 tokens: an untrained model, which runs to its limit, shows it."""
@@ -699,6 +736,7 @@ def test_marian_exports_tokenizer_warns_of_sources_longer_than_the_positional_ta
     [
         ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06"),
         ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
+        ({"eos_token_id": None}, "eos_token_id=None"),  # MarianMTModel.generate() would never end a sentence
     ],
 )
 def test_marian_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
@@ -712,11 +750,13 @@ def test_marian_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_p
 
 @pytest.fixture(scope="module")
 def onnx_export(tokenizer, tmp_path_factory):
-    """One export (about 15 s): (model, directory)."""
-    model = tiny_model(len(tokenizer), attention_bias=True, seed=2)
+    """One export (about 15 s) of a model in training mode, as a training script exports it: (model, directory)."""
+    model = tiny_model(len(tokenizer), attention_bias=True, seed=2).train()
     directory = tmp_path_factory.mktemp("onnx") / "onnx"
-    export.to_onnx(model, directory, tokenizer=tokenizer)
-    return model, directory
+    assert export.to_onnx(model, directory, tokenizer=tokenizer) == directory
+    # The export traces in eval mode with eager attention; the caller's model goes on training as it was.
+    assert model.training and model.config._attn_implementation == "sdpa"
+    return model.eval(), directory
 
 
 def onnx_sessions(directory):
@@ -837,6 +877,22 @@ def test_a_model_loaded_as_remote_code_exports_as_the_package_model_does(trained
     assert all(torch.equal(marian[0][name], marian[1][name]) for name in marian[0])
 
 
+def test_a_bfloat16_model_loaded_as_remote_code_exports_to_marian_in_bfloat16_as_the_package_model_does(
+    tokenizer, tmp_path
+):
+    model = tiny_model(len(tokenizer)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "saved")
+    remote_class = get_class_from_dynamic_module(
+        "modeling_transformer.TransformerForConditionalGeneration", str(tmp_path / "saved")
+    )
+    remote = remote_class.from_pretrained(tmp_path / "saved", dtype=torch.bfloat16)
+    for origin, source in (("package", model), ("remote", remote)):
+        export.to_marian(source, tokenizer, tmp_path / origin)
+    package, exported = (load_file(tmp_path / origin / "model.safetensors") for origin in ("package", "remote"))
+    assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
+    assert all(torch.equal(exported[name], package[name]) for name in package)
+
+
 def test_an_untied_model_of_older_remote_code_exports_without_its_unused_shared_matrix(tokenizer, tmp_path):
     """Untied models saved before `shared` was left out of them carry code that builds it, trained by nothing."""
     model = tiny_model(len(tokenizer), tie_word_embeddings=False)
@@ -891,3 +947,6 @@ def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
         TypeError, match=r"expected this project's TransformerForConditionalGeneration, got .*MarianMT"
     ):
         export.export(marian, tokenizer, tmp_path / "out", to="ctranslate2")
+    bare = TransformerModel(tiny_model(len(tokenizer)).config)  # what AutoModel loads: of this model_type, no head
+    with pytest.raises(TypeError, match=r"got modeling\.modeling_transformer\.TransformerModel\.$"):
+        export.export(bare, tokenizer, tmp_path / "out", to="ctranslate2")
