@@ -1,5 +1,7 @@
 """Exact conversion to and from MarianMTModel: the proof that the architecture is the one it claims to be."""
 
+import re
+
 import pytest
 import torch
 from helpers import EOS, PAD, TINY_SIZE, tiny_config
@@ -113,3 +115,51 @@ def test_to_marian_refuses_positions_marian_does_not_compute(override):
     [(name, value)] = override.items()
     with pytest.raises(ValueError, match=f"this model has {name}={value!r}"):
         to_marian(model)
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        (
+            {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 70},
+            "its decoder vocabulary (70) differs from (61)",
+        ),
+        ({"encoder_layerdrop": 0.1}, "it uses LayerDrop"),
+        ({"decoder_layerdrop": 0.1}, "it uses LayerDrop"),
+    ],
+)
+def test_marian_models_this_model_cannot_compute_are_refused_naming_the_problem(changes, problem):
+    config = tiny_marian().config
+    for name, value in changes.items():
+        setattr(config, name, value)
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        from_marian(MarianMTModel(config))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"tie_word_embeddings": False}, "MarianMTModel shares its embeddings; this model was configured with untied"),
+        ({"layer_norm_eps": 1e-6}, "MarianMTModel's LayerNorm epsilon is 1e-5; this model uses 1e-06."),
+    ],
+)
+def test_to_marian_refuses_a_model_marian_cannot_compute(override, message):
+    model = TransformerForConditionalGeneration(tiny_config(61, **override))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_marian(model)
+
+
+def test_both_conversions_keep_the_precision_and_the_generation_settings():
+    """A half-precision model converts to a half-precision one (not float32, twice the memory), and its beam size
+    and length penalty travel: the converted model translates as the original did."""
+    marian = tiny_marian().to(torch.bfloat16)
+    marian.generation_config.num_beams = 5
+    ours = from_marian(marian)
+    assert ours.dtype == torch.bfloat16 and ours.generation_config.num_beams == 5
+
+    torch.manual_seed(1)
+    ours = TransformerForConditionalGeneration(tiny_config(61)).to(torch.bfloat16)
+    ours.generation_config.num_beams, ours.generation_config.length_penalty = 3, 0.7
+    marian = to_marian(ours)
+    assert marian.dtype == torch.bfloat16
+    assert (marian.generation_config.num_beams, marian.generation_config.length_penalty) == (3, 0.7)
