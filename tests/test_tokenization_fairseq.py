@@ -1,6 +1,7 @@
 """Tests of modeling/tokenization_fairseq.py: fairseq's Moses + subword-nmt pipeline and its detokenisation, against
 what fairseq itself produced (tests/fixtures/fairseq), without fairseq installed."""
 
+import json
 import subprocess
 import sys
 
@@ -147,3 +148,17 @@ def test_ordinary_added_tokens_are_refused_as_the_pipeline_never_produces_them(s
     assert len(tokenizer) == size
     assert tokenizer.add_tokens(["<2fr>"], special_tokens=True) == 1
     assert tokenizer.convert_tokens_to_ids("<2fr>") == size, "a special token, placed by id"
+
+
+def test_a_saved_tokenizer_without_its_options_loads_as_fairseq_interactives_pipeline(tokenizer, tmp_path):
+    """A tokenizer_config.json without `pretokenized` and `aggressive_dash_splits` (a conversion made before the
+    dash option existed, or files put together by hand) means fairseq's defaults: Moses splitting dashes, then BPE."""
+    tokenizer.save_pretrained(tmp_path)
+    config_file = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    del config["pretokenized"], config["aggressive_dash_splits"]
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.moses_tokenize("a long-term plan", "en") == ["a", "long", "@-@", "term", "plan"]
+    for record in HELD_OUT["heldout_text"][:10]:
+        assert loaded(record["raw"])["input_ids"] == record["src_ids"]
