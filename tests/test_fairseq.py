@@ -6,6 +6,7 @@ import argparse
 import gzip
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,8 @@ from modeling.fairseq import (
     CONVERSION_FILE,
     FairseqConversionError,
     convert_fairseq,
+    fairseq_config,
+    fairseq_model_args,
     from_fairseq,
     load_fairseq_checkpoint,
     read_bpe_merges,
@@ -259,6 +262,7 @@ def converting(checkpoint: dict, tmp_path, data_bin=FAIRSEQ_FIXTURES, **override
         ("decoder_output_dim", 32, "decoder_output_dim=32"),
         ("arch", "bart_base", "arch='bart_base' (not one of fairseq's transformer architectures)"),
         ("encoder_attention_heads", 5, "encoder_attention_heads=5"),
+        ("base_layers", 1, "base_layers=1 (BASE layers)"),
     ],
 )
 def test_architectures_it_cannot_compute_are_refused_naming_the_field(tmp_path, field, value, message):
@@ -280,6 +284,8 @@ def _re(text: str) -> str:
         ("pre-LN final norm", "encoder.layer_norm.weight=(24,) (a final LayerNorm after the stack (pre-LN))"),
         ("untied output", "decoder.output_projection.weight='a matrix of its own'"),
         ("unknown key", "encoder.layers.0.self_attn.bias_k=(1, 1, 24) (an unexpected state-dict key)"),
+        ("unknown stack key", "decoder.layernorm_embedding.bias=(24,) (an unexpected state-dict key)"),
+        ("a decoder part in the encoder", "encoder.layers.0.encoder_attn.q_proj.weight=(24, 24) (an unexpected"),
     ],
 )
 def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message):
@@ -289,6 +295,10 @@ def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message
         state["encoder.layer_norm.weight"] = torch.ones(24)
     elif change == "untied output":
         state["decoder.output_projection.weight"] = state["decoder.output_projection.weight"].clone() + 1
+    elif change == "unknown stack key":
+        state["decoder.layernorm_embedding.bias"] = torch.zeros(24)
+    elif change == "a decoder part in the encoder":
+        state["encoder.layers.0.encoder_attn.q_proj.weight"] = torch.zeros(24, 24)
     else:
         state["encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 24)
     with pytest.raises(FairseqConversionError, match=_re(message)):
@@ -487,6 +497,146 @@ def test_convert_fairseq_writes_a_whole_directory_and_replaces_only_a_previous_c
     with pytest.raises(FairseqConversionError):
         convert_fairseq(tmp_path / "broken.pt", FAIRSEQ_FIXTURES, tmp_path / "new", **arguments)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.pt", "mine", "out"]
+
+
+def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_file_and_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^fairseq dictionary {re.escape(str(tmp_path / 'dict.txt'))} does"):
+        read_fairseq_dictionary(tmp_path / "dict.txt")
+    with pytest.raises(FileNotFoundError, match=f"^BPE codes {re.escape(str(tmp_path / 'codes'))} do not exist"):
+        read_bpe_merges(tmp_path / "codes")
+    for line in ("5", "word many"):  # no token; no count
+        (tmp_path / "dict.txt").write_text(f"a 5\n{line}\nc 2\n", encoding="utf-8")
+        with pytest.raises(FairseqConversionError, match=f"dict.txt, line 2: expected 'token count', got '{line}'"):
+            read_fairseq_dictionary(tmp_path / "dict.txt")
+    (tmp_path / "codes").write_text("#version: 0.2\na b\nc d e\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match="codes, line 3: expected 'left right', got 'c d e'"):
+        read_bpe_merges(tmp_path / "codes")
+
+
+def test_a_checkpoint_without_an_architecture_or_of_another_task_is_refused(tmp_path):
+    checkpoint = fixture_checkpoint()
+    with pytest.raises(FairseqConversionError, match=r"neither cfg\['model'\] nor args: no architecture to read"):
+        converting({"model": checkpoint["model"]}, tmp_path)
+    checkpoint["cfg"]["task"]["_name"] = "translation_multi_simple_epoch"
+    message = "task='translation_multi_simple_epoch' (only the translation task's models are converted)"
+    with pytest.raises(FairseqConversionError, match=re.escape(message)):
+        converting(checkpoint, tmp_path)
+
+
+def test_one_language_as_source_and_target_is_refused(tmp_path):
+    with pytest.raises(FairseqConversionError, match="source and target language are both 'en'"):
+        converting(fixture_checkpoint(), tmp_path, target_lang="en")
+
+
+def fairseq_args_and_weights(width: int, heads: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The fixture's arguments at another width and head count, and the weights fairseq_config reads."""
+    args = fairseq_model_args(fixture_checkpoint())
+    args |= {f"{side}_embed_dim": width for side in ("encoder", "decoder")}
+    args |= {"decoder_input_dim": width, "decoder_output_dim": width, "encoder_layers": 1, "decoder_layers": 1}
+    args |= {"encoder_attention_heads": heads, "decoder_attention_heads": heads}
+    weights = {"encoder.embed_tokens.weight": torch.zeros(568, width)}
+    weights |= {f"{side}.layers.0.fc1.weight": torch.zeros(48, width) for side in ("encoder", "decoder")}
+    return args, weights
+
+
+def test_an_odd_width_is_refused_naming_the_field():
+    """fairseq pads an odd width's sinusoids with a zero column, which this model's table does not have."""
+    with pytest.raises(FairseqConversionError, match=re.escape("encoder_embed_dim=27 (an odd width")):
+        fairseq_config(*fairseq_args_and_weights(27, 3), 568)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 30])
+def test_any_head_count_dividing_the_width_converts(heads):
+    config = fairseq_config(*fairseq_args_and_weights(30, heads), 568)
+    assert (config.d_model, config.encoder_attention_heads, config.decoder_attention_heads) == (30, heads, heads)
+
+
+def test_the_data_bins_bpe_codes_are_used_and_said_to_be(caplog):
+    with caplog.at_level(logging.WARNING, logger="modeling.fairseq"):
+        _, tokenizer = from_fairseq(
+            FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt", FAIRSEQ_FIXTURES, source_lang="en", target_lang="de"
+        )
+    assert f"Using the BPE codes {FAIRSEQ_FIXTURES / 'bpecodes'}" in caplog.text
+    assert not tokenizer.pretokenized
+
+
+def test_a_dataclass_configs_nested_encoder_and_decoder_fields_are_read(converted_fairseq, tmp_path):
+    """fairseq 0.12's dataclass `transformer` saves `encoder` and `decoder` as sub-configs (`encoder.embed_dim`):
+    read as the flat fields, a pre-LN one among them is refused as the flat one is."""
+    checkpoint = fixture_checkpoint()
+    flat = vars(checkpoint["cfg"]["model"])
+    nested = {key: value for key, value in flat.items() if not key.startswith(("encoder_", "decoder_"))}
+    for side in ("encoder", "decoder"):
+        nested[side] = {key.removeprefix(f"{side}_"): value for key, value in flat.items() if key.startswith(side)}
+    # and writes its fields' off values, where the legacy Namespace had no field
+    nested |= {"base_layers": 0, "scale_attn": False, "quant_noise": {"pq": 0, "pq_block_size": 8, "scalar": 0}}
+    checkpoint["cfg"]["model"] = nested
+    model, _ = converting(checkpoint, tmp_path)
+    assert model.config.to_dict() == converted_fairseq[FAIRSEQ_MODELS[0]][0].config.to_dict()
+    nested["encoder"]["normalize_before"] = True
+    with pytest.raises(FairseqConversionError, match=re.escape("encoder_normalize_before=True (pre-LayerNorm")):
+        converting(checkpoint, tmp_path)
+
+
+def test_languages_and_lengths_kept_only_in_the_task_config_are_read(tmp_path):
+    checkpoint = fixture_checkpoint()
+    for key in ("source_lang", "target_lang", "max_source_positions", "max_target_positions"):
+        delattr(checkpoint["cfg"]["model"], key)
+    checkpoint["cfg"]["task"] |= {"max_source_positions": 256, "max_target_positions": 512}
+    model, tokenizer = converting(checkpoint, tmp_path)
+    assert (model.config.max_position_embeddings, tokenizer.model_max_length) == (512, 256)
+    with pytest.raises(FairseqConversionError, match="trained with target_lang='de', not 'fr'"):
+        converting(checkpoint, tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
+
+
+def test_a_file_holding_no_model_state_dict_is_refused(tmp_path):
+    for name, content in (("tensor.pt", torch.zeros(2)), ("dict.pt", {"weights": torch.zeros(2)})):
+        torch.save(content, tmp_path / name)
+        with pytest.raises(FairseqConversionError, match="is not a fairseq checkpoint: no 'model' state dict in it"):
+            load_fairseq_checkpoint(tmp_path / name)
+
+
+def test_a_missing_feed_forward_weight_is_refused_naming_the_key(tmp_path):
+    checkpoint = fixture_checkpoint()
+    del checkpoint["model"]["decoder.layers.0.fc1.weight"]
+    with pytest.raises(FairseqConversionError, match=re.escape("decoder.layers.0.fc1.weight=None (missing from")):
+        converting(checkpoint, tmp_path)
+
+
+def test_unreadable_codes_are_refused_before_the_checkpoint_is_read(tmp_path):
+    """A checkpoint is gigabytes: the small files' errors come first."""
+    (tmp_path / "codes").write_text("a b\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match="no '#version: 0.2' header"):
+        from_fairseq(
+            tmp_path / "missing.pt", FAIRSEQ_FIXTURES, source_lang="en", target_lang="de", bpe_codes=tmp_path / "codes"
+        )
+
+
+def test_a_system_error_reading_the_checkpoint_is_not_called_a_broken_checkpoint(tmp_path, monkeypatch):
+    """Permission denied is the system's to say (its message names the file): the file may be a good checkpoint."""
+    path = tmp_path / "model.pt"
+    torch.save(fixture_checkpoint(), path)
+
+    def denied(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(torch, "load", denied)
+    with pytest.raises(PermissionError, match=re.escape(f"[Errno 13] Permission denied: '{path}'")):
+        load_fairseq_checkpoint(path)
+
+
+def test_a_pretokenized_conversion_records_its_text_pipeline(tmp_path):
+    convert_fairseq(
+        FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt",
+        FAIRSEQ_FIXTURES,
+        tmp_path / "out",
+        source_lang="en",
+        target_lang="de",
+        pretokenized=True,
+    )
+    record = json.loads((tmp_path / "out" / CONVERSION_FILE).read_text())
+    assert record["text"].startswith("already Moses-tokenised and BPE-split") and record["bpe_codes"] is None
+    assert "--bpe" not in record["fairseq_command"] and "--tokenizer" not in record["fairseq_command"]
 
 
 # --- a training checkpoint's optimizer state --------------------------------------------------------------------
