@@ -56,35 +56,10 @@ SPLIT_DASH = "@-@"
 # evaluate; fairseq's defaults --max-len-a 0 --max-len-b 200).
 PUBLISHED_DECODING = {"num_beams": 4, "length_penalty": 0.6, "max_length_a": 0, "max_length_b": 200}
 
-# fairseq's base_architecture defaults of the fields checked below: what a checkpoint that predates a field means.
+# fairseq's base_architecture defaults of the fields read below where a checkpoint that predates them lacks them (the
+# fields REQUIRED_VALUES checks take None as "off", as fairseq does).
 ARCHITECTURE_DEFAULTS: dict[str, Any] = {
-    "encoder_normalize_before": False,
-    "decoder_normalize_before": False,
-    "encoder_learned_pos": False,
-    "decoder_learned_pos": False,
-    "no_token_positional_embeddings": False,
     "no_scale_embedding": False,
-    "layernorm_embedding": False,
-    "activation_fn": "relu",
-    "adaptive_softmax_cutoff": None,
-    "adaptive_input": False,
-    "tie_adaptive_weights": False,
-    "cross_self_attention": False,
-    "no_cross_attention": False,
-    "quant_noise_pq": 0,
-    "encoder_layers_to_keep": None,
-    "decoder_layers_to_keep": None,
-    "base_layers": 0,
-    "scale_attn": False,
-    "scale_fc": False,
-    "scale_heads": False,
-    "scale_resids": False,
-    "char_inputs": False,
-    "encoder_xformers_att_config": None,
-    "decoder_xformers_att_config": None,
-    "merge_src_tgt_embed": False,
-    "share_all_embeddings": False,
-    "share_decoder_input_output_embed": False,
     "max_source_positions": 1024,
     "max_target_positions": 1024,
 }
