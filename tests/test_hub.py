@@ -1,5 +1,6 @@
 """Tests of modeling/hub.py: what a push refuses, the push at the end of training, and the card it carries."""
 
+import json
 import logging
 import os
 import time
@@ -38,6 +39,30 @@ def test_check_model_dir_refuses_a_directory_without_remote_code(tmp_path):
     save_tiny_checkpoint(tmp_path)
     (tmp_path / "modeling_transformer.py").unlink()
     with pytest.raises(FileNotFoundError, match="modeling_transformer.py"):
+        check_model_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "removed, expected",
+    [
+        ("model.safetensors", r"lacks \*\.safetensors\."),  # no weights at all: a repo nothing can load
+        ("tokenizer_config.json", r"lacks tokenizer_config\.json\."),
+    ],
+)
+def test_check_model_dir_names_the_file_a_directory_lacks(tmp_path, removed, expected):
+    save_tiny_checkpoint(tmp_path)
+    (tmp_path / removed).unlink()
+    with pytest.raises(FileNotFoundError, match=expected):
+        check_model_dir(tmp_path)
+
+
+def test_check_model_dir_refuses_a_config_without_auto_map(tmp_path):
+    """Saved without `import modeling`: the repo's config names no remote code, which a user without this package
+    needs to load it."""
+    save_tiny_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    write_json(tmp_path / "config.json", {key: value for key, value in config.items() if key != "auto_map"})
+    with pytest.raises(ValueError, match=r"config\.json has no auto_map: save the model with `import modeling` done"):
         check_model_dir(tmp_path)
 
 
@@ -88,6 +113,30 @@ def test_a_repo_name_without_namespace_gets_the_token_owners(tmp_path, monkeypat
         prepare_push(args)
 
 
+def test_the_push_at_the_end_of_training_is_prepared_again_by_a_rerun(hub_here, tmp_path, caplog):
+    """A requeued or resumed run prepares its push into the repo its first launch created; checkpoints are not
+    pushed whatever hub_strategy says, and a revision is refused before training rather than ignored."""
+
+    def push_args(**kwargs) -> TranslationTrainingArguments:
+        return TranslationTrainingArguments(
+            output_dir=str(tmp_path / "run"),
+            push_to_hub=True,
+            hub_token=HUB_TOKEN,
+            hub_model_id="tester/rerun",
+            report_to="none",
+            use_cpu=True,
+            **kwargs,
+        )
+
+    with caplog.at_level(logging.WARNING, logger="modeling.hub"):
+        assert prepare_push(push_args()) == prepare_push(push_args()) == HubTarget("tester/rerun", HUB_TOKEN)
+        assert "hub_strategy" not in caplog.text, "the default, every_save, pushes nothing else here either"
+        prepare_push(push_args(hub_strategy="checkpoint"))
+    assert "hub_strategy=checkpoint is not used: checkpoints are not pushed." in caplog.text
+    with pytest.raises(ValueError, match="--hub_revision is not supported"):
+        prepare_push(push_args(hub_revision="v2"))
+
+
 def eval_json(path: Path, sacrebleu: float) -> Path:
     references = [de for _, de in synthetic_pairs(5, seed=4)]
     scores = corpus_scores(references, references, "de") | {"sacrebleu": sacrebleu}
@@ -106,13 +155,15 @@ def test_card_has_model_index_bleu_of_the_pushed_weights_only(tmp_path, monkeypa
     stale = eval_json(model_dir / "eval" / "eval_results_valid.json", 11.11)
     os.utime(stale, (weights_time - 60, weights_time - 60))
     eval_json(run / "eval_results_test.json", 22.22)  # the final model's, not the averaged one's
-    eval_json(model_dir / "eval" / "eval_results_test.json", 33.33)
+    fresh = eval_json(model_dir / "eval" / "eval_results_test.json", 33.33)
+    os.utime(fresh, (weights_time, weights_time))  # written within the same tick as the weights: theirs
     pushed = []
     monkeypatch.setattr(hub_module, "push_model_dir", lambda *args, **kwargs: pushed.append(args) or "url")
 
     with caplog.at_level(logging.WARNING, logger="modeling.training"):
-        push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, run, "the averaged model", private=None)
-    assert pushed == [(model_dir, REPO_ID)]
+        url = push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, run, "the averaged model", private=None)
+    assert pushed == [(model_dir, REPO_ID)] and url == "url"
+    assert "| sentence_pairs.train | 40 |" in (model_dir / "README.md").read_text(), "the run's records, staged"
     values = [
         metric["value"]
         for entry in metadata_load(model_dir / "README.md")["model-index"]
@@ -122,6 +173,32 @@ def test_card_has_model_index_bleu_of_the_pushed_weights_only(tmp_path, monkeypa
     ]
     assert values == [33.33]
     assert "eval_results_valid.json" in caplog.text, "the stale result is named in a warning"
+
+
+def test_the_push_at_the_end_of_training_refuses_a_broken_model_before_writing_its_card(tmp_path, monkeypatch):
+    model_dir = tmp_path / "run"
+    save_tiny_checkpoint(model_dir)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    monkeypatch.setattr(hub_module, "push_model_dir", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
+    with pytest.raises(ValueError, match=r"model\.safetensors is truncated"):
+        push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, model_dir, "the final model", private=None)
+    assert not (model_dir / "README.md").exists()
+
+
+def test_a_failed_push_at_the_end_of_training_says_how_to_retry_it(tmp_path, monkeypatch, caplog):
+    """Hours of training are saved: the error raised, and the log says which command pushes them."""
+    model_dir = tmp_path / "run"
+    save_tiny_checkpoint(model_dir)
+
+    def hub_down(*args, **kwargs):
+        raise HubError("POST http://hub/api/repos/create: cannot connect")
+
+    monkeypatch.setattr(hub_module, "push_model_dir", hub_down)
+    with pytest.raises(HubError, match="cannot connect"):
+        push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, model_dir, "the final model", private=None)
+    assert f"Retry with: python scripts/push_to_hub.py --model {model_dir} --repo-id {REPO_ID}" in caplog.text
+    assert (model_dir / "README.md").is_file(), "the card is kept for the retry"
 
 
 def test_a_truncated_weights_file_is_refused_before_any_upload(tmp_path):
@@ -135,6 +212,23 @@ def test_a_truncated_weights_file_is_refused_before_any_upload(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"num_beams": 4,')
     with pytest.raises(ValueError, match=r"generation_config\.json does not parse"):
         check_model_dir(tmp_path)
+
+
+def test_a_tokenizer_config_that_does_not_parse_is_named(tmp_path):
+    """Its auto_map is read before every JSON is parsed: the file cut short is named as any other JSON."""
+    save_tiny_checkpoint(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"auto_map": ')
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json does not parse .*refusing to push it"):
+        check_model_dir(tmp_path)
+
+
+def test_push_model_dir_checks_the_directory_before_any_request(tmp_path, monkeypatch):
+    save_tiny_checkpoint(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
+    with pytest.raises(ValueError, match=r"model\.safetensors is truncated"):
+        push_model_dir(tmp_path, REPO_ID, token=HUB_TOKEN)
 
 
 def test_weights_of_a_diverged_run_are_refused_before_any_upload(tmp_path):
@@ -217,6 +311,18 @@ def test_check_model_dir_refuses_a_converted_model_without_its_tokenizer_files(
         check_model_dir(model_dir)
 
 
+def test_check_model_dir_loads_the_tokenizer_with_the_code_the_repo_serves(converted_fairseq_dir, tmp_path):
+    """This package registers its own fairseq tokenizer: loaded without the directory's code, a copy that does not
+    import passed the check, and the repo's users would have met the error."""
+    import shutil
+
+    model_dir = shutil.copytree(converted_fairseq_dir, tmp_path / "model")
+    code = model_dir / "tokenization_fairseq.py"
+    code.write_text(code.read_text(encoding="utf-8") + '\nraise ImportError("an older release\'s code")\n')
+    with pytest.raises(ValueError, match=r"its tokenizer cannot be loaded: an older release's code\."):
+        check_model_dir(model_dir)
+
+
 def test_check_model_dir_names_a_missing_shard(tmp_path):
     model, _ = save_tiny_checkpoint(tmp_path)
     (tmp_path / "model.safetensors").unlink()
@@ -226,6 +332,9 @@ def test_check_model_dir_names_a_missing_shard(tmp_path):
     check_model_dir(tmp_path)
     shards[-1].unlink()
     with pytest.raises(FileNotFoundError, match=rf"lacks {shards[-1].name} \(named by model\.safetensors\.index"):
+        check_model_dir(tmp_path)
+    write_json(tmp_path / "model.safetensors.index.json", {"metadata": {}})  # edited: no weight_map
+    with pytest.raises(ValueError, match=r"index\.json has no weight_map of tensor names to shard files"):
         check_model_dir(tmp_path)
 
 
@@ -264,7 +373,9 @@ def test_the_test_hub_writes_times_as_huggingface_hub_reads_them(hub):
     assert api.model_info("user/times").last_modified is not None
 
 
-def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, monkeypatch, converted_fairseq_dir):
+def test_a_push_deletes_the_files_of_the_repos_previous_model(
+    hub, tmp_path, monkeypatch, converted_fairseq_dir, caplog
+):
     """A repo holding a converted fairseq model (one model.safetensors, its conversion record and tokenizer files),
     then a sharded native model pushed into it: before, the old model.safetensors stayed beside the new index, and
     `from_pretrained` loaded it, the old weights, without a word. A user's own files (a licence, pages, figures,
@@ -284,12 +395,22 @@ def test_a_push_deletes_the_files_of_the_repos_previous_model(hub, tmp_path, mon
     model, _ = save_tiny_checkpoint(model_dir)
     (model_dir / "model.safetensors").unlink()
     model.save_pretrained(model_dir, max_shard_size="20KB")
-
-    push_model_dir(model_dir, repo_id, token=HUB_TOKEN)
     stored = root / repo_id
+    users_own = {"LICENSE", "USAGE.md", "bleu_by_length.png", "requirements.txt", "example.py"}
+    previous = {path.name for path in stored.iterdir() if path.is_file()} - users_own
+    assert not api.model_info(repo_id).private, "public unless asked"
+
+    with caplog.at_level(logging.WARNING, logger="modeling.hub"):
+        push_model_dir(model_dir, repo_id, token=HUB_TOKEN)
+    deleted = sorted(previous - {path.name for path in model_dir.iterdir()})
+    assert "model.safetensors" in deleted
+    assert [record.getMessage() for record in caplog.records if record.name == "modeling.hub"] == [
+        f"Deleting from {repo_id} the files of its previous model that this push does not replace: "
+        + ", ".join(deleted)
+    ], "those, and none of those the push replaces"
     assert {path.name for path in stored.iterdir() if path.is_file()} == {
         path.name for path in model_dir.iterdir()
-    } | {"LICENSE", "USAGE.md", "bleu_by_length.png", "requirements.txt", "example.py"}
+    } | users_own
     assert (stored / "onnx" / "model.json").is_file()
     assert not (stored / "training_curves.png").exists(), "the previous model's curves, which the card manages"
     loaded = TransformerForConditionalGeneration.from_pretrained(stored)  # what `from_pretrained(repo_id)` reads
