@@ -170,6 +170,21 @@ def test_the_card_describes_the_decoding_its_generation_config_holds():
         "# generation_config.json holds its decoding: beam 6, GNMT length penalty 1.0, max length source + 50, at "
         "most 512 tokens in all."
     ) in card.text
+    for limits, said in (
+        ({"max_length_b": 200}, "max length 0 · source width + 200"),
+        ({"max_length_a": 2}, "max length 2 · source width + 0"),
+    ):
+        limited = {**PAPER_GENERATION_CONFIG, "max_length_offset": None, **limits}  # the other one unset
+        card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=limited)
+        assert f"holds its decoding: beam 4, GNMT length penalty 0.6, {said}." in card.text
+    greedy = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "num_beams"}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=greedy)
+    assert "holds its decoding: beam 1, GNMT length penalty 0.6," in card.text, "generate()'s default: greedy"
+    capped = {**PAPER_GENERATION_CONFIG, "max_new_tokens": 16}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=capped)
+    assert "holds its decoding: beam 4, GNMT length penalty 0.6, max length source + 50, at most 16 new tokens." in (
+        card.text
+    )
     plain = {**PAPER_GENERATION_CONFIG, "length_penalty_type": "transformers", "max_length_offset": None}
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=plain)
     assert "beam search with the GNMT length penalty" not in card.text
@@ -237,6 +252,7 @@ def test_card_without_measurements_says_so_and_invents_nothing():
     for sentence in ("Not measured", "Hyperparameters: not recorded", "Data statistics: not recorded"):
         assert sentence in card.text
     assert "Training curves: not recorded" in card.text
+    assert "tied embeddings and pre-softmax projection" in card.text, "without config.json: the paper's model"
 
 
 def test_training_curves_and_collected_inputs(card_dir, tmp_path):
@@ -246,6 +262,27 @@ def test_training_curves_and_collected_inputs(card_dir, tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="no train loss"):
         plot_training_curves([{"learning_rate": 1.0, "step": 1}], tmp_path / "empty.png")
+
+
+def test_the_curves_plot_each_logged_series_against_the_step_in_labelled_panels(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(
+        Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure) or savefig(figure, *args, **kwargs)
+    )
+    plot_training_curves(LOG_HISTORY, tmp_path / "curves.png")
+    (figure,) = drawn
+    panels = {
+        axes.get_title(): {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines}
+        for axes in figure.axes
+    }
+    assert panels == {
+        "Loss": {"train": ([10, 20], [5.1, 4.2]), "eval": ([20], [4.6])},
+        "BLEU": {"sacrebleu": ([20], [1.5])},
+    }
+    legends = [[text.get_text() for text in axes.get_legend().get_texts()] for axes in figure.axes]
+    assert legends == [["train", "eval"], ["sacrebleu"]], "each curve named in its panel"
 
 
 def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_path, eval_result):
@@ -336,10 +373,12 @@ def test_a_fine_tuned_models_card_names_its_base_model_as_training_recorded_it()
 
 
 def test_the_training_loss_is_the_whole_runs_after_a_resume():
-    # Updates 1-8 in a first launch, checkpoint-8; the resumed launch made 9-12 and logged its own train_loss.
+    # Updates 1-8 in a first launch (to its max_steps), checkpoint-8; the resumed launch made 9-12 and logged its own
+    # train_loss and runtime.
     resumed = [
         {"loss": 4.0, "epoch": 0.2, "step": 4},
         {"loss": 3.0, "epoch": 0.4, "step": 8},
+        {"train_runtime": 9.0, "train_loss": 3.5, "epoch": 0.4, "step": 8},
         {"loss": 2.0, "epoch": 0.6, "step": 12},
         {"train_runtime": 5.0, "train_loss": 2.0, "epoch": 0.6, "step": 12},
     ]
@@ -351,6 +390,17 @@ def test_the_training_loss_is_the_whole_runs_after_a_resume():
     }
     card = str(render_model_card(model_name="tiny", repo_id=REPO_ID, log_history=resumed))
     assert "- mean_train_loss: 3.0" in card and "train_loss: 2.0" not in card
+
+
+def test_an_evaluation_logged_between_training_losses_does_not_count_as_one():
+    """eval_steps that are not a multiple of logging_steps: an evaluation at update 6, between the losses of 4 and
+    8."""
+    log_history = [
+        {"loss": 4.0, "step": 4},
+        {"eval_loss": 3.5, "eval_sacrebleu": 1.0, "step": 6},
+        {"loss": 2.0, "step": 8},
+    ]
+    assert training_summary(log_history) == {"steps": 8, "mean_train_loss": 3.0}
 
 
 def test_the_parameter_count_is_the_loaded_models_even_beside_a_sharded_save_over_it(tmp_path):
@@ -423,18 +473,30 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
     "content, expected",
     [
         ({"num_sentences": None}, r"eval_results_test\.json has no 'num_sentences'"),
+        ({"target_lang": None}, r"eval_results_test\.json has no 'target_lang'"),
         ([1, 2], r"eval_results_test\.json holds a JSON list, not an object"),
         ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
     ],
 )
 def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval_result, content, expected):
     record = content if isinstance(content, list) else {**eval_result, **content}
-    if isinstance(content, dict) and content.get("num_sentences", 0) is None:
-        del record["num_sentences"]
+    if isinstance(content, dict):  # None: the field left out
+        record = {key: value for key, value in record.items() if value is not None}
     write_json(tmp_path / "eval_results_test.json", record)
     with pytest.raises(ValueError, match=expected) as error:
         collect_card_inputs([tmp_path])
     assert "\n" not in str(error.value)
+
+
+def test_an_evaluation_json_without_a_score_shows_it_as_not_measured(tmp_path, eval_result):
+    """A JSON from before chrF was scored: the scores it holds reach the card, the one it lacks is "not measured"."""
+    older = {key: value for key, value in eval_result.items() if not key.startswith("chrf")}
+    write_json(tmp_path / "eval_results_test.json", older)
+    results = collect_card_inputs([tmp_path])["eval_results"]
+    assert results == [older]
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=results)
+    assert "| chrF | not measured |  |" in card.text
+    assert "chrF" not in {result.metric_name for result in card.data.eval_results}
 
 
 def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result):
@@ -509,6 +571,8 @@ def test_a_result_naming_its_model_but_not_its_weights_is_refused_once_the_weigh
     )
     os.utime(tmp_path / "model" / "model.safetensors", (1_000_000, 1_000_000))  # written before the evaluation
     assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
+    os.utime(record, (1_000_000, 1_000_000))  # within the same tick of a coarse clock: not written after it
+    assert len(collect_card_inputs([tmp_path / "eval"], tmp_path / "model")["eval_results"]) == 1
     (tmp_path / "model" / "model.safetensors").write_bytes(b"averaged again")
     os.utime(record, (2_000_000, 2_000_000))  # evaluated before: its weights are now newer
     with pytest.raises(ValueError) as refused:
@@ -531,6 +595,13 @@ def test_a_broken_template_is_one_line_naming_it(tmp_path, template, expected):
     with pytest.raises(ValueError, match=expected) as error:
         render_model_card(tmp_path / "card.md", model_name="tiny", repo_id=REPO_ID)
     assert "\n" not in str(error.value)
+
+
+def test_a_template_path_that_is_not_a_file_is_named_as_such(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^Model card template .*absent\.md does not exist\.$"):
+        render_model_card(tmp_path / "absent.md", model_name="tiny", repo_id=REPO_ID)
+    with pytest.raises(IsADirectoryError, match=r"^Model card template .* is a directory: give the template file\.$"):
+        render_model_card(tmp_path, model_name="tiny", repo_id=REPO_ID)
 
 
 def test_training_records_of_another_run_are_refused(card_dir, tmp_path):
@@ -567,12 +638,19 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         card = model_card.write_model_card(model, repo_id=REPO_ID, card_from=[card_dir]).read_text()
         assert "- steps: 10\n" in card and "- steps: 20" not in card
         assert "- mean_train_loss: 5.1\n" in card and "last_launch_runtime_s" not in card
+        assert (
+            "![Training and evaluation curves](training_curves.png)" in card
+            and (model / "training_curves.png").is_file()
+        )
     assert (
         "the average of 2 checkpoints of the run (checkpoint averaging, the\npaper's Sec. 6.1): "
         in (average / "README.md").read_text()
     )
     assert "`checkpoint-5`, `checkpoint-10`" in (average / "README.md").read_text()
     assert "average of" not in (checkpoint / "README.md").read_text()
+    write_json(average / "checkpoint_averaging.json", {"checkpoints": []})  # edited by hand
+    with pytest.raises(ValueError, match=r"checkpoint_averaging\.json does not list the checkpoints averaged\.$"):
+        model_card.write_model_card(average, repo_id=REPO_ID, card_from=[card_dir])
     run = tmp_path / "run"  # the run's final model, with its records
     write_json(run / "config.json", tiny_config().to_dict())
     for record in ("trainer_state.json", "training_args.json", "data_stats.json"):
@@ -638,6 +716,9 @@ def test_the_card_says_the_model_was_trained_on_its_training_data_not_an_evaluat
     assert "trained on **multi30k**" in text and "trained on **wmt" not in text
     metadata = ModelCard(text).data
     assert metadata.datasets is None and {r.dataset_type for r in metadata.eval_results} == {"wmt/wmt14"}
+    assert metadata.model_name == "tiny-transformer" and "\n# tiny-transformer\n" in text, (
+        "the repo's name, not its owner's"
+    )
     # unrecorded training data: the card names none
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[wmt])
     assert "trained on" not in card.text.split("## Results")[0] and card.data.datasets is None
@@ -681,14 +762,16 @@ def test_a_fine_tuned_models_card_says_it_was_fine_tuned_and_that_its_length_is_
 
 def test_num_train_epochs_is_not_shown_where_max_steps_set_the_length():
     """The Trainer ignores num_train_epochs when max_steps > 0: a run of 52 epochs had "num_train_epochs | 3.0"."""
-    by_steps = render_model_card(
-        model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": 100000, "num_train_epochs": 3.0}
-    )
-    assert "| max_steps | 100000 |" in by_steps.text and "num_train_epochs" not in by_steps.text
-    by_epochs = render_model_card(
-        model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": -1, "num_train_epochs": 3.0}
-    )
-    assert "| num_train_epochs | 3.0 |" in by_epochs.text
+    for steps in (1, 100000):
+        by_steps = render_model_card(
+            model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": steps, "num_train_epochs": 3.0}
+        )
+        assert f"| max_steps | {steps} |" in by_steps.text and "num_train_epochs" not in by_steps.text
+    for unset in (-1, 0):  # the Trainer counts epochs unless max_steps > 0
+        by_epochs = render_model_card(
+            model_name="tiny", repo_id=REPO_ID, training_args={"max_steps": unset, "num_train_epochs": 3.0}
+        )
+        assert "| num_train_epochs | 3.0 |" in by_epochs.text
 
 
 def test_a_data_seed_is_shown_beside_the_seed_where_it_set_the_batch_order():
