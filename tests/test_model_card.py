@@ -473,6 +473,7 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
     "content, expected",
     [
         ({"num_sentences": None}, r"eval_results_test\.json has no 'num_sentences'"),
+        ({"source_lang": None}, r"eval_results_test\.json has no 'source_lang'"),
         ({"target_lang": None}, r"eval_results_test\.json has no 'target_lang'"),
         ([1, 2], r"eval_results_test\.json holds a JSON list, not an object"),
         ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
@@ -497,6 +498,18 @@ def test_an_evaluation_json_without_a_score_shows_it_as_not_measured(tmp_path, e
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=results)
     assert "| chrF | not measured |  |" in card.text
     assert "chrF" not in {result.metric_name for result in card.data.eval_results}
+
+
+def test_an_evaluation_json_cut_short_is_refused_naming_it(tmp_path, eval_result):
+    (tmp_path / "eval_results_test.json").write_text(json.dumps(eval_result)[:-10])
+    with pytest.raises(ValueError, match=r"eval_results_test\.json is not valid JSON: "):
+        collect_card_inputs([tmp_path])
+
+
+def test_nested_data_statistics_are_shown_by_their_dotted_names():
+    stats = {"language_pair": "en-de", "sentence_pairs": {"train": 200, "removed": {"too_long": 3}}}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, data_stats=stats)
+    assert "| sentence_pairs.train | 200 |" in card.text and "| sentence_pairs.removed.too_long | 3 |" in card.text
 
 
 def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result):
