@@ -160,7 +160,7 @@ def test_card_has_model_index_bleu_of_the_pushed_weights_only(tmp_path, monkeypa
     pushed = []
     monkeypatch.setattr(hub_module, "push_model_dir", lambda *args, **kwargs: pushed.append(args) or "url")
 
-    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+    with caplog.at_level(logging.WARNING, logger="modeling.hub"):
         url = push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, run, "the averaged model", private=None)
     assert pushed == [(model_dir, REPO_ID)] and url == "url"
     assert "| sentence_pairs.train | 40 |" in (model_dir / "README.md").read_text(), "the run's records, staged"
