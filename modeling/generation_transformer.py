@@ -511,12 +511,12 @@ class TransformerGenerationMixin(GenerationMixin):
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if kwargs.get("encoder_outputs") is not None or input_ids is None or input_ids.dim() != 2:
             return
-        attention_mask = kwargs.get("attention_mask")
         if 0 in input_ids.shape:  # else an error inside the length limit or attention, naming no input
             raise ValueError(
                 f"generate() got input_ids of shape {tuple(input_ids.shape)}: no source token to translate (an empty "
                 "batch, or sources of length 0)."
             )
+        attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None and attention_mask.dim() == 2:
             empty = attention_mask.eq(0).all(dim=-1)
             if empty.any():  # one synchronisation per call
