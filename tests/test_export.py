@@ -570,8 +570,12 @@ def test_ctranslate2_refuses_a_tokenizer_whose_ids_leave_a_gap(tmp_path):
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     gapped = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
-    with pytest.raises(ValueError, match=r"^cannot export to CTranslate2: the tokenizer's ids are not 0, 1, \.\.\."):
+    with pytest.raises(ValueError) as error:
         export.to_ctranslate2(tiny_model(8), gapped, tmp_path / "ct2")
+    assert (
+        str(error.value)
+        == "cannot export to CTranslate2: the tokenizer's ids are not 0, 1, ..., 5: no token has id 4."
+    )
     assert not any(tmp_path.iterdir())
 
 

@@ -60,8 +60,13 @@ def _ctranslate2_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int)
     tokens that no input contains."""
     vocab = tokenizer.get_vocab()
     tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
-    if sorted(vocab.values()) != list(range(len(tokens))):
-        raise ValueError("cannot export to CTranslate2: the tokenizer's ids are not 0, 1, ..., n - 1.")
+    unused = sorted(set(range(len(tokens))) - set(vocab.values()))  # a gap, or ids shared or out of range
+    if unused:
+        more = ", ..." if len(unused) > 10 else ""
+        raise ValueError(
+            f"cannot export to CTranslate2: the tokenizer's ids are not 0, 1, ..., {len(tokens) - 1}: no token has "
+            f"id {', '.join(map(str, unused[:10]))}{more}."
+        )
     if len(tokens) > vocab_size:
         refuse("vocab_size", vocab_size, "CTranslate2", f"the tokenizer has {len(tokens)} tokens, more than rows")
     return tokens + [f"<unused_{index}>" for index in range(len(tokens), vocab_size)]
