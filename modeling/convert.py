@@ -62,7 +62,9 @@ def _check_convertible_marian(config: MarianConfig, final_logits_bias: torch.Ten
     if not config.share_encoder_decoder_embeddings or not config.tie_word_embeddings:
         problems.append("its embeddings are not shared by encoder, decoder and output projection")
     if config.decoder_vocab_size not in (None, config.vocab_size):
-        problems.append(f"its decoder vocabulary ({config.decoder_vocab_size}) differs from ({config.vocab_size})")
+        problems.append(
+            f"its decoder_vocab_size ({config.decoder_vocab_size}) differs from its vocab_size ({config.vocab_size})"
+        )
     if config.encoder_layerdrop or config.decoder_layerdrop:
         problems.append("it uses LayerDrop")
     if torch.count_nonzero(final_logits_bias):

@@ -122,7 +122,7 @@ def test_to_marian_refuses_positions_marian_does_not_compute(override):
     [
         (
             {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 70},
-            "its decoder vocabulary (70) differs from (61)",
+            "its decoder_vocab_size (70) differs from its vocab_size (61)",
         ),
         ({"encoder_layerdrop": 0.1}, "it uses LayerDrop"),
         ({"decoder_layerdrop": 0.1}, "it uses LayerDrop"),
