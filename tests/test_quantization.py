@@ -1,5 +1,7 @@
 """Tests of modeling/quantization.py: the int8 model translates like the float one, and the float one is untouched."""
 
+import warnings
+
 import pytest
 import torch
 from helpers import batch, synthetic_pairs, tiny_tokenizer, tiny_translator
@@ -19,6 +21,14 @@ def test_every_linear_layer_is_int8_and_the_float_model_is_untouched():
     assert linear_layers and all(type(quantized_modules[name]) is not nn.Linear for name in linear_layers)
     assert all(torch.equal(weights[name], tensor) for name, tensor in model.state_dict().items())
     assert model.lm_head.weight is model.model.shared.weight, "the float model keeps its tied matrix"
+
+
+def test_quantising_prints_none_of_torchs_deprecation_notices():
+    model = tiny_translator(50, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantize_int8(model)
+    assert [str(warning.message)[:60] for warning in caught] == []
 
 
 def test_int8_logits_stay_close_to_float32_and_decoding_takes_the_static_cache(decoder_steps):
