@@ -16,9 +16,12 @@ from helpers import subprocess_env
 from modeling.cli import (
     GivingUpStream,
     add_decoding_arguments,
+    add_model_arguments,
     giving_up_broken_output,
     positive_int,
     reporting_on_stdout,
+    silence,
+    summary,
 )
 
 
@@ -41,6 +44,35 @@ def test_decoding_arguments_and_their_defaults(capsys):
     assert "argument --max-tokens: must be at least 1, got 0" in capsys.readouterr().err
 
 
+def test_model_arguments_require_a_model_and_take_a_revision(capsys):
+    # Without --model, argparse exits with one line naming it, before the script loads anything.
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    given = parser.parse_args(["--model", "org/transformer", "--revision", "v1.0"])
+    assert (given.model, given.revision) == ("org/transformer", "v1.0")
+    assert parser.parse_args(["--model", "checkpoints/best"]).revision is None  # main
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    assert "the following arguments are required: --model" in capsys.readouterr().err
+
+
+def test_every_shared_flag_is_described_in_the_help():
+    # `translate.py --help`: a flag without its line says nothing of what it does.
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    add_decoding_arguments(parser, chunk_lines_help="source lines translated and saved at a time")
+    helps = {action.dest: action.help for action in parser._actions if action.dest != "help"}
+    assert set(helps) == {"model", "revision", "max_tokens", "num_beams", "int8", "workers", "chunk_lines"}
+    assert all(helps.values()), helps
+    assert helps["chunk_lines"] == "source lines translated and saved at a time", "the script's own"
+
+
+def test_a_scripts_description_is_the_first_line_of_its_docstring_or_none():
+    assert summary("Translate lines with a model.\n\nMore about it.\n") == "Translate lines with a model."
+    assert summary("Translate lines with a model.") == "Translate lines with a model."
+    assert summary(None) is None  # python -OO: argparse then prints no description
+
+
 def test_the_scripts_logging_prints_a_huggingface_hub_warning_once():
     """huggingface_hub prints its records through a handler of its own and passed them on to the root logger's,
     which `logging.basicConfig` gives one: each of a download's retry warnings came twice. (A process of its own:
@@ -55,6 +87,19 @@ def test_the_scripts_logging_prints_a_huggingface_hub_warning_once():
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("retrying in 1s") == 1
     assert "WARNING: ours" in result.stderr
+
+
+def test_the_scripts_logging_prints_the_records_of_the_level_asked_for():
+    """train.py logs at INFO on its main process (the Trainer's progress), which the root logger's default level,
+    WARNING, would drop."""
+    code = (
+        "import logging; from modeling.cli import log_to_stderr; "
+        "log_to_stderr('%(levelname)s: %(message)s', logging.INFO); "
+        "logging.getLogger('modeling.x').info('step 1'); logging.getLogger('modeling.x').debug('details')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "INFO: step 1" in result.stderr and "details" not in result.stderr
 
 
 def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(caplog):
@@ -75,6 +120,48 @@ def test_a_stream_whose_reader_is_gone_is_given_up_and_its_descriptor_silenced(c
     assert caplog.messages == ["Not writing to standard output any more, the run goes on: [Errno 32] Broken pipe"], (
         "said once"
     )
+
+
+def test_silencing_a_stream_leaves_no_descriptor_open():
+    """/dev/null's own descriptor, once duplicated onto the stream's, is closed: not one left open per stream."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as raw:
+        free = os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor, which the next open takes
+        os.close(free)
+        silence(raw)
+        after = os.open(os.devnull, os.O_RDONLY)
+        os.close(after)
+    assert after == free
+
+
+def test_a_flush_goes_through_to_the_stream_and_one_that_fails_gives_it_up():
+    """A progress bar's line, ended with "\\r" rather than a newline, shows when the bar flushes it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)  # nothing there: BlockingIOError rather than a test that hangs
+    with open(write_end, "w") as raw:  # block-buffered: the writes wait for a flush
+        stream = GivingUpStream(raw, "standard error", warn=False)
+        assert stream.write("step 1/10\r") == len("step 1/10\r")
+        stream.flush()
+        assert os.read(read_end, 100) == b"step 1/10\r"
+        os.close(read_end)
+        stream.write("step 2/10\r")
+        assert stream.error is None, "buffered"
+        stream.flush()
+        assert stream.given_up and isinstance(stream.error, BrokenPipeError)
+
+
+def test_what_cannot_be_flushed_at_the_end_gives_the_stream_up():
+    """`--help | head -0`: the help, in the buffer, fails only when flushed at the end."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as raw:
+        stream = GivingUpStream(raw, "standard output", warn=False)
+        stream.write("usage: translate.py [-h] --model MODEL\n")
+        assert stream.error is None, "buffered"
+        stream.settle()
+        assert stream.given_up and isinstance(stream.error, BrokenPipeError)
+        assert os.write(write_end, b"direct") == len(b"direct"), "the descriptor writes into /dev/null"
 
 
 class TeeToAGoneLog:
@@ -197,18 +284,61 @@ class GoneReader(FullDisk):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
+class FailingInTurn(FullDisk):
+    """A standard output whose writes and flushes fail with these errors in turn (the last one from then on): a
+    file on a full disk, then `| tee` killed."""
+
+    def __init__(self, *codes: int):
+        self.codes = list(codes)
+
+    def write(self, text: str) -> int:
+        self.fail()
+
+    def flush(self) -> None:
+        self.fail()
+
+    def fail(self):
+        code = self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+        raise OSError(code, os.strerror(code))
+
+
+NO_SPACE = "error: cannot write to standard output: [Errno 28] No space left on device"
+
+
 @pytest.mark.parametrize(
     "stream, code",
-    [(FullDisk(), "error: cannot write to standard output: [Errno 28] No space left on device"), (GoneReader(), 1)],
+    [
+        (FullDisk(), NO_SPACE),
+        (GoneReader(), 1),
+        # The first failure is the one said: lines lost to the full disk, not the reader gone afterwards (in the
+        # print, or in the flush at the end after the print's two writes).
+        (FailingInTurn(errno.ENOSPC, errno.EPIPE), NO_SPACE),
+        (FailingInTurn(errno.ENOSPC, errno.ENOSPC, errno.EPIPE), NO_SPACE),
+    ],
 )
-def test_a_report_that_cannot_be_printed_leaves_the_work_to_finish_then_exits_in_one_line(stream, code, monkeypatch):
+def test_a_report_that_cannot_be_printed_leaves_the_work_to_finish_then_exits_in_one_line(
+    stream, code, monkeypatch, caplog
+):
     """A script's print raised, a traceback before the rest of its work (evaluate.py's metrics file, push_to_hub.py's
     push); a reader gone exits quietly, as Unix tools do."""
     monkeypatch.setattr(sys, "stdout", stream)
     done = []
-    with pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.WARNING, logger="modeling.cli"), pytest.raises(SystemExit) as exit_info:
         with reporting_on_stdout():
             print("Wrote the model card")
             done.append("pushed")
     assert done == ["pushed"] and exit_info.value.code == code
     assert sys.stdout is stream
+    assert caplog.messages == [], "said in the exit's line only"
+
+
+def test_a_report_with_standard_output_closed_leaves_the_work_to_finish(monkeypatch):
+    """pythonw, or a service started with its standard streams closed: sys.stdout and sys.stderr are None, and
+    print() writes nothing."""
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stderr", None)
+    done = []
+    with reporting_on_stdout():
+        print("Wrote the model card")
+        done.append("pushed")
+    assert done == ["pushed"] and (sys.stdout, sys.stderr) == (None, None)
