@@ -103,9 +103,9 @@ def _onednn_linear(
     return torch.ops.mkldnn._linear_pointwise.default(hidden_states, weight, bias, "none", [], "")
 
 
-def _records_gradient(*tensors: torch.Tensor) -> bool:
-    """Whether autograd would record an operation on `tensors`."""
-    return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+def _records_gradient(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record an operation on `tensors` (None for a layer's missing bias)."""
+    return torch.is_grad_enabled() and any(tensor is not None and tensor.requires_grad for tensor in tensors)
 
 
 # What a parameter or buffer is when nothing wraps it: a tensor subclass (torchao's quantised weights, DTensor)
@@ -205,7 +205,7 @@ def linear(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight, bias = _weight_and_bias(module)
     if not (is_plain_linear(module) and takes_onednn(hidden_states, weight)):
         return module(hidden_states)
-    if _records_gradient(hidden_states, weight):
+    if _records_gradient(hidden_states, weight, bias):  # the bias alone, as BitFit trains it, needs autograd too
         return OneDNNLinear.apply(hidden_states, weight, bias)
     prepacked = _PREPACKED_WEIGHTS.get()
     return _onednn_linear(hidden_states, prepacked.get(module, weight) if prepacked else weight, bias)
@@ -216,8 +216,10 @@ def linears(modules: tuple[nn.Module, ...], hidden_states: torch.Tensor) -> tupl
     (the same values bit for bit, one call where there were several: the queries, keys and values of a decoding
     step's self-attention). The outputs are then views into that product's."""
     if all(map(is_plain_linear, modules)):  # hooks and replaced layers are called as they are, as in `linear`
-        weights = [_weight_and_bias(module)[0] for module in modules]
-        if takes_onednn(hidden_states, weights[0]) and not _records_gradient(hidden_states, *weights):
+        parameters = [_weight_and_bias(module) for module in modules]
+        if takes_onednn(hidden_states, parameters[0][0]) and not _records_gradient(
+            hidden_states, *(tensor for weight_and_bias in parameters for tensor in weight_and_bias)
+        ):
             prepacked = _PREPACKED_WEIGHTS.get()
             fused = prepacked.get(modules) if prepacked else None
             if fused is not None:

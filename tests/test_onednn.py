@@ -2,11 +2,16 @@
 where oneDNN runs them and only there; weights prepacked for decoding (fused Q/K/V among them) change no output."""
 
 import contextlib
+import functools
+import importlib.util
+import platform
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import batch, labelled_batch, tiny_model
+from torch.nn.modules import module as torch_module
 
 from modeling import onednn_transformer
 from modeling.quantization import quantize_int8
@@ -302,12 +307,14 @@ def test_fused_layers_give_each_layer_s_output_bit_for_bit_in_one_product(monkey
     torch.manual_seed(0)
     group = tuple(torch.nn.Linear(16, width) for width in (16, 16, 8))
     unfusable = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 16, bias=False))  # one with a bias, one without
+    other_inputs = (torch.nn.Linear(16, 8), torch.nn.Linear(8, 8))  # inputs of two widths: no one product
     inputs = torch.randn(5, 1, 16)
     expected = [onednn_transformer.linear(layer, inputs) for layer in group]  # oneDNN, each on its plain weight
     layouts = weight_layouts_of_onednn_calls(monkeypatch)
-    with onednn_transformer.onednn_prepacked([*group, *unfusable], fused=[group, unfusable]):
+    layers = [*group, *unfusable, *other_inputs]
+    with onednn_transformer.onednn_prepacked(layers, fused=[group, unfusable, other_inputs]):
         prepacked = onednn_transformer._PREPACKED_WEIGHTS.get()
-        assert set(prepacked) == {group, *unfusable}  # the group's layers have no copies of their own
+        assert set(prepacked) == {group, *unfusable, *other_inputs}  # the group's layers have no copies of their own
         outputs = onednn_transformer.linears(group, inputs)
         assert layouts == [torch._mkldnn]  # one product
         assert [output.shape for output in outputs] == [(5, 1, 16), (5, 1, 16), (5, 1, 8)]
@@ -339,3 +346,240 @@ def test_a_layer_that_records_gradients_inside_the_block_uses_its_own_weight(mon
         onednn_transformer.linear(layer, inputs).square().sum().backward()
     assert layouts and set(layouts) == {torch.strided}
     assert torch.allclose(layer.weight.grad, expected, atol=1e-6)
+
+
+AMD_CPUINFO = (
+    b"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel name\t: AMD EPYC 7763 64-Core Processor\n"
+)
+INTEL_CPUINFO = b"processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel name\t: Intel(R) Xeon(R) CPU\n"
+
+
+def onednn_transformer_imported_on(monkeypatch, tmp_path, machine: str, cpuinfo: bytes | None, processor: str):
+    """A fresh copy of the module, imported as on a computer whose `platform.machine()` is `machine`, whose
+    /proc/cpuinfo holds `cpuinfo` (None: it has none, as Windows and macOS) and whose `platform.processor()` says
+    `processor`: its vendor and its choice of oneDNN are made once, at import."""
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(platform, "processor", lambda: processor)
+    if cpuinfo is not None:
+        (tmp_path / "cpuinfo").write_bytes(cpuinfo)
+
+    def open_cpuinfo(path, *args, **kwargs):  # the only file the module opens
+        assert path == "/proc/cpuinfo"
+        return open(tmp_path / "cpuinfo", *args, **kwargs)
+
+    spec = importlib.util.spec_from_file_location("onednn_transformer_elsewhere", onednn_transformer.__file__)
+    module = importlib.util.module_from_spec(spec)
+    module.open = open_cpuinfo  # found before the builtin
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("machine", "cpuinfo", "processor", "vendor", "takes"),
+    [
+        ("x86_64", AMD_CPUINFO, "x86_64", "AuthenticAMD", True),  # Linux: the vendor is read from /proc/cpuinfo
+        ("x86_64", INTEL_CPUINFO, "x86_64", "GenuineIntel", False),
+        (
+            "x86_64",
+            b"processor\t: 0\nmodel name\t: \xe5\x85\x86\xe8\x8a\xaf\nvendor_id\t:   Shanghai  \n",
+            "",
+            "Shanghai",
+            True,
+        ),
+        ("AMD64", None, "AMD64 Family 25 Model 1 Stepping 1, AuthenticAMD", "AuthenticAMD", True),  # Windows
+        ("AMD64", None, "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel", "GenuineIntel", False),
+        ("x86_64", None, "i386", None, False),  # macOS on Intel: no vendor told
+        ("aarch64", b"processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n", "aarch64", None, False),
+    ],
+    ids=["linux-amd", "linux-intel", "linux-zhaoxin-non-ascii", "windows-amd", "windows-intel", "macos", "linux-arm"],
+)
+def test_the_vendor_and_the_choice_of_onednn_on_each_system(
+    monkeypatch, tmp_path, machine, cpuinfo, processor, vendor, takes
+):
+    module = onednn_transformer_imported_on(monkeypatch, tmp_path, machine, cpuinfo, processor)
+    assert module._x86_vendor() == vendor
+    assert module._ONEDNN_KERNEL is (machine != "aarch64")  # what `onednn_linear` runs the tests on, x86 only
+    assert module.takes_onednn(torch.randn(3, 8), torch.randn(4, 8)) is takes
+
+
+def test_a_torch_without_onednn_s_linear_kernel_keeps_torch_s_own_on_any_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())  # a build without oneDNN
+    module = onednn_transformer_imported_on(monkeypatch, tmp_path, "x86_64", AMD_CPUINFO, "x86_64")
+    assert not module._ONEDNN_KERNEL and not module.takes_onednn(torch.randn(3, 8), torch.randn(4, 8))
+
+
+HOOKS = {
+    "forward": lambda layer, hook: layer.register_forward_hook(hook),
+    "forward pre": lambda layer, hook: layer.register_forward_pre_hook(hook),
+    "backward": lambda layer, hook: layer.register_full_backward_hook(hook),
+    "backward pre": lambda layer, hook: layer.register_full_backward_pre_hook(hook),
+    "global forward": lambda layer, hook: torch_module.register_module_forward_hook(hook),
+    "global forward pre": lambda layer, hook: torch_module.register_module_forward_pre_hook(hook),
+    "global backward": lambda layer, hook: torch_module.register_module_full_backward_hook(hook),
+    "global backward pre": lambda layer, hook: torch_module.register_module_full_backward_pre_hook(hook),
+}
+
+
+@needs_onednn_linear
+@pytest.mark.parametrize("kind", HOOKS)
+def test_a_hook_of_every_kind_runs_when_its_layer_is_trained(kind):
+    layer, seen = torch.nn.Linear(8, 4), []
+    handle = HOOKS[kind](layer, lambda *args: seen.append(kind))
+    try:
+        onednn_transformer.linear(layer, torch.randn(3, 8, requires_grad=True)).sum().backward()
+    finally:
+        handle.remove()
+    assert seen == [kind]
+
+
+@needs_onednn_linear
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_a_weight_or_bias_of_a_tensor_subclass_is_neither_multiplied_by_onednn_nor_prepacked(monkeypatch, name):
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    expected = layer(inputs)
+    setattr(layer, name, torch.nn.Parameter(getattr(layer, name).detach().as_subclass(MarkedTensor)))
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with onednn_transformer.onednn_prepacked([layer]):
+        assert onednn_transformer._PREPACKED_WEIGHTS.get() == {}
+        output = onednn_transformer.linear(layer, inputs)
+    assert layouts == [] and torch.allclose(output, expected, atol=1e-6)
+
+
+class RecordingTensor(torch.Tensor):
+    """A tensor subclass that sees every torch function called on it, as tracers' and quantisers' tensors do."""
+
+    functions: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.functions.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_an_input_or_weight_of_a_tensor_subclass_sees_torch_s_functions_not_onednn_s(monkeypatch):
+    monkeypatch.setattr(RecordingTensor, "functions", [])
+    layer, a, b = torch.nn.Linear(8, 4), torch.randn(3, 8), torch.randn(5, 8)
+
+    def functions_called(function) -> str:
+        RecordingTensor.functions.clear()
+        function()
+        return " ".join(map(str, RecordingTensor.functions))
+
+    assert "linear" in functions_called(lambda: onednn_transformer.linear(layer, a.as_subclass(RecordingTensor)))
+    for first, second in ((a.as_subclass(RecordingTensor), b), (a, b.as_subclass(RecordingTensor))):
+        called = functions_called(functools.partial(onednn_transformer.matmul_transposed, first, second))
+        assert "matmul" in called and "mkldnn" not in called
+
+
+@needs_onednn_linear
+@torch.no_grad()
+def test_a_layer_left_on_the_meta_device_gets_torch_s_error_and_no_prepacked_copy():
+    """oneDNN multiplied CPU inputs by meta weights without a word, into a CPU tensor of no defined values."""
+    layer = torch.nn.Linear(8, 4, device="meta")
+    with pytest.raises(RuntimeError, match="meta is not on the expected device cpu"):
+        onednn_transformer.linear(layer, torch.randn(3, 8))
+    with onednn_transformer.onednn_prepacked([layer]):
+        assert onednn_transformer._PREPACKED_WEIGHTS.get() == {}
+
+
+@needs_onednn_linear
+@pytest.mark.parametrize(
+    "case", ["no bias", "frozen weight", "frozen bias", "inputs without gradients", "the bias alone trained"]
+)
+def test_gradients_of_a_layer_without_bias_or_with_frozen_parts_are_torch_s(monkeypatch, case):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 4, bias=case != "no bias")
+    if case.startswith("frozen"):
+        getattr(layer, case.split()[1]).requires_grad_(False)
+    if case == "the bias alone trained":  # BitFit, on inputs that need no gradient: its bias had none
+        layer.weight.requires_grad_(False)
+    inputs = torch.randn(2, 3, 8, requires_grad=case not in ("inputs without gradients", "the bias alone trained"))
+
+    def gradients(linear) -> list[torch.Tensor | None]:
+        inputs.grad = None
+        layer.zero_grad(set_to_none=True)
+        linear(layer, inputs).square().sum().backward()
+        return [inputs.grad, *(parameter.grad for parameter in layer.parameters())]
+
+    expected = gradients(lambda layer, inputs: layer(inputs))
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    ours = gradients(onednn_transformer.linear)
+    assert layouts  # by oneDNN
+    assert [grad is None for grad in ours] == [grad is None for grad in expected]
+    for grad, reference in zip(ours, expected, strict=True):
+        assert grad is None or torch.allclose(grad, reference, atol=1e-5)
+
+
+@needs_onednn_linear
+def test_fused_layers_inside_the_block_go_as_linear_would_where_it_leaves_onednn_s_product(monkeypatch):
+    """With gradients, each layer on its own weight (the copies are detached); shapes that cannot be multiplied get
+    torch's error naming them."""
+    torch.manual_seed(0)
+    group, inputs = (torch.nn.Linear(16, 8), torch.nn.Linear(16, 24)), torch.randn(3, 16)
+    sum(layer(inputs).square().sum() for layer in group).backward()
+    expected = [layer.weight.grad for layer in group]
+    for layer in group:
+        layer.weight.grad = None
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with onednn_transformer.onednn_prepacked(group, fused=[group]):
+        with torch.no_grad():
+            outputs = onednn_transformer.linears(group, inputs)
+        assert layouts == [torch._mkldnn]  # one product, though the first layer's output is narrower than its input
+        assert all(torch.allclose(out, layer(inputs), atol=1e-5) for out, layer in zip(outputs, group, strict=True))
+        layouts.clear()
+        sum(output.square().sum() for output in onednn_transformer.linears(group, inputs)).backward()
+        assert set(layouts) == {torch.strided}
+        for layer, reference in zip(group, expected, strict=True):
+            assert torch.allclose(layer.weight.grad, reference, atol=1e-5)
+        for layer in group:  # the biases alone trained (BitFit): they had no gradients
+            layer.weight.requires_grad_(False)
+            layer.bias.grad = None
+        sum(output.sum() for output in onednn_transformer.linears(group, inputs)).backward()
+        assert all(torch.equal(layer.bias.grad, torch.full((layer.out_features,), 3.0)) for layer in group)
+        with (
+            torch.no_grad(),
+            pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x48 and 16x8\)"),
+        ):
+            onednn_transformer.linears(group, torch.randn(3, 48))
+
+
+@needs_onednn_linear
+def test_a_block_inside_another_keeps_the_outer_block_s_copies():
+    layer = torch.nn.Linear(8, 4)
+    with onednn_transformer.onednn_prepacked([layer]):
+        outer = onednn_transformer._PREPACKED_WEIGHTS.get()
+        with onednn_transformer.onednn_prepacked([layer, torch.nn.Linear(8, 4)]):
+            assert onednn_transformer._PREPACKED_WEIGHTS.get() is outer  # no second copy of the weights
+        assert onednn_transformer._PREPACKED_WEIGHTS.get() is outer
+
+
+@needs_onednn_linear
+def test_torch_compile_traces_torch_s_linear_not_onednn_s():
+    """The compiler's backend chooses the kernels (inductor's CPU backend may take oneDNN's itself)."""
+    layer, graphs = torch.nn.Linear(8, 4), []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(lambda x: onednn_transformer.linear(layer, x), backend=recording_backend, fullgraph=True)
+    with torch.no_grad():
+        compiled(torch.randn(3, 8))
+    targets = " ".join(str(node.target) for graph in graphs for node in graph.graph.nodes)
+    assert "linear" in targets and "mkldnn" not in targets
+
+
+@needs_onednn_linear
+def test_products_that_record_no_gradient_take_onednn_and_the_copies_with_grad_mode_on(monkeypatch):
+    """Grad mode is on by default: a frozen model called without `torch.no_grad()` records nothing either."""
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(8, 4).requires_grad_(False), torch.randn(3, 8)
+    assert onednn_linear_calls(lambda: onednn_transformer.matmul_transposed(inputs, layer.weight)) == 1
+    layouts = weight_layouts_of_onednn_calls(monkeypatch)
+    with onednn_transformer.onednn_prepacked([layer]):
+        output = onednn_transformer.linear(layer, inputs)
+    assert layouts == [torch._mkldnn] and torch.allclose(output, layer(inputs), atol=1e-5)
