@@ -577,7 +577,7 @@ def test_torch_compile_traces_torch_s_linear_not_onednn_s():
 def test_products_that_record_no_gradient_take_onednn_and_the_copies_with_grad_mode_on(monkeypatch):
     """Grad mode is on by default: a frozen model called without `torch.no_grad()` records nothing either."""
     torch.manual_seed(0)
-    layer, inputs = torch.nn.Linear(8, 4).requires_grad_(False), torch.randn(3, 8)
+    layer, inputs = torch.nn.Linear(8, 4, bias=False).requires_grad_(False), torch.randn(3, 8)  # as lm_head
     assert onednn_linear_calls(lambda: onednn_transformer.matmul_transposed(inputs, layer.weight)) == 1
     layouts = weight_layouts_of_onednn_calls(monkeypatch)
     with onednn_transformer.onednn_prepacked([layer]):
