@@ -160,7 +160,6 @@ class OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(hidden_states, weight)
-        ctx.has_bias = bias is not None
         return _onednn_linear(hidden_states, weight, bias)  # (..., D_out)
 
     @staticmethod
@@ -178,7 +177,7 @@ class OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             rows = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, D_in)
             grad_weight = product(grad_rows.T, rows.T)  # grad^T @ x: (D_out, D_in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # False where there is no bias
             grad_bias = grad_rows.sum(dim=0)  # (D_out,)
         return grad_hidden_states, grad_weight, grad_bias
 
