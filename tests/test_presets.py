@@ -133,6 +133,18 @@ def test_the_model_config_takes_the_vocabulary_and_overrides_over_the_presets_si
     assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.encoder_layers) == (4, 1024, 6), "kept"
 
 
+@pytest.mark.parametrize(("limit", "averaged"), [(6, 5), (5, 4), (2, 1)])
+def test_a_best_checkpoint_kept_in_the_limit_leaves_the_newest_others_to_be_averaged(limit, averaged, tmp_path):
+    """With a metric_for_best_model, rotation keeps the best checkpoint in one of save_total_limit's places and the
+    newest in the others: a limit that leaves fewer than the preset's 5 makes the preset average those, in arguments
+    that are not refused."""
+    given = {"save_total_limit": limit, "metric_for_best_model": "eval_sample_bleu"}
+    defaults = get_preset("tiny").training_defaults(**given)
+    assert defaults["average_last_checkpoints"] == averaged
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, **{**defaults, **given})
+    assert (args.save_total_limit, args.average_last_checkpoints) == (limit, averaged)
+
+
 def test_a_preset_cannot_be_changed_in_place():
     """The presets are shared by every run in the process: one run's change must not reach the next."""
     with pytest.raises(dataclasses.FrozenInstanceError):
