@@ -39,10 +39,13 @@ from modeling import translation
 from modeling.export import export
 from modeling.files import DiskFullError, UnwritableError
 from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
+from modeling.quantization import quantize_int8
 from modeling.translation import (
     TranslationInProgressError,
     generate_batches,
     load_model_and_tokenizer,
+    model_files,
+    model_fingerprint,
     partial_translation_path,
     tokenizer_fingerprint,
     translate,
@@ -83,6 +86,25 @@ def test_translate_gives_an_oversized_sentence_a_batch_of_its_own(tokenizer):
     model = EchoModel()
     assert translate(model, tokenizer, ["a cat.", long_sentence], max_tokens=8) == ["a cat.", long_sentence]
     assert [call["input_ids"].shape[0] for call in model.calls] == [1, 1]
+
+
+def test_sentences_are_sorted_by_length_so_a_batch_pads_none_to_a_longer_one(tokenizer):
+    # In the input's order, short and long lines alternating, every batch padded its short lines to the long ones.
+    short, long = "a cat.", "the small dog sees a red ball today."
+    width = len(tokenizer(long)["input_ids"])
+    sentences = [short, long] * 4
+    model = EchoModel()
+    assert translate(model, tokenizer, sentences, max_tokens=4 * width, num_beams=1) == sentences
+    assert [call["input_ids"].shape[0] for call in model.calls] == [4, 4], "the four long lines, then the four short"
+    assert all(call["attention_mask"].all() for call in model.calls), "no batch holds padding"
+
+
+def test_a_progress_bar_counts_the_sentences_only_when_asked_for(tokenizer, capsys):
+    sentences = ["a cat.", "", "the dog."]
+    translate(EchoModel(), tokenizer, sentences)
+    assert capsys.readouterr().err == "", "a library call is quiet"
+    translate(EchoModel(), tokenizer, sentences, progress=True)
+    assert "2/2" in capsys.readouterr().err, "the lines translated, empty ones aside"
 
 
 def test_translate_of_only_empty_lines_does_not_call_the_model(tokenizer):
@@ -207,6 +229,23 @@ def test_two_workers_decode_two_batches_at_once_and_keep_the_order(tokenizer, tw
     assert len(model.calls) > 4 and model.most_at_once == 2
     assert model.threads == {1}, "the two workers share torch's two threads"
     assert torch.get_num_threads() == 2, "and give them back"
+
+
+@pytest.mark.parametrize("to_stdout", [True, False], ids=["to stdout", "to a file"])
+def test_a_file_is_translated_with_the_workers_asked_for(
+    tokenizer, two_torch_threads, tmp_path, capsys, monkeypatch, to_stdout
+):
+    monkeypatch.setattr(translation, "model_fingerprint", lambda model: "an echo")  # an echo holds no weights
+    sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
+    source, destination = tmp_path / "news.en", tmp_path / "news.de"
+    source.write_text("".join(sentence + "\n" for sentence in sentences))
+    model = SideBySideEchoModel()
+
+    translate_file(model, tokenizer, source, None if to_stdout else destination, max_tokens=40, workers=2)
+
+    written = capsys.readouterr().out if to_stdout else destination.read_text()
+    assert written.split("\n")[:-1] == [s.strip() for s in sentences]
+    assert model.most_at_once == 2, "two batches decoded at once"
 
 
 class WaitingEchoModel(EchoModel):
@@ -792,8 +831,9 @@ def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translat
     assert sizes == [3, 3] and destination.read_text().split("\n")[:-1] == expected
 
 
+@pytest.mark.parametrize("in_first_line", [True, False], ids=["in the first line", "in the last line"])
 def test_a_partial_translation_holding_a_line_break_inside_a_line_is_not_continued(
-    file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
+    file_to_translate, tokenizer, tmp_path, monkeypatch, caplog, in_first_line
 ):
     """Written before `translate` made "\r", U+2028, ... spaces: resumed, the file mixed lines holding them (which
     `sacrebleu REF < hypotheses` splits) with lines without, the record vouching for the same bytes."""
@@ -801,7 +841,13 @@ def test_a_partial_translation_holding_a_line_break_inside_a_line_is_not_continu
     destination = tmp_path / "news.de"
     partial = killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
     written = partial.read_text(encoding="utf-8")
-    as_left_before = written.replace(" ", "\r", 1)  # as the earlier rule left one: the same bytes
+    # as the earlier rule left one: the same bytes
+    if in_first_line:
+        as_left_before = written.replace(" ", "\r", 1)
+    else:
+        before, _, after = written.rpartition(" ")
+        assert before.count("\n") == written.count("\n") - 1, "the last space is in the last line"
+        as_left_before = f"{before}\r{after}"
     assert as_left_before != written
     partial.write_bytes(as_left_before.encode())
 
@@ -832,7 +878,9 @@ def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp
     assert destination.read_text().split("\n")[:-1] == expected
 
 
-@pytest.mark.parametrize("change", ["source", "model", "decoding", "cut record", "record without its hash"])
+@pytest.mark.parametrize(
+    "change", ["source", "model", "decoding", "cut record", "record without its hash", "cut partial"]
+)
 def test_a_partial_translation_of_another_text_model_or_decoding_is_never_continued(
     change, file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
 ):
@@ -856,6 +904,9 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
         now = translate(model, tokenizer, lines, **settings)
     elif change == "cut record":
         (tmp_path / f".{destination.name}.partial.json").write_text("{cut sh")
+    elif change == "cut partial":  # a copy of the partial file cut short: the record vouches for more than it holds
+        partial = partial_translation_path(destination)
+        partial.write_bytes(partial.read_bytes()[:-3])
     else:
         record = tmp_path / f".{destination.name}.partial.json"
         fields = json.loads(record.read_text())
@@ -867,6 +918,7 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     assert sum(sizes) == len(lines), "started over"
     assert destination.read_text().split("\n")[:-1] == now
     expected_reason = {"source": "another text", "model": "another model", "decoding": "another decoding"}
+    expected_reason["cut partial"] = "shorter than its record says"
     assert expected_reason.get(change, "unreadable") in caplog.text
 
 
@@ -981,3 +1033,25 @@ def test_an_empty_file_translates_into_an_empty_file(tokenizer, tmp_path):
     assert translate_file(model, tokenizer, tmp_path / "empty.en", tmp_path / "empty.de") == 0
     assert (tmp_path / "empty.de").read_text() == ""
     assert sorted(path.name for path in tmp_path.iterdir()) == ["empty.de", "empty.en"]
+
+
+def test_an_int8_model_translates_into_a_file_known_from_its_float_original(file_to_translate, tokenizer, tmp_path):
+    # Its state dict holds packed int8 weights as tuples and dtypes, not tensors: the fingerprint leaves them out.
+    source, lines, model, _ = file_to_translate
+    int8 = quantize_int8(model)
+    assert model_fingerprint(int8) == model_fingerprint(quantize_int8(model)) != model_fingerprint(model)
+    destination = tmp_path / "news.de"
+    assert translate_file(int8, tokenizer, source, destination, **SETTINGS) == len(lines)
+    # one chunk, so the same batches: int8 activations are scaled by each batch's range, so batching changes them
+    assert destination.read_text().split("\n")[:-1] == translate(int8, tokenizer, lines, **SETTINGS)
+
+
+def test_a_model_directorys_own_files_are_named_and_a_translation_beside_them_is_not(tmp_path):
+    own = ["README.md", "config.json", "model.safetensors", "modeling_custom.py", "pytorch_model.bin"]
+    own += ["source.spm", "spm.model"]  # sentencepiece models of a converted tokenizer
+    for name in [*own, "test.de", "notes.txt"]:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "runs").mkdir()
+    assert model_files(tmp_path) == {f"the model's {name}": tmp_path / name for name in own}
+    assert model_files(str(tmp_path)) == model_files(tmp_path)
+    assert partial_translation_path(str(tmp_path / "news.de")) == tmp_path / ".news.de.partial"
