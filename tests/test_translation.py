@@ -825,6 +825,8 @@ def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translat
     with pytest.raises(Interrupt):
         translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
     with open(partial_translation_path(destination), "a", encoding="utf-8") as handle:
+        # written by the earlier rule, which kept line breaks: cut off unread, it cannot make the rest start over
+        handle.write("a\n" + "line\rbreak " * 10 + "\n")
         handle.write("a chunk the record does not know, longer than what is left to translate " * 100 + "\n")
     sizes = counting_translate(monkeypatch)
     translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
