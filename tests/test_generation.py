@@ -23,10 +23,15 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from modeling import TransformerForConditionalGeneration
 from modeling.generation_transformer import (
+    EndOfSentenceBlockedLogitsProcessor,
     PerSentenceMaxLengthLogitsProcessor,
     set_fairseq_decoding,
 )
@@ -269,6 +274,14 @@ def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
         tiny_model().generate(**inputs, max_length_offset=offset)
 
 
+def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    lengths = inputs["attention_mask"].sum(dim=-1)
+    for num_beams in (1, 2):  # min_new_tokens beyond the limit: every sentence runs to it, end-of-sentence forced
+        out = tiny_model().generate(**inputs, max_length_offset=1, min_new_tokens=40, num_beams=num_beams)
+        assert [row[1:].index(EOS) + 1 for row in out.tolist()] == (lengths + 1).tolist()
+
+
 def test_embeddings_or_encoder_states_as_the_source_keep_the_per_sentence_limit():
     """Without ids or a mask, every position of the embeddings (or encoder states) is a source token: source +
     offset, not transformers' default of 20 tokens."""
@@ -359,6 +372,9 @@ def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_n
     handle = model.model.decoder.register_forward_hook(lambda module, args, output: None)
     assert model.generate(**inputs, max_length_offset=4).tolist() == expected.tolist()
     handle.remove()
+    handle = model.model.decoder.register_forward_pre_hook(lambda module, args: None)
+    assert model.generate(**inputs, max_length_offset=4).tolist() == expected.tolist()
+    handle.remove()
     model.train()  # dropout 0: the same outputs, but a training-mode forward is never bypassed
     assert model.generate(**inputs, max_length_offset=4).tolist() == expected.tolist()
     model.eval()
@@ -380,6 +396,19 @@ def test_a_processor_holding_a_value_per_row_takes_transformers_loop(decoder_ste
     settings = {"num_beams": 4, "max_length_offset": 8}
     library = model.generate(**inputs, **settings, logits_processor=penalty(), return_dict_in_generate=True)
     assert model.generate(**inputs, **settings, logits_processor=penalty()).tolist() == library.sequences.tolist()
+    assert not decoder_steps
+
+
+def test_beam_sampling_takes_transformers_loop(decoder_steps):
+    # The loop dropping finished sentences keeps the best candidates; beam sampling draws them, as transformers' loop
+    # does (no top-k warper here, whose processor would send it to that loop anyway).
+    model, inputs = tiny_model(50), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    settings = {"num_beams": 3, "do_sample": True, "top_k": 0, "max_length_offset": 8}
+    torch.manual_seed(0)
+    sampled = model.generate(**inputs, **settings)
+    torch.manual_seed(0)
+    library = model.generate(**inputs, **settings, return_dict_in_generate=True)
+    assert sampled.tolist() == library.sequences.tolist()
     assert not decoder_steps
 
 
@@ -542,6 +571,30 @@ def test_forced_end_of_sentence_keeps_or_zeroes_its_score():
         assert out[:2, EOS].tolist() == (scores[:2, EOS].tolist() if keep else [0.0, 0.0])
         assert torch.isinf(out[:2].index_fill(1, torch.tensor([EOS]), 0)).sum() == 2 * 9
         assert processor.for_sentences(torch.tensor([1])).keep_eos_score is keep
+    unasked = PerSentenceMaxLengthLogitsProcessor(torch.tensor([5, 6]), EOS)  # transformers' forced EOS: 0
+    assert unasked(input_ids, scores.clone())[:2, EOS].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["min_length", "min_new_tokens"])
+def test_the_loop_blocks_end_of_sentence_below_the_minimum_length_in_place(kind):
+    # transformers' min-length processors copy the (rows, V) scores twice every step; the loop dropping finished
+    # sentences calls one of its own in their place, which sets end-of-sentence's scores to the same values in place.
+    eos = torch.tensor([EOS, 5])  # several end-of-sentence ids, each blocked
+    if kind == "min_length":
+        library = MinLengthLogitsProcessor(6, eos)
+    else:
+        library = MinNewTokensLengthLogitsProcessor(2, 4, eos)  # a prompt of 2, then 4 new tokens: 6
+    replaced = EndOfSentenceBlockedLogitsProcessor.replacing(library)
+    assert isinstance(replaced, EndOfSentenceBlockedLogitsProcessor)
+    scores = torch.log_softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(0)), dim=-1)
+    for length in (5, 6):  # blocked below 6 tokens, free from there
+        input_ids = torch.zeros((3, length), dtype=torch.long)
+        expected = library(input_ids, scores.clone())
+        given = scores.clone()
+        assert replaced(input_ids, given) is given
+        assert torch.equal(given, expected), length
+    other = RepetitionPenaltyLogitsProcessor(1.3)
+    assert EndOfSentenceBlockedLogitsProcessor.replacing(other) is other
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
