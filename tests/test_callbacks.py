@@ -23,6 +23,7 @@ from modeling.callbacks import (
     SaveEveryMinutesCallback,
     StopAfterMinutesCallback,
     any_rank,
+    leave_process_group,
     lowest_and_highest_over_ranks,
     max_over_ranks,
 )
@@ -35,6 +36,9 @@ def test_sampler_epoch_follows_completed_updates_when_resuming():
     args, state = SimpleNamespace(gradient_accumulation_steps=2), SimpleNamespace(global_step=7)
     callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=list(sampler))
     assert (len(sampler), sampler.epoch) == (4, 3)
+    args.gradient_accumulation_steps = 4  # one update per epoch: the 7 completed updates are 7 epochs
+    callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=list(sampler))
+    assert sampler.epoch == 7
 
 
 @pytest.fixture
@@ -50,6 +54,7 @@ CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
 
 def test_checkpoints_every_n_minutes(clock):
     callback = SaveEveryMinutesCallback(minutes=10)
+    clock[0] += 30 * 60  # loading the data: the clock starts with training
     callback.on_train_begin(CPU_ARGS, None, None)
     control = TrainerControl()
     clock[0] += 9 * 60
@@ -67,6 +72,7 @@ def test_checkpoints_every_n_minutes(clock):
 
 def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     callback = StopAfterMinutesCallback(minutes=90)
+    clock[0] += 100 * 60  # loading the data, or a first train(): the budget starts with training, anew
     callback.on_train_begin(CPU_ARGS, None, None)
     control = TrainerControl()
     clock[0] += 89 * 60
@@ -87,6 +93,12 @@ def test_minutes_must_be_positive(callback_class):
 def test_collectives_in_a_single_process_return_its_own_values():
     cpu = torch.device("cpu")
     assert (max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu), any_rank(True, cpu)) == (5, (5, 5), True)
+
+
+def test_leaving_the_process_group_without_one_does_nothing():
+    """scripts/train.py leaves it at the end of every run, one-process runs included, which have none."""
+    leave_process_group()
+    assert not torch.distributed.is_initialized()
 
 
 def test_two_processes_decide_together(tmp_path):
@@ -202,6 +214,18 @@ def test_a_sigint_or_sigterm_after_a_sighup_asks_to_stop_and_only_a_later_one_st
             signal.raise_signal(signal.SIGINT)  # an impatient user's second
 
 
+def test_a_preemption_at_the_end_of_an_epoch_neither_saves_again_nor_evaluates():
+    """The update that ended the epoch saved the checkpoint already; the epoch's evaluation would delay the stop past
+    the grace period before a kill."""
+    callback = PreemptionCallback(signals=())
+    callback.requested = signal.SIGUSR1
+    control = TrainerControl()
+    callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=6), control)
+    control.should_save = control.should_evaluate = True  # what save and eval_strategy="epoch" ask at its end
+    callback.on_epoch_end(CPU_ARGS, None, control)
+    assert not (control.should_save or control.should_evaluate)
+
+
 def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_path):
     """The run is over at exit: a signal's default action there would replace the exit code the run chose."""
     script = tmp_path / "exit.py"
@@ -248,6 +272,18 @@ def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
         assert signal.getsignal(signal.SIGUSR1) == callback._handle, "the inner block leaves them installed"
         signal.raise_signal(signal.SIGUSR1)
         assert callback.requested == signal.SIGUSR1 and callback.agreed(torch.device("cpu"))
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_installing_twice_restores_the_handlers_from_before_the_first():
+    """A second `install()` must not take the callback's own handler for the one to restore."""
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert callback.install() and callback.install()
+        assert signal.getsignal(signal.SIGUSR1) == callback._handle
+    finally:
+        callback.restore()
     assert signal.getsignal(signal.SIGUSR1) is previous
 
 
@@ -430,3 +466,27 @@ def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["requested: SIGTERM", "the next block stops at once too"]
+
+
+def test_a_process_forked_outside_the_data_preparation_starts_quietly(tmp_path):
+    """The fork hooks run at every fork of the process (DataLoader's workers, a tokenizer's pool), not only within
+    `stopping_at_once`: there they have nothing to do, and must not fail in parent and child alike."""
+    script = tmp_path / "quiet.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            import modeling.callbacks
+
+            worker = os.fork()
+            if worker == 0:
+                os._exit(0)
+            _, status = os.waitpid(worker, 0)
+            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "0", "")
