@@ -769,6 +769,12 @@ def test_the_signals_kept_at_launch_are_handed_to_the_preemption_callback_and_th
                 pass
     assert signal.getsignal(signal.SIGUSR1) is previous, "the handler from before the launch is back, not the keeper"
 
+    quiet = script.SignalsAtLaunch((signal.SIGUSR1,))  # the ordinary launch: no signal while the libraries loaded
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        assert callback.requested is None, "nothing to stop for"
+    assert signal.getsignal(signal.SIGUSR1) is previous and quiet.received is None
+
     unused = script.SignalsAtLaunch((signal.SIGUSR1,))  # a launch that failed before training: nothing took over
     unused.release()
     assert signal.getsignal(signal.SIGUSR1) is previous
