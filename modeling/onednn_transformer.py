@@ -215,10 +215,8 @@ def linears(modules: tuple[nn.Module, ...], hidden_states: torch.Tensor) -> tupl
     (the same values bit for bit, one call where there were several: the queries, keys and values of a decoding
     step's self-attention). The outputs are then views into that product's."""
     if all(map(is_plain_linear, modules)):  # hooks and replaced layers are called as they are, as in `linear`
-        parameters = [_weight_and_bias(module) for module in modules]
-        if takes_onednn(hidden_states, parameters[0][0]) and not _records_gradient(
-            hidden_states, *(tensor for weight_and_bias in parameters for tensor in weight_and_bias)
-        ):
+        parameters = [tensor for module in modules for tensor in _weight_and_bias(module)]  # weight, bias, ...
+        if takes_onednn(hidden_states, parameters[0]) and not _records_gradient(hidden_states, *parameters):
             prepacked = _PREPACKED_WEIGHTS.get()
             fused = prepacked.get(modules) if prepacked else None
             if fused is not None:
