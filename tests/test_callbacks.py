@@ -1,11 +1,14 @@
 """Tests of modeling/callbacks.py: checkpoints every N minutes, a wall-clock budget, the sampler's epoch when
-resuming, stopping on a signal."""
+resuming, stopping on a signal, TensorBoard given up when its disk is full."""
 
+import errno
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -14,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import subprocess_env
-from transformers import TrainerControl
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from modeling.batching import TokenBudgetBatchSampler
 from modeling.callbacks import (
@@ -22,6 +26,7 @@ from modeling.callbacks import (
     SamplerEpochCallback,
     SaveEveryMinutesCallback,
     StopAfterMinutesCallback,
+    TensorBoardGivenUpCallback,
     any_rank,
     leave_process_group,
     lowest_and_highest_over_ranks,
@@ -490,3 +495,44 @@ def test_a_process_forked_outside_the_data_preparation_starts_quietly(tmp_path):
         [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "0", "")
+
+
+def tensorboard_run(tmp_path, monkeypatch) -> tuple[TensorBoardGivenUpCallback, TrainingArguments, TrainerState]:
+    """The callback at the start of training, writing into tmp_path/tensorboard (TENSORBOARD_LOGGING_DIR)."""
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tensorboard"))
+    callback, args, state = TensorBoardGivenUpCallback(), TrainingArguments(tmp_path / "run"), TrainerState()
+    callback.on_train_begin(args, state, TrainerControl())
+    return callback, args, state
+
+
+def test_tensorboard_is_closed_at_the_end_of_training_with_every_logged_value_in_its_file(tmp_path, monkeypatch):
+    threads = set(threading.enumerate())
+    callback, args, state = tensorboard_run(tmp_path, monkeypatch)
+    for state.global_step, loss in ((1, 4.0), (2, 3.5)):
+        callback.on_log(args, state, TrainerControl(), logs={"loss": loss})
+    assert set(threading.enumerate()) - threads, "the writer's thread writes the event file while training"
+    callback.on_train_end(args, state, TrainerControl())
+    assert callback.tb_writer is None and not callback.given_up
+    assert set(threading.enumerate()) - threads == set(), "and ends with it"
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert [(scalar.step, scalar.value) for scalar in events.Scalars("train/loss")] == [(1, 4.0), (2, 3.5)]
+
+
+def test_tensorboard_whose_last_write_the_disk_refuses_at_the_end_of_training_is_given_up_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    """The close at the end flushes what is still queued: a full disk there ended a finished run with a traceback."""
+    callback, args, state = tensorboard_run(tmp_path, monkeypatch)
+    writer = callback.tb_writer
+    close = writer.close
+
+    def close_on_a_full_disk():
+        close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "close", close_on_a_full_disk)
+    with caplog.at_level(logging.WARNING, logger="modeling.callbacks"):
+        callback.on_train_end(args, state, TrainerControl())
+    assert callback.given_up and callback.tb_writer is None
+    assert f"Not logging to TensorBoard any more: cannot write into {tmp_path / 'tensorboard'} (" in caplog.text
+    assert "No space left on device" in caplog.text
