@@ -2,6 +2,8 @@
 sentence) and the beam-search loop that drops finished sentences, against transformers' own loop."""
 
 import json
+import logging
+import warnings
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
 )
+from transformers.utils import logging as transformers_logging
 
 from modeling import TransformerForConditionalGeneration
 from modeling.generation_transformer import (
@@ -672,3 +675,32 @@ def test_a_plain_seq2seq_trainer_evaluation_leaves_the_length_limit_of_later_tra
     assert "max_length" not in saved and "top_k" not in saved and saved["max_length_offset"] == 50
     model.generation_config.max_length = 30  # a cap set by hand stays one
     assert model.generate(source, min_new_tokens=25).shape[1] == 30
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"num_beams": 1}, {"num_return_sequences": 2, "output_scores": True, "return_dict_in_generate": True}],
+    ids=["the paper's beam search", "greedy", "two hypotheses with scores"],
+)
+@pytest.mark.parametrize("decoding", ["paper", "fairseq"])
+def test_generate_warns_of_nothing(settings, decoding):
+    """A warning here comes at every batch of a translation run, or every step (a softmax without `dim`); a
+    `warning_once` from transformers is shown once per process, so its record is cleared first."""
+    model = fairseq_model(seed=0, vocab_size=50) if decoding == "fairseq" else tiny_model(seed=3)
+    inputs = batch()
+    transformers_logging.warning_once.cache_clear()
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    loggers = [logging.getLogger("transformers"), logging.getLogger("modeling")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **settings)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert [str(warning.message) for warning in caught] == []
+    assert [record.getMessage() for record in records] == []
