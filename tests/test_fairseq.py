@@ -41,6 +41,7 @@ from modeling.fairseq import (
     load_fairseq_checkpoint,
     read_bpe_merges,
     read_fairseq_dictionary,
+    tokenizer_vocabulary,
 )
 from modeling.translation import load_model_and_tokenizer
 
@@ -286,6 +287,10 @@ def _re(text: str) -> str:
         ("unknown key", "encoder.layers.0.self_attn.bias_k=(1, 1, 24) (an unexpected state-dict key)"),
         ("unknown stack key", "decoder.layernorm_embedding.bias=(24,) (an unexpected state-dict key)"),
         ("a decoder part in the encoder", "encoder.layers.0.encoder_attn.q_proj.weight=(24, 24) (an unexpected"),
+        # a layer's own norm is no final LayerNorm of the stack: only `encoder.layer_norm.weight` is
+        ("unknown layer norm", "encoder.layers.0.extra_layer_norm.weight=(24,) (an unexpected state-dict key)"),
+        # old checkpoints number a layer's norms: an encoder layer has two (a decoder layer three)
+        ("third encoder norm", "encoder.layers.0.layer_norms.2.weight=(24,) (an unexpected state-dict key)"),
     ],
 )
 def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message):
@@ -299,6 +304,10 @@ def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message
         state["decoder.layernorm_embedding.bias"] = torch.zeros(24)
     elif change == "a decoder part in the encoder":
         state["encoder.layers.0.encoder_attn.q_proj.weight"] = torch.zeros(24, 24)
+    elif change == "unknown layer norm":
+        state["encoder.layers.0.extra_layer_norm.weight"] = torch.ones(24)
+    elif change == "third encoder norm":
+        state["encoder.layers.0.layer_norms.2.weight"] = torch.ones(24)
     else:
         state["encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 24)
     with pytest.raises(FairseqConversionError, match=_re(message)):
@@ -319,6 +328,8 @@ def test_separate_dictionaries_and_old_bpe_codes_are_refused(tmp_path):
         converting(fixture_checkpoint(), tmp_path, bpe_codes=codes)
     with pytest.raises(FairseqConversionError, match="trained with target_lang='de', not 'fr'"):
         converting(fixture_checkpoint(), tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
+    with pytest.raises(FairseqConversionError, match="trained with source_lang='en', not 'fr'"):
+        converting(fixture_checkpoint(), tmp_path, source_lang="fr", data_bin=_french_data_bin(tmp_path, "de"))
 
 
 def test_the_recorded_fairseq_command_keeps_dashes_where_the_converted_tokenizer_does(tmp_path):
@@ -344,10 +355,10 @@ def test_the_recorded_fairseq_command_keeps_dashes_where_the_converted_tokenizer
     assert "--moses-no-dash-splits" in kept["text"] and "--moses-no-dash-splits" not in split["text"]
 
 
-def _french_data_bin(tmp_path):
-    directory = tmp_path / "fr"
+def _french_data_bin(tmp_path, other="en"):
+    directory = tmp_path / f"fr-{other}"
     directory.mkdir()
-    for lang in ("en", "fr"):
+    for lang in (other, "fr"):
         shutil.copy(FAIRSEQ_FIXTURES / "dict.en.txt", directory / f"dict.{lang}.txt")
     return directory
 
@@ -368,6 +379,15 @@ def test_dictionary_and_codes_are_read_as_fairseq_and_subword_nmt_read_them(tmp_
     codes = tmp_path / "codes"
     codes.write_text("#version: 0.2\na b\nc d\na b\ne f</w>\n", encoding="utf-8")
     assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]  # a repeated merge keeps its first rank
+
+
+def test_dictionary_tokens_that_would_share_a_tokenizer_token_are_refused():
+    """`x@@` becomes `x`: a dictionary holding `<unk>@@` would give the tokenizer two ids for `<unk>`."""
+    symbols = ["<s>", "<pad>", "</s>", "<unk>", "a", "<unk>@@"]
+    message = "'<unk>@@' (id 5) and id 3 both become the tokenizer token '<unk>'"
+    with pytest.raises(FairseqConversionError, match=_re(message)):
+        tokenizer_vocabulary(symbols)
+    assert tokenizer_vocabulary(symbols[:5]) == {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "a</w>": 4}
 
 
 @pytest.mark.parametrize("name", ["truncated.pt", "empty.pt", "dict.en.txt", "bpecodes", "zip.pt"])
@@ -484,7 +504,7 @@ def test_convert_fairseq_writes_a_whole_directory_and_replaces_only_a_previous_c
     arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes"}
     checkpoint = FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt"
     out = tmp_path / "out"
-    convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, out, **arguments)
+    assert convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, str(out), **arguments) == out  # a Path, given a str
     convert_fairseq(checkpoint, FAIRSEQ_FIXTURES, out, **arguments)  # a previous conversion: replaced
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
     (tmp_path / "mine").mkdir()
@@ -551,6 +571,49 @@ def test_any_head_count_dividing_the_width_converts(heads):
     assert (config.d_model, config.encoder_attention_heads, config.decoder_attention_heads) == (30, heads, heads)
 
 
+@pytest.mark.parametrize("heads", [0, -3, None])
+def test_a_head_count_that_is_not_positive_is_refused_naming_the_field(heads):
+    with pytest.raises(FairseqConversionError, match=_re(f"encoder_attention_heads={heads!r} (must be recorded")):
+        fairseq_config(*fairseq_args_and_weights(30, heads), 568)
+
+
+def test_an_encoder_and_a_decoder_of_different_depths_convert():
+    args, weights = fairseq_args_and_weights(30, 3)
+    args |= {"encoder_layers": 3, "decoder_layers": 1}
+    weights |= {f"encoder.layers.{index}.fc1.weight": torch.zeros(48, 30) for index in (1, 2)}
+    config = fairseq_config(args, weights, 568)
+    assert (config.encoder_layers, config.decoder_layers) == (3, 1)
+
+
+def test_layers_missing_from_the_state_dict_are_refused_naming_the_field():
+    """Layers 0 and 2 are not a stack of two: layer 2's weights would have no layer to go to."""
+    args, weights = fairseq_args_and_weights(30, 3)
+    args["encoder_layers"] = 2
+    weights["encoder.layers.2.fc1.weight"] = torch.zeros(48, 30)
+    with pytest.raises(FairseqConversionError, match=_re("encoder_layers=[0, 2] (the state dict's layers are not")):
+        fairseq_config(args, weights, 568)
+
+
+def test_embeddings_of_another_size_than_the_dictionary_are_refused_naming_the_field():
+    message = "encoder.embed_tokens.weight=(568, 30) (the dictionary has 570 symbols)"
+    with pytest.raises(FairseqConversionError, match=_re(message)):
+        fairseq_config(*fairseq_args_and_weights(30, 3), 570)
+
+
+def test_dropout_rates_are_the_checkpoints_for_fine_tuning_and_fairseqs_defaults_where_missing():
+    args, weights = fairseq_args_and_weights(30, 3)
+    args |= {"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.2}
+    config = fairseq_config(args, weights, 568)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.3, 0.1, 0.2)
+    # before fairseq 0.6 activation_dropout was called relu_dropout; without either field, fairseq's defaults
+    args |= {"activation_dropout": None, "relu_dropout": 0.25}
+    assert fairseq_config(args, weights, 568).activation_dropout == 0.25
+    for name in ("dropout", "attention_dropout", "activation_dropout", "relu_dropout"):
+        del args[name]
+    config = fairseq_config(args, weights, 568)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.0, 0.0)
+
+
 def test_the_data_bins_bpe_codes_are_used_and_said_to_be(caplog):
     with caplog.at_level(logging.WARNING, logger="modeling.fairseq"):
         _, tokenizer = from_fairseq(
@@ -589,6 +652,16 @@ def test_languages_and_lengths_kept_only_in_the_task_config_are_read(tmp_path):
         converting(checkpoint, tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
 
 
+def test_a_checkpoint_without_the_length_fields_takes_fairseqs_defaults(tmp_path):
+    """Checkpoints older than the fields: fairseq's base_architecture gives both 1024."""
+    checkpoint = fixture_checkpoint()
+    for key in ("max_source_positions", "max_target_positions"):
+        delattr(checkpoint["cfg"]["model"], key)
+        del checkpoint["cfg"]["task"][key]
+    model, tokenizer = converting(checkpoint, tmp_path)
+    assert (model.config.max_position_embeddings, tokenizer.model_max_length) == (1024, 1024)
+
+
 def test_a_file_holding_no_model_state_dict_is_refused(tmp_path):
     for name, content in (("tensor.pt", torch.zeros(2)), ("dict.pt", {"weights": torch.zeros(2)})):
         torch.save(content, tmp_path / name)
@@ -625,6 +698,19 @@ def test_a_system_error_reading_the_checkpoint_is_not_called_a_broken_checkpoint
         load_fairseq_checkpoint(path)
 
 
+def test_a_read_error_without_a_message_is_named_by_its_type(tmp_path, monkeypatch):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"\x80\x02")
+
+    def failing(*args, **kwargs):
+        raise EOFError
+
+    monkeypatch.setattr(torch, "load", failing)
+    message = f"{path} is not a readable PyTorch checkpoint (truncated or not a checkpoint): EOFError"
+    with pytest.raises(FairseqConversionError, match=f"^{_re(message)}$"):
+        load_fairseq_checkpoint(path)
+
+
 def test_a_pretokenized_conversion_records_its_text_pipeline(tmp_path):
     convert_fairseq(
         FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt",
@@ -637,6 +723,26 @@ def test_a_pretokenized_conversion_records_its_text_pipeline(tmp_path):
     record = json.loads((tmp_path / "out" / CONVERSION_FILE).read_text())
     assert record["text"].startswith("already Moses-tokenised and BPE-split") and record["bpe_codes"] is None
     assert "--bpe" not in record["fairseq_command"] and "--tokenizer" not in record["fairseq_command"]
+
+
+def test_codes_and_pretokenized_together_are_refused():
+    """They contradict each other: codes are for raw text, pretokenized takes text already BPE-split."""
+    with pytest.raises(ValueError, match="^Give BPE codes or pretokenized, not both"):
+        from_fairseq(
+            FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[1] / "model.pt",
+            FAIRSEQ_FIXTURES,
+            source_lang="en",
+            target_lang="de",
+            bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+            pretokenized=True,
+        )
+
+
+def test_a_star_import_gives_the_conversions_names_and_not_its_imports():
+    names = {}
+    exec("from modeling.fairseq import *", names)
+    assert {"convert_fairseq", "from_fairseq", "FairseqConversionError", "CONVERSION_FILE"} <= names.keys()
+    assert not {"torch", "np", "logger", "PAD", "TransformerConfig"} & names.keys()
 
 
 # --- a training checkpoint's optimizer state --------------------------------------------------------------------
