@@ -817,6 +817,27 @@ def test_onnx_directory_holds_config_tokenizer_and_record(onnx_export):
     assert not any(name.endswith(".py") for name in names)
     record = json.loads((directory / "export.json").read_text())
     assert record["format"] == "onnx"
+    # the record says each graph's inputs and outputs as onnxruntime sees them
+    for name, session in zip(("encoder.onnx", "decoder.onnx"), onnx_sessions(directory), strict=True):
+        inputs, outputs = (
+            ", ".join(arg.name for arg in args) for args in (session.get_inputs(), session.get_outputs())
+        )
+        assert record["graphs"][name] == f"{inputs} -> {outputs}"
+
+
+def test_onnx_graphs_name_the_dimensions_their_inputs_share(onnx_export):
+    """A runtime reads which lengths must agree from the names: the batch everywhere, the source between the
+    encoder's inputs and the decoder's encoder inputs, the target apart."""
+    model, directory = onnx_export
+    encoder, decoder = onnx_sessions(directory)
+    shapes = {arg.name: arg.shape for session in (encoder, decoder) for arg in session.get_inputs()}
+    assert shapes == {
+        "input_ids": ["batch", "source"],
+        "attention_mask": ["batch", "source"],
+        "decoder_input_ids": ["batch", "target"],
+        "encoder_hidden_states": ["batch", "source", model.config.d_model],
+        "encoder_attention_mask": ["batch", "source"],
+    }
 
 
 def test_onnx_graphs_take_sources_and_targets_beyond_the_positional_table(onnx_export, tokenizer):
