@@ -353,6 +353,7 @@ def test_the_recorded_fairseq_command_keeps_dashes_where_the_converted_tokenizer
     assert "--tokenizer moses --bpe subword_nmt --bpe-codes BPE_CODES" in split["fairseq_command"]
     assert "--tokenizer moses --moses-no-dash-splits --bpe subword_nmt" in kept["fairseq_command"]
     assert "--moses-no-dash-splits" in kept["text"] and "--moses-no-dash-splits" not in split["text"]
+    assert "dashes kept in words" in kept["text"] and "dashes kept" not in split["text"]
 
 
 def _french_data_bin(tmp_path, other="en"):
@@ -541,6 +542,11 @@ def test_a_checkpoint_without_an_architecture_or_of_another_task_is_refused(tmp_
     message = "task='translation_multi_simple_epoch' (only the translation task's models are converted)"
     with pytest.raises(FairseqConversionError, match=re.escape(message)):
         converting(checkpoint, tmp_path)
+    # a checkpoint older than fairseq 0.10 names its task in its top-level args
+    args = checkpoint["cfg"]["model"]
+    args.task = "translation_multi_simple_epoch"
+    with pytest.raises(FairseqConversionError, match=re.escape(message)):
+        converting({"args": args, "model": checkpoint["model"]}, tmp_path)
 
 
 def test_one_language_as_source_and_target_is_refused(tmp_path):
@@ -563,6 +569,14 @@ def test_an_odd_width_is_refused_naming_the_field():
     """fairseq pads an odd width's sinusoids with a zero column, which this model's table does not have."""
     with pytest.raises(FairseqConversionError, match=re.escape("encoder_embed_dim=27 (an odd width")):
         fairseq_config(*fairseq_args_and_weights(27, 3), 568)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_a_recorded_width_other_than_the_embeddings_is_refused_naming_the_field(side):
+    args, weights = fairseq_args_and_weights(30, 3)
+    args[f"{side}_embed_dim"] = 32
+    with pytest.raises(FairseqConversionError, match=_re(f"{side}_embed_dim=32 (the embeddings have 30 dimensions)")):
+        fairseq_config(args, weights, 568)
 
 
 @pytest.mark.parametrize("heads", [1, 3, 30])
@@ -669,10 +683,19 @@ def test_a_file_holding_no_model_state_dict_is_refused(tmp_path):
             load_fairseq_checkpoint(tmp_path / name)
 
 
-def test_a_missing_feed_forward_weight_is_refused_naming_the_key(tmp_path):
+@pytest.mark.parametrize("key", ["decoder.layers.0.fc1.weight", "decoder.embed_tokens.weight"])
+def test_a_missing_weight_is_refused_naming_the_key(tmp_path, key):
     checkpoint = fixture_checkpoint()
-    del checkpoint["model"]["decoder.layers.0.fc1.weight"]
-    with pytest.raises(FairseqConversionError, match=re.escape("decoder.layers.0.fc1.weight=None (missing from")):
+    del checkpoint["model"][key]
+    with pytest.raises(FairseqConversionError, match=re.escape(f"{key}=None (missing from the state dict)")):
+        converting(checkpoint, tmp_path)
+
+
+def test_a_missing_attention_bias_is_not_left_at_random(tmp_path):
+    """The bias must come from the checkpoint: a model built with a random one would translate, and wrongly."""
+    checkpoint = fixture_checkpoint()
+    del checkpoint["model"]["encoder.layers.1.self_attn.k_proj.bias"]
+    with pytest.raises((FairseqConversionError, RuntimeError), match=r"encoder\.layers\.1\.self_attn\.k_proj\.bias"):
         converting(checkpoint, tmp_path)
 
 
