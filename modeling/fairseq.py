@@ -433,6 +433,7 @@ def fairseq_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
             _refuse(key, "a matrix of its own", "this model shares one matrix with encoder.embed_tokens.weight")
     ours: dict[str, torch.Tensor] = {"model.shared.weight": shared}
     handled = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"}
+    layers: dict[tuple[str, str], dict[str, str]] = {}  # (side, index) -> the parts such a layer holds
     for key, tensor in state_dict.items():
         if key in handled or _IGNORED_KEY.match(key):
             continue
@@ -444,7 +445,14 @@ def fairseq_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
                 why = "a final LayerNorm after the stack (pre-LN)"
             _refuse(key, tuple(tensor.shape), why)
         side, index, part = match.groups()
+        layers[side, index] = parts
         ours[f"model.{side}.layers.{index}.{parts[part]}"] = tensor
+    # Refused here, a missing part is named as fairseq names it; `load_state_dict` would name this model's
+    # key among many lines.
+    for (side, index), parts in layers.items():
+        for part in parts:
+            if f"{side}.layers.{index}.{part}" not in state_dict:
+                _refuse(f"{side}.layers.{index}.{part}", None, "missing from the state dict")
     ours["model.encoder.embed_tokens.weight"] = shared
     ours["model.decoder.embed_tokens.weight"] = shared
     ours["lm_head.weight"] = shared
