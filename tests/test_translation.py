@@ -5,6 +5,7 @@ import copy
 import errno
 import fcntl
 import gzip
+import io
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import huggingface_hub.utils._http as hf_http
@@ -383,11 +385,28 @@ def test_workers_translate_as_one_batch_at_a_time_does(tokenizer):
     )
 
 
+def test_workers_read_the_batches_at_most_twice_their_number_ahead(two_torch_threads):
+    """A file's batches are made as they are read: workers reading all of them first hold them all in memory."""
+    read = []
+
+    def batches():
+        for i in range(10):
+            read.append(i)
+            yield {"input_ids": torch.tensor([[i + 3]]), "attention_mask": torch.ones(1, 1, dtype=torch.long)}
+
+    with closing(generate_batches(EchoModel().eval(), batches(), workers=2)) as generated:
+        assert next(generated).tolist() == [[3]]
+        assert read == [0, 1, 2, 3], "4 read ahead for 2 workers"
+        assert [batch.item() for batch in generated] == list(range(4, 13))
+
+
 def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch_threads):
     sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
     model = SideBySideEchoModel(fail_at=2)
     with pytest.raises(RuntimeError, match="batch failed"):
         translate(model, tokenizer, sentences, max_tokens=40, workers=2)
+    # the pool is shut down before the error comes out: no worker decodes on, its model given back its mode
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("generate")]
     one_by_one = EchoModel()
     translate(one_by_one, tokenizer, sentences, max_tokens=40)
     # submitted when the failure is met: the 4 read ahead, and one more for each of the 2 results taken
@@ -440,6 +459,25 @@ def test_workers_are_refused_where_they_cannot_help(tokenizer, tmp_path):
         list(generate_batches(EchoModel(), [], workers=0))
     assert on_gpu.calls == []
     assert list(generate_batches(on_gpu, [])) == [], "one worker by default, on any device"
+
+
+def test_a_directory_not_saved_as_a_model_or_given_a_revision_is_refused_in_one_line(tmp_path):
+    # a revision names a version of a Hub repo: a directory's model would be loaded as it is, the revision unused
+    with pytest.raises(ValueError, match=r"is a local directory: a revision names a version of a Hub repo only\.$"):
+        load_model_and_tokenizer(str(tmp_path), revision="main")
+    with pytest.raises(
+        FileNotFoundError, match=r"has no config\.json: it is not a model saved with save_pretrained\.$"
+    ):
+        load_model_and_tokenizer(str(tmp_path))
+
+
+def test_a_checkpoint_loads_with_the_attention_asked_for(tiny_checkpoint):
+    """`attn_implementation="eager"` returns attention weights; by default the model's own choice is kept."""
+    directory = str(tiny_checkpoint[0])
+    eager, _ = load_model_and_tokenizer(directory, attn_implementation="eager", device="cpu")
+    default, _ = load_model_and_tokenizer(directory, device="cpu")
+    assert eager.config._attn_implementation == "eager" != default.config._attn_implementation
+    assert not eager.training and eager.device.type == "cpu"
 
 
 def test_truncated_weights_are_named_before_loading(tmp_path):
@@ -668,6 +706,66 @@ def test_a_file_is_translated_a_chunk_at_a_time_as_translate_translates_it(
 
     assert translate_file(model, tokenizer, source, None, chunk_lines=5, **SETTINGS) == len(lines)
     assert capsys.readouterr().out.split("\n")[:-1] == expected, "to stdout, chunk after chunk"
+
+
+class FlushedStdout:
+    """A stdout that tells what was written from what reached the reader (flushed)."""
+
+    def __init__(self):
+        self.written, self.flushed = "", ""
+
+    def write(self, text):
+        self.written += text
+        return len(text)
+
+    def flush(self):
+        self.flushed = self.written
+
+
+def test_to_stdout_each_chunk_reaches_the_reader_before_the_next_is_translated(tokenizer, tmp_path, monkeypatch):
+    """A pipe's reader (`| sacrebleu`, a service) gets each chunk as it is done, not when a buffer fills."""
+    lines = [en for en, _ in synthetic_pairs(5, seed=2)]
+    source = tmp_path / "news.en"
+    source.write_text("".join(line + "\n" for line in lines))
+    stdout = FlushedStdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    flushed_before_each_chunk = []
+
+    def wrapper(model, tokenizer, sentences, **kwargs):
+        flushed_before_each_chunk.append(stdout.flushed)
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation, "translate", wrapper)
+    assert translate_file(EchoModel(), tokenizer, source, None, chunk_lines=2) == 5
+    echoed = [line.strip() + "\n" for line in lines]
+    assert flushed_before_each_chunk == ["", "".join(echoed[:2]), "".join(echoed[:4])]
+    assert stdout.flushed == "".join(echoed)
+
+
+@pytest.mark.parametrize("to_stdout", [True, False], ids=["to stdout", "to a file"])
+def test_a_file_translation_counts_its_sentences_on_a_bar_only_when_asked_for(
+    tokenizer, tmp_path, capsys, monkeypatch, to_stdout
+):
+    monkeypatch.setattr(translation, "model_fingerprint", lambda model: "an echo")  # an echo holds no weights
+    source = tmp_path / "news.en"
+    source.write_text("".join(en + "\n" for en, _ in synthetic_pairs(5, seed=2)))
+    translate_file(EchoModel(), tokenizer, source, None if to_stdout else tmp_path / "quiet.de", chunk_lines=2)
+    assert capsys.readouterr().err == "", "a library call is quiet"
+    translate_file(
+        EchoModel(), tokenizer, source, None if to_stdout else tmp_path / "news.de", chunk_lines=2, progress=True
+    )
+    assert "translated: 5sent " in capsys.readouterr().err, "every line of the file, chunk after chunk"
+
+
+def test_standard_input_is_translated_into_a_file(tokenizer, tmp_path, monkeypatch):
+    """`-` is standard input (`zcat news.gz | translate.py - --output-file news.de`), not a file named `-`."""
+    monkeypatch.setattr(translation, "model_fingerprint", lambda model: "an echo")  # an echo holds no weights
+    lines = [en for en, _ in synthetic_pairs(5, seed=2)]
+    stdin = io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    monkeypatch.chdir(tmp_path)
+    assert translate_file(EchoModel(), tokenizer, "-", tmp_path / "news.de", chunk_lines=2) == 5
+    assert (tmp_path / "news.de").read_text() == "".join(line.strip() + "\n" for line in lines)
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["same command", "with 2 workers"])
@@ -962,6 +1060,9 @@ def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, token
     assert tokenizer_fingerprint(here) == tokenizer_fingerprint(there)
     offline = AutoTokenizer.from_pretrained(tmp_path / "here", local_files_only=True)  # as HF_HUB_OFFLINE=1 loads
     assert tokenizer_fingerprint(offline) == tokenizer_fingerprint(here)
+    reordered = copy.deepcopy(here)  # as another way of loading it may order them
+    reordered.init_kwargs = dict(reversed(here.init_kwargs.items()))
+    assert tokenizer_fingerprint(reordered) == tokenizer_fingerprint(here), "the arguments' order is none of it"
     with open(tmp_path / "there" / "merges.txt", "a", encoding="utf-8") as handle:
         handle.write("x y\n")
     assert tokenizer_fingerprint(here) != tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "there"))
@@ -1056,4 +1157,6 @@ def test_a_model_directorys_own_files_are_named_and_a_translation_beside_them_is
     (tmp_path / "runs").mkdir()
     assert model_files(tmp_path) == {f"the model's {name}": tmp_path / name for name in own}
     assert model_files(str(tmp_path)) == model_files(tmp_path)
+    # a Hub id or a path that is no directory holds none of them: an empty mapping, which a caller spreads as it is
+    assert model_files("owner/name") == {} and model_files(tmp_path / "test.de") == {}
     assert partial_translation_path(str(tmp_path / "news.de")) == tmp_path / ".news.de.partial"
