@@ -454,7 +454,9 @@ class _PartialTranslation:
             lines, size, source_sha256 = int(earlier["lines"]), int(earlier["bytes"]), str(earlier["source_sha256"])
             if differs:
                 why = f"another {', '.join(differs)}"
-            elif not (lines > 0 and 0 <= size <= self.path.stat().st_size):
+            elif not 0 < lines <= size:  # each line translated is one "\n" at least: resumed, lines would be lost
+                why = f"its record {self.record_path.name} counts {lines} lines in {size} bytes"
+            elif size > self.path.stat().st_size:
                 why = f"{self.path.name} is shorter than its record says"
             elif self._holds_a_line_break_inside_a_line(size):
                 why = f"{self.path.name} holds a line break inside a translation, written before they became spaces"

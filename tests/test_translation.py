@@ -979,7 +979,8 @@ def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp
 
 
 @pytest.mark.parametrize(
-    "change", ["source", "model", "decoding", "cut record", "record without its hash", "cut partial"]
+    "change",
+    ["source", "model", "decoding", "cut record", "record without its hash", "cut partial", "more lines than bytes"],
 )
 def test_a_partial_translation_of_another_text_model_or_decoding_is_never_continued(
     change, file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
@@ -1007,6 +1008,9 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     elif change == "cut partial":  # a copy of the partial file cut short: the record vouches for more than it holds
         partial = partial_translation_path(destination)
         partial.write_bytes(partial.read_bytes()[:-3])
+    elif change == "more lines than bytes":  # a record edited or damaged: each line translated is one "\n" at least
+        record = tmp_path / f".{destination.name}.partial.json"
+        record.write_text(json.dumps({**json.loads(record.read_text()), "bytes": 0}))
     else:
         record = tmp_path / f".{destination.name}.partial.json"
         fields = json.loads(record.read_text())
@@ -1019,6 +1023,7 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     assert destination.read_text().split("\n")[:-1] == now
     expected_reason = {"source": "another text", "model": "another model", "decoding": "another decoding"}
     expected_reason["cut partial"] = "shorter than its record says"
+    expected_reason["more lines than bytes"] = "counts 6 lines in 0 bytes"
     assert expected_reason.get(change, "unreadable") in caplog.text
 
 
