@@ -639,6 +639,7 @@ def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
         ({"max_length_b": 10}, r"max_length_offset=50 and max_length_a/max_length_b both set a length limit"),
         ({"max_length_offset": None, "max_length_a": -1}, "max_length_a must be a non-negative number, got -1"),
         ({"max_length_offset": None, "max_length_b": "10"}, "max_length_b must be a non-negative number"),
+        ({"max_length_offset": None, "max_length_a": True}, "max_length_a must be a non-negative number, got True"),
         ({"beam_finalization": "last"}, "Unknown beam_finalization 'last'"),
         ({"forced_eos_keeps_log_prob": 1}, "forced_eos_keeps_log_prob must be True or False, got 1"),
     ],
