@@ -412,7 +412,10 @@ def test_a_model_without_the_fused_loss_is_smoothed_by_the_trainers_label_smooth
     trainer = make_trainer(training_args(tmp_path, max_steps=1, max_tokens_per_device=36), dataset, tokenizer, model)
     assert trainer.label_smoother is not None
     batch = trainer.data_collator(list(dataset.select([0, 2])))
+    given = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: given.append(set(kwargs)), with_kwargs=True)
     loss = trainer.compute_loss(model, dict(batch))
+    assert given and "smoothing_epsilon" not in given[0], "its forward takes **kwargs: it would be passed on unseen"
     assert loss.item() == pytest.approx(LabelSmoother(epsilon=0.1)(model(**batch), batch["labels"]).item(), rel=1e-6)
 
 
