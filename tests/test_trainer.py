@@ -1593,3 +1593,15 @@ def test_spawned_loader_workers_outlive_the_preemption_signal_the_main_process_a
             os.kill(worker.pid, signal.SIGTERM)
         time.sleep(1)  # the signal is delivered before the next batch is asked for
         assert len([first, *batches]) == len(loader) > 1
+
+
+def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_path):
+    """What the training script leaves in the run's directory: `{split}_results.json` per split, and
+    `all_results.json` holding every split's metrics so far (a later split's added, not replacing the file)."""
+    trainer = resumable_run(tmp_path)
+    trainer.save_metrics("train", {"train_loss": 2.5})
+    trainer.save_metrics("eval", {"eval_loss": 3.0})
+    trainer.save_metrics("test", {"test_bleu": 1.0}, combined=False)
+    assert json.loads((tmp_path / "train_results.json").read_text()) == {"train_loss": 2.5}
+    assert json.loads((tmp_path / "test_results.json").read_text()) == {"test_bleu": 1.0}
+    assert json.loads((tmp_path / "all_results.json").read_text()) == {"train_loss": 2.5, "eval_loss": 3.0}
