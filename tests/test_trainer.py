@@ -1605,3 +1605,22 @@ def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_pat
     assert json.loads((tmp_path / "train_results.json").read_text()) == {"train_loss": 2.5}
     assert json.loads((tmp_path / "test_results.json").read_text()) == {"test_bleu": 1.0}
     assert json.loads((tmp_path / "all_results.json").read_text()) == {"train_loss": 2.5, "eval_loss": 3.0}
+
+
+def test_resuming_a_run_of_the_trainers_own_schedule_with_the_papers_takes_the_papers(tmp_path):
+    """A run started with --no_paper_schedule resumed with the paper's: its scheduler state records no warmup (the
+    Trainer's linear schedule saves an empty dict), nothing to refuse; the updates after the first take the paper's
+    rates. (The first takes the rate its optimizer state holds, the linear schedule's last: 0 here.)"""
+    first = {"paper_schedule": False, "learning_rate": 1e-3}
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, **first).train()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, learning_rate=1e-3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    paper = resumable_run(tmp_path / "paper", save_strategy="no", learning_rate=1e-3)
+    paper.train()
+
+    def rates(trainer):
+        logged = [entry for entry in trainer.state.log_history if "learning_rate" in entry]
+        return {entry["step"]: entry["learning_rate"] for entry in logged if entry["step"] > 4}
+
+    assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(paper))
+    assert len(rates(paper)) == 2
