@@ -1624,3 +1624,15 @@ def test_resuming_a_run_of_the_trainers_own_schedule_with_the_papers_takes_the_p
 
     assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(paper))
     assert len(rates(paper)) == 2
+
+
+def test_a_learning_rate_that_puts_the_papers_peak_below_1e_5_is_warned_of(tmp_path, caplog):
+    """`learning_rate` multiplies the schedule: a rate meant as Adam's (1e-5, as for --no_paper_schedule) would train
+    with a peak of 1.25e-6. The tests' d_model 32 and warmup 2 peak at 32^-0.5 × 2^-0.5 = 0.125 for a multiplier 1."""
+    for learning_rate in (1.0, 1e-5):
+        trainer = resumable_run(tmp_path, learning_rate=learning_rate)
+        with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+            trainer.create_optimizer_and_scheduler(num_training_steps=6)
+    assert "peak 0.125 at update 2" in caplog.text and "peak 1.25e-06 at update 2" in caplog.text
+    assert caplog.text.count("use --no_paper_schedule") == 1
+    assert "giving a peak rate of 1.3e-06; for a peak rate of 1e-05 use --no_paper_schedule" in caplog.text
