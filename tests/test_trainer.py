@@ -1636,3 +1636,22 @@ def test_a_learning_rate_that_puts_the_papers_peak_below_1e_5_is_warned_of(tmp_p
     assert "peak 0.125 at update 2" in caplog.text and "peak 1.25e-06 at update 2" in caplog.text
     assert caplog.text.count("use --no_paper_schedule") == 1
     assert "giving a peak rate of 1.3e-06; for a peak rate of 1e-05 use --no_paper_schedule" in caplog.text
+
+
+def test_a_training_log_holds_the_tokens_and_padding_of_its_updates(tmp_path):
+    """Sources of 3 and 5 tokens in one batch (padded to 2 × 5), the targets the same, trained on twice and logged
+    once: 8 real source and 8 real target tokens per update, 16 of 20 padded tokens real."""
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=2, logging_steps=2, warmup_steps=1, max_tokens_per_device=1000)
+    dataset = copy_dataset([3, 5], len(tokenizer))
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)))
+    trainer.train()
+    (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
+    expected = {
+        "source_tokens_per_update": 8,
+        "target_tokens_per_update": 8,
+        "padding_efficiency": 0.8,
+        "gradient_accumulation_steps": 1,
+        "updates_logged": 2,
+    }
+    assert {key: logged.get(key) for key in expected} == expected
