@@ -1655,3 +1655,15 @@ def test_a_training_log_holds_the_tokens_and_padding_of_its_updates(tmp_path):
         "updates_logged": 2,
     }
     assert {key: logged.get(key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loader_workers_persist_between_epochs_only_when_asked(tmp_path, persistent):
+    """`dataloader_persistent_workers` as the Trainer takes it: workers kept alive between epochs only when set
+    (each keeps a copy of the dataset), and never asked of a loader without workers (torch refuses that)."""
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    for workers in (0, 1):
+        settings = {"dataloader_num_workers": workers, "dataloader_persistent_workers": persistent}
+        trainer = make_trainer(training_args(tmp_path, **settings), dataset, tokenizer, tiny_model(len(tokenizer)))
+        assert trainer.get_train_dataloader().persistent_workers is (persistent and workers > 0)
