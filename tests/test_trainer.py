@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import shutil
@@ -616,6 +617,28 @@ def test_resuming_an_optimizer_state_of_other_parameters_is_refused_naming_the_c
     resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
     with pytest.raises(ValueError, match=r"cannot resume .*checkpoint-3: its optimizer state holds (\d+) parameters"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+
+
+class RunsWhenUnpickled:
+    """Pickled, it makes a directory when unpickled: the code a pickle from elsewhere could run."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.path),)
+
+
+def test_a_checkpoints_optimizer_state_is_read_as_tensors_only_never_run(tmp_path):
+    """optimizer.pt is a pickle, read before the Trainer's own loading to compare its settings: read with
+    weights_only, one holding code (a checkpoint from elsewhere) is refused before the code runs."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    optimizer, ran = tmp_path / "checkpoint-3" / "optimizer.pt", tmp_path / "ran"
+    torch.save({**torch.load(optimizer, weights_only=True), "extra": RunsWhenUnpickled(ran)}, optimizer)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert not ran.exists()
 
 
 @pytest.mark.parametrize(
