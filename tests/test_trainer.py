@@ -459,6 +459,25 @@ def test_an_evaluation_batch_with_a_non_finite_loss_is_left_out_of_the_loss_with
     assert f"1 of the {len(batches)} batches evaluated had a non-finite loss" in caplog.text
 
 
+def test_an_evaluation_whose_every_batch_is_non_finite_says_so_in_its_loss_not_in_a_warning(tmp_path, caplog):
+    """No batch is left to average: eval_loss is then the Trainer's own, not finite, which says it; a warning that
+    the batches were left out of it would be untrue."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    split = copy_dataset([3, 10, 10, 10, 4, 6, 9, 5], len(tokenizer), seed=4)
+    trainer = make_trainer(training_args(tmp_path, max_tokens_per_device=12), split, tokenizer, model)
+    compute_loss = trainer.compute_loss
+
+    def overflows(model, inputs, *args, **kwargs):
+        loss, outputs = compute_loss(model, inputs, *args, **kwargs)
+        return loss * float("inf"), outputs
+
+    trainer.compute_loss = overflows
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        loss = trainer.evaluate(split)["eval_loss"]
+    assert not np.isfinite(loss) and "non-finite loss" not in caplog.text
+
+
 def test_the_evaluation_steps_per_second_count_the_token_budget_batches(tmp_path):
     """The Trainer counted per_device_eval_batch_size (8) sentences per batch: 1 batch for these 8 sentences."""
     tokenizer = word_tokenizer()
