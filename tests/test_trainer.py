@@ -670,6 +670,7 @@ def test_a_checkpoints_optimizer_state_is_read_as_tensors_only_never_run(tmp_pat
             "--adam_beta1/--adam_beta2 0.9, 0.99 (the checkpoint's: 0.9, 0.98)",
         ),
         ({"weight_decay": 0.1}, "--weight_decay 0.1 (the checkpoint's: 0)"),
+        ({"adam_epsilon": 1e-8}, "--adam_epsilon 1e-08 (the checkpoint's: 1e-09)"),
         ({"optim": "sgd"}, "--optim sgd (not the checkpoint's optimizer)"),
         (
             {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=True"},
