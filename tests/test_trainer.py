@@ -688,6 +688,27 @@ def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(t
     assert max(losses(resumed.state.log_history), default=0) <= 3 and not (tmp_path / "checkpoint-6").exists()
 
 
+@pytest.mark.parametrize(
+    ("saved", "refusal"),
+    [
+        ({"betas": (0.9, 0.98, 0.999)}, "--adam_beta1/--adam_beta2 0.9, 0.98 (the checkpoint's: 0.9, 0.98, 0.999)"),
+        ({"weight_decay": None}, "--weight_decay 0 (the checkpoint's: None)"),
+    ],
+)
+def test_an_optimizer_setting_saved_in_another_shape_is_refused_naming_it(tmp_path, saved, refusal):
+    """A checkpoint whose optimizer state holds a setting as another number of values, or as no number (saved by
+    another optimizer or version): refused like another value, not a TypeError or ValueError of the comparison."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    optimizer = tmp_path / "checkpoint-3" / "optimizer.pt"
+    state = torch.load(optimizer, weights_only=True)
+    state["param_groups"][0].update(saved)
+    torch.save(state, optimizer)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(ValueError, match="Cannot resume from .*checkpoint-3 with ") as refused:
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert refusal in str(refused.value)
+
+
 def test_resuming_with_true_takes_the_newest_complete_checkpoint_and_checks_it_like_a_path(tmp_path, caplog):
     with pytest.raises(ValueError, match=f"No complete checkpoint in {tmp_path} to resume from"):
         resumable_run(tmp_path, save_strategy="steps", save_steps=3).train(resume_from_checkpoint=True)
