@@ -867,6 +867,22 @@ def test_resuming_in_another_precision_says_that_the_records_name_the_new_one(tm
     assert "Resuming" not in caplog.text
 
 
+def test_resuming_fp16_updates_in_fp32_says_so(tmp_path, caplog):
+    """As with --bf16 above, for a checkpoint of fp16 updates (a GPU's; its pickled arguments say fp16 here)."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    pickled = tmp_path / "checkpoint-3" / "training_args.bin"
+    arguments = torch.load(pickled, weights_only=False)
+    arguments.fp16 = True
+    torch.save(arguments, pickled)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=4).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-3")
+        )
+    assert f"Resuming {tmp_path / 'checkpoint-3'} in fp32, where its updates so far were in fp16 mixed precision" in (
+        caplog.text
+    )
+
+
 def trained_as(checkpoint: Path, **batching) -> None:
     """Make `checkpoint`'s marker say it was trained with other batching (another number of processes, say)."""
     marker = checkpoint / "checkpoint_complete.json"
