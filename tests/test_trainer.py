@@ -4,6 +4,7 @@ several processes, label smoothing in the fused loss, resuming. Everything is sy
 import errno
 import json
 import logging
+import math
 import multiprocessing
 import os
 import pickle
@@ -757,10 +758,15 @@ def test_rerunning_a_finished_epoch_run_trains_nothing_even_with_fractional_epoc
     assert rerun.state.global_step == total
 
 
-def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_training_did(tmp_path):
+@pytest.mark.parametrize("load_best_model_at_end", [True, False])
+def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_training_did(
+    tmp_path, load_best_model_at_end
+):
+    """Without `load_best_model_at_end` the end of training kept the last weights, though a best is recorded."""
     # The highest validation loss is the best: the first checkpoint stays the best.
     best_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
-    best_first |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    best_first |= {"metric_for_best_model": "eval_loss", "greater_is_better": True}
+    best_first |= {"load_best_model_at_end": load_best_model_at_end}
     tokenizer = word_tokenizer()
     validation = copy_dataset([4, 5, 6], len(tokenizer), seed=5)
     finished = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
@@ -769,7 +775,7 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
     assert best != tmp_path / "checkpoint-3"
     rerun = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
     rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    expected = load_file(best / "model.safetensors")
+    expected = load_file((best if load_best_model_at_end else tmp_path / "checkpoint-3") / "model.safetensors")
     weights = rerun.model.state_dict()
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
 
@@ -1196,7 +1202,8 @@ def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_pat
     trainer = make_trainer(
         args, dataset, tokenizer, tiny_model(len(tokenizer)), SignalWhileEvaluating, eval_dataset=validation
     )
-    trainer.train()
+    output = trainer.train()
+    assert (output.global_step, output.metrics) == (0, {}) and math.isnan(output.training_loss)
     assert trainer.preempted == {"signal": "SIGTERM", "step": 0} and trainer.evaluation_batches == 1
     assert not any("loss" in entry for entry in trainer.state.log_history), "no update made"
 
