@@ -437,6 +437,18 @@ def test_the_evaluation_loss_is_per_labelled_token_of_the_whole_split_whatever_i
         assert trainer.predict(split, max_new_tokens=2).metrics["test_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_predict_asked_for_the_loss_only_generates_nothing(tmp_path, monkeypatch):
+    """`prediction_loss_only` (the flag, for a quick test loss) also where `predict_with_generate` is set."""
+    tokenizer = word_tokenizer()
+    model = tiny_model(len(tokenizer), dropout=0.0)
+    split = copy_dataset([3, 10, 4, 6], len(tokenizer), seed=4)
+    args = training_args(tmp_path, predict_with_generate=True, prediction_loss_only=True)
+    trainer = make_trainer(args, split, tokenizer, model)
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("generated"))
+    predicted = trainer.predict(split, max_new_tokens=2)
+    assert predicted.predictions is None and math.isfinite(predicted.metrics["test_loss"])
+
+
 def test_an_evaluation_batch_with_a_non_finite_loss_is_left_out_of_the_loss_with_a_warning(tmp_path, caplog):
     """As the Trainer does (`logging_nan_inf_filter`), but it said nothing: eval_loss was then that of part of the
     split, finite, and could rank best a model whose loss overflowed on the rest."""
