@@ -1591,6 +1591,27 @@ def test_a_quota_or_an_io_error_during_a_checkpoint_is_one_line_and_the_previous
     assert staging_directories(output_dir) == []
 
 
+def test_a_checkpoint_whose_directory_cannot_be_made_is_one_line_and_the_previous_checkpoint_stays(
+    tmp_path, monkeypatch
+):
+    """An inode quota refuses the staging directory itself: nothing to remove after, and its error is the one said."""
+    output_dir = tmp_path / "run"
+    makedirs = os.makedirs
+
+    def makedirs_until_the_quota_is_spent(name, *args, **kwargs):
+        if ".checkpoint-4.partial" in str(name):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded", str(name))
+        return makedirs(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", makedirs_until_the_quota_is_spent)
+    trainer = resumable_run(output_dir, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(UnwritableError) as error:
+        trainer.train()
+    assert str(error.value).startswith(f"Disk quota exceeded while writing {output_dir / 'checkpoint-4'}")
+    assert [path.name for path in list_checkpoints(output_dir)] == ["checkpoint-2"]
+    assert staging_directories(output_dir) == []
+
+
 def test_a_checkpoint_save_failing_otherwise_than_in_the_file_system_raises_its_own_error_and_leaves_no_half(
     tmp_path, monkeypatch
 ):
