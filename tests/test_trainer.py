@@ -1758,15 +1758,28 @@ def test_a_learning_rate_that_puts_the_papers_peak_below_1e_5_is_warned_of(tmp_p
     assert "giving a peak rate of 1.3e-06; for a peak rate of 1e-05 use --no_paper_schedule" in caplog.text
 
 
-def test_a_training_log_holds_the_tokens_and_padding_of_its_updates(tmp_path):
+class MinuteLongUpdates(TokenBudgetSeq2SeqTrainer):
+    """Each batch moves `modeling.trainer`'s clock on by a minute."""
+
+    clock = Clock()
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        self.clock.offset += 60.0
+        return loss
+
+
+def test_a_training_log_holds_the_tokens_and_padding_of_its_updates(tmp_path, monkeypatch):
     """Sources of 3 and 5 tokens in one batch (padded to 2 × 5), the targets the same, trained on twice and logged
-    once: 8 real source and 8 real target tokens per update, 16 of 20 padded tokens real."""
+    once: 8 real source and 8 real target tokens per update, 16 of 20 padded tokens real; 32 tokens in 2 minutes."""
+    monkeypatch.setattr(trainer_module, "time", MinuteLongUpdates.clock)
     tokenizer = word_tokenizer()
     args = training_args(tmp_path, max_steps=2, logging_steps=2, warmup_steps=1, max_tokens_per_device=1000)
     dataset = copy_dataset([3, 5], len(tokenizer))
-    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)))
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), MinuteLongUpdates)
     trainer.train()
     (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logged["tokens_per_second"] == pytest.approx(32 / 120, rel=1e-2), "the updates' seconds, not the test's"
     expected = {
         "source_tokens_per_update": 8,
         "target_tokens_per_update": 8,
