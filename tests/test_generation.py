@@ -353,6 +353,17 @@ def test_without_a_padding_id_every_source_position_counts_for_the_limit():
         assert [row[1:].index(EOS) + 1 for row in out.tolist()] == [4 + 3, 4 + 3]  # forced at the limit
 
 
+def test_the_attention_mask_gives_the_source_lengths_for_the_limit():
+    """A tokenizer that pads with `</s>` (pad id = end-of-sentence id): counting the ids other than the padding one
+    would leave each source's own `</s>` out of its length."""
+    model = ended_by_the_length_limit_only(pad_token_id=EOS)
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, 12, EOS, EOS, EOS]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    for num_beams in (1, 4):
+        out = model.generate(input_ids, attention_mask=attention_mask, num_beams=num_beams, max_length_offset=3)
+        assert [row[1:].index(EOS) + 1 for row in out.tolist()] == [6 + 3, 4 + 3]
+
+
 @pytest.mark.parametrize("num_beams", [0, -1, 2.0])
 def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
