@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import save_trainer_checkpoint
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -456,3 +457,58 @@ def test_weights_that_go_missing_or_unreadable_after_listing_are_named(tmp_path,
         expected = f"Cannot read the weights {weights}: "
     error = FileNotFoundError if damage == "shard removed" else ValueError
     assert average_refused(tmp_path, error).startswith(expected)
+
+
+def test_an_old_best_after_the_oldest_checkpoint_counts_only_the_newer_saves(tmp_path, caplog):
+    """Rotation kept the best at 100 and, beside it, the older 50: the saves to average are the 3 after the best."""
+    saves(tmp_path, [50, 100, 400, 500, 600], best_model_checkpoint=str(tmp_path / "checkpoint-100"), save_steps=50)
+    with pytest.raises(ValueError, match="average the last 3 at most"):
+        last_checkpoints(tmp_path, 5)
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        taken = last_checkpoints(tmp_path, 5, at_most=True)
+    assert taken == [tmp_path / f"checkpoint-{step}" for step in (400, 500, 600)]
+    assert "averaging the last 3 only" in caplog.text
+
+
+def test_the_averaged_weights_carry_the_metadata_from_pretrained_checks(tmp_path):
+    """transformers refuses a safetensors file whose metadata names another format; save_pretrained writes "pt"."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    with safe_open(output_dir / "model.safetensors", framework="pt") as weights:
+        assert weights.metadata() == {"format": "pt"}
+
+
+def test_a_sharded_newest_checkpoint_leaves_no_shard_beside_the_averaged_weights(tmp_path):
+    """The shards describe that checkpoint's own weights; copied, they would sit unused (and unindexed) beside
+    model.safetensors, a model's size of stale weights."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    sharded = tmp_path / "checkpoint-2"
+    model = AutoModelForSeq2SeqLM.from_pretrained(sharded)
+    (sharded / "model.safetensors").unlink()
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    assert len(list(sharded.glob("*.safetensors"))) > 1, "the model was sharded"
+    output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    record = json.loads((output_dir / "checkpoint_averaging.json").read_text())
+    assert record["configuration_from"] == "../checkpoint-2", "the sharded checkpoint was averaged"
+    assert [path.name for path in output_dir.glob("*.safetensors")] == ["model.safetensors"]
+    assert not (output_dir / "model.safetensors.index.json").exists()
+
+
+def test_an_average_whose_model_card_was_rendered_is_replaced_all_the_same(tmp_path):
+    """A push renders README.md into the average; averaging again must not refuse it as a user's file."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    (output_dir / "README.md").write_text("# a model card\n")
+    average_checkpoints(list_checkpoints(tmp_path), output_dir)
+    assert not (output_dir / "README.md").exists(), "the next push renders it again"
+
+
+def test_a_checkpoint_on_another_drive_is_recorded_by_its_name(tmp_path, monkeypatch):
+    """On Windows, no relative path leads from one drive to another: the record names the checkpoint."""
+
+    def other_drive(path, start):
+        raise ValueError(f"path is on mount 'D:', start on mount 'C:': {path}, {start}")
+
+    monkeypatch.setattr(averaging.os.path, "relpath", other_drive)
+    assert averaging._relative(tmp_path / "checkpoint-5", tmp_path / "averaged") == "checkpoint-5"
