@@ -512,3 +512,14 @@ def test_a_checkpoint_on_another_drive_is_recorded_by_its_name(tmp_path, monkeyp
 
     monkeypatch.setattr(averaging.os.path, "relpath", other_drive)
     assert averaging._relative(tmp_path / "checkpoint-5", tmp_path / "averaged") == "checkpoint-5"
+
+
+def test_a_run_recording_no_save_interval_is_not_refused_for_its_best(tmp_path):
+    """save_steps 0 in the Trainer's state says nothing of where saves came: no gap is too long for it."""
+    saves(tmp_path, [100, 400, 500], best_model_checkpoint=str(tmp_path / "checkpoint-100"), save_steps=0)
+    assert last_checkpoints(tmp_path, 3) == list_checkpoints(tmp_path)
+
+
+def test_every_name_the_module_exports_exists():
+    """`from modeling.averaging import *` fails on a name `__all__` lists that the module does not hold."""
+    assert [name for name in averaging.__all__ if not hasattr(averaging, name)] == []
