@@ -25,8 +25,10 @@ from modeling.callbacks import (
     PreemptionCallback,
     SamplerEpochCallback,
     SaveEveryMinutesCallback,
+    SignalledBeforeTraining,
     StopAfterMinutesCallback,
     TensorBoardGivenUpCallback,
+    _rank_zero_decides,
     any_rank,
     leave_process_group,
     lowest_and_highest_over_ranks,
@@ -44,6 +46,14 @@ def test_sampler_epoch_follows_completed_updates_when_resuming():
     args.gradient_accumulation_steps = 4  # one update per epoch: the 7 completed updates are 7 epochs
     callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=list(sampler))
     assert sampler.epoch == 7
+
+
+def test_sampler_epoch_without_a_token_budget_sampler_does_nothing():
+    """A trainer whose get_train_dataloader is a subclass's own has no token-budget sampler to tell the epoch."""
+    callback = SamplerEpochCallback()
+    args, state = SimpleNamespace(gradient_accumulation_steps=1), SimpleNamespace(global_step=3)
+    callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=[[0], [1]])
+    assert callback.sampler is None
 
 
 @pytest.fixture
@@ -98,6 +108,21 @@ def test_minutes_must_be_positive(callback_class):
 def test_collectives_in_a_single_process_return_its_own_values():
     cpu = torch.device("cpu")
     assert (max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu), any_rank(True, cpu)) == (5, (5, 5), True)
+
+
+def test_collectives_between_processes_are_made_on_the_given_device(monkeypatch):
+    """NCCL, the GPUs' backend, takes CUDA tensors only: the integers must be made on the trainer's device, not on
+    torch's default one (here meta, which stands in for the CPU default next to a GPU). Two processes faked."""
+    seen = []
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src: seen.append(tensor.device))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op: seen.append(tensor.device))
+    cpu = torch.device("cpu")
+    with torch.device("meta"):
+        decided = (_rank_zero_decides(True, cpu), max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu))
+    assert decided == (True, 5, (5, 5)) and seen == [cpu, cpu, cpu]
 
 
 def test_leaving_the_process_group_without_one_does_nothing():
@@ -229,6 +254,43 @@ def test_a_preemption_at_the_end_of_an_epoch_neither_saves_again_nor_evaluates()
     control.should_save = control.should_evaluate = True  # what save and eval_strategy="epoch" ask at its end
     callback.on_epoch_end(CPU_ARGS, None, control)
     assert not (control.should_save or control.should_evaluate)
+
+
+def test_a_second_sigusr1_is_the_same_request_and_does_not_stop_at_once(clock):
+    """Only a second SIGINT or SIGTERM is an impatient user's: a scheduler that sends SIGUSR1 again still gets its
+    checkpoint. The outer handler stands in for SIGUSR1's default, which would kill the test."""
+    outer = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: outer.append(signum))
+    try:
+        callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+        with callback.handling():
+            signal.raise_signal(signal.SIGUSR1)
+            clock[0] += 2.0
+            signal.raise_signal(signal.SIGUSR1)
+            assert signal.getsignal(signal.SIGUSR1) == callback._handle and outer == []
+            assert callback.requested == signal.SIGUSR1
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_signal_after_the_data_is_prepared_asks_to_stop_at_the_end_of_the_update():
+    """Outside `stopping_at_once()` (training), the update under way finishes: no `SignalledBeforeTraining`."""
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        with callback.stopping_at_once():
+            pass
+        signal.raise_signal(signal.SIGUSR1)
+        assert callback.requested == signal.SIGUSR1
+
+
+def test_a_signal_while_the_data_is_prepared_raises_at_once_where_the_process_is():
+    """Preparing WMT's data takes longer than a scheduler waits before it kills: no waiting for it to end."""
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        with pytest.raises(SignalledBeforeTraining, match="SIGUSR1"):
+            with callback.stopping_at_once():
+                signal.raise_signal(signal.SIGUSR1)
+                pytest.fail("the preparation went on after the signal")
 
 
 def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_path):
