@@ -583,7 +583,7 @@ def test_tensorboard_is_closed_at_the_end_of_training_with_every_logged_value_in
 def test_tensorboard_whose_last_write_the_disk_refuses_at_the_end_of_training_is_given_up_with_a_warning(
     tmp_path, monkeypatch, caplog
 ):
-    """The close at the end flushes what is still queued: a full disk there ended a finished run with a traceback."""
+    """The close at the end flushes what is queued: raised, a full disk there ends a finished run in a traceback."""
     callback, args, state = tensorboard_run(tmp_path, monkeypatch)
     writer = callback.tb_writer
     close = writer.close
