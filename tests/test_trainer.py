@@ -1779,7 +1779,7 @@ def test_a_training_log_holds_the_tokens_and_padding_of_its_updates(tmp_path, mo
     trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), MinuteLongUpdates)
     trainer.train()
     (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert logged["tokens_per_second"] == pytest.approx(32 / 120, rel=1e-2), "the updates' seconds, not the test's"
+    assert logged["tokens_per_second"] == pytest.approx(32 / 120, rel=0.05), "the updates' seconds, not the test's"
     expected = {
         "source_tokens_per_update": 8,
         "target_tokens_per_update": 8,
