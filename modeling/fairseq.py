@@ -110,6 +110,7 @@ _DECODER_LAYER_PARTS = {
     **{f"encoder_attn.{p}.{w}": f"encoder_attn.{p}.{w}" for p in _PROJECTIONS for w in ("weight", "bias")},
     **{f"encoder_attn_layer_norm.{w}": f"encoder_attn_layer_norm.{w}" for w in ("weight", "bias")},
 }
+_LAYER_PARTS = {"encoder": _ENCODER_LAYER_PARTS, "decoder": _DECODER_LAYER_PARTS}
 # Keys fairseq itself ignores or rebuilds: stack versions, the sinusoid table's placeholder (old: the table).
 _IGNORED_KEY = re.compile(r"^(encoder|decoder)\.(version|embed_positions\._float_tensor|embed_positions\.weights)$")
 
@@ -433,24 +434,24 @@ def fairseq_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
             _refuse(key, "a matrix of its own", "this model shares one matrix with encoder.embed_tokens.weight")
     ours: dict[str, torch.Tensor] = {"model.shared.weight": shared}
     handled = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"}
-    layers: dict[tuple[str, str], dict[str, str]] = {}  # (side, index) -> the parts such a layer holds
+    layers: set[tuple[str, str]] = set()  # (side, index) of every layer the checkpoint holds a part of
     for key, tensor in state_dict.items():
         if key in handled or _IGNORED_KEY.match(key):
             continue
         match = _LAYER_KEY.match(key)
-        parts = {} if not match else _ENCODER_LAYER_PARTS if match.group(1) == "encoder" else _DECODER_LAYER_PARTS
+        parts = _LAYER_PARTS[match.group(1)] if match else {}
         if not match or match.group(3) not in parts:
             why = "an untied output projection" if key == "decoder.embed_out" else "an unexpected state-dict key"
             if key.endswith("layer_norm.weight") and key.count(".") == 2:
                 why = "a final LayerNorm after the stack (pre-LN)"
             _refuse(key, tuple(tensor.shape), why)
         side, index, part = match.groups()
-        layers[side, index] = parts
+        layers.add((side, index))
         ours[f"model.{side}.layers.{index}.{parts[part]}"] = tensor
     # Refused here, a missing part is named as fairseq names it; `load_state_dict` would name this model's
     # key among many lines.
-    for (side, index), parts in layers.items():
-        for part in parts:
+    for side, index in sorted(layers):  # the same key named on every run
+        for part in _LAYER_PARTS[side]:
             if f"{side}.layers.{index}.{part}" not in state_dict:
                 _refuse(f"{side}.layers.{index}.{part}", None, "missing from the state dict")
     ours["model.encoder.embed_tokens.weight"] = shared
