@@ -245,9 +245,7 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
     seen = set(symbols)
     # iter_lines refuses an invalid UTF-8 line naming the file and the line
     for number, line in enumerate(iter_lines(path), start=1):
-        line = line.rstrip()
-        if not line:
-            continue
+        line = line.rstrip()  # a blank line is refused below, as fairseq refuses it
         overwrite = line.endswith(" #fairseq:overwrite")
         if overwrite:
             line = line[: -len(" #fairseq:overwrite")]
@@ -421,9 +419,11 @@ def _upgraded_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
     return upgraded
 
 
-def fairseq_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """This model's state dict from fairseq's; refuses any key outside the expected set, and embeddings that are
-    not one matrix."""
+def fairseq_state_dict(
+    state_dict: dict[str, torch.Tensor], shapes: dict[str, torch.Size] | None = None
+) -> dict[str, torch.Tensor]:
+    """This model's state dict from fairseq's; refuses any key outside the expected set, embeddings that are
+    not one matrix, and a layer's tensor of another shape than `shapes` (this model's, by its key) gives."""
     state_dict = _upgraded_state_dict(state_dict)
     shared = state_dict["encoder.embed_tokens.weight"]
     for key in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"):
@@ -447,7 +447,12 @@ def fairseq_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
             _refuse(key, tuple(tensor.shape), why)
         side, index, part = match.groups()
         layers.add((side, index))
-        ours[f"model.{side}.layers.{index}.{parts[part]}"] = tensor
+        name = f"model.{side}.layers.{index}.{parts[part]}"
+        # a damaged checkpoint: fairseq's layers are alike, and the config took its sizes from layer 0
+        expected = tensor.shape if shapes is None else shapes.get(name, tensor.shape)
+        if tensor.shape != expected:
+            _refuse(key, tuple(tensor.shape), f"the config read from the checkpoint gives {tuple(expected)}")
+        ours[name] = tensor
     # Refused here, a missing part is named as fairseq names it; `load_state_dict` would name this model's
     # key among many lines.
     for side, index in sorted(layers):  # the same key named on every run
@@ -559,9 +564,8 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
     state_dict = {key: tensor for key, tensor in loaded["model"].items() if isinstance(tensor, torch.Tensor)}
     del loaded
     config = fairseq_config(args, state_dict, len(symbols))
-    weights = fairseq_state_dict(state_dict)
-
     model = TransformerForConditionalGeneration(config)
+    weights = fairseq_state_dict(state_dict, {key: tensor.shape for key, tensor in model.state_dict().items()})
     # fairseq computes in float32 whatever the stored precision (fp16-trained checkpoints store halves)
     model.load_state_dict({key: tensor.float() for key, tensor in weights.items()}, strict=True)
     model.eval()

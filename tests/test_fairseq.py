@@ -529,6 +529,10 @@ def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_fil
         (tmp_path / "dict.txt").write_text(f"a 5\n{line}\nc 2\n", encoding="utf-8")
         with pytest.raises(FairseqConversionError, match=f"dict.txt, line 2: expected 'token count', got '{line}'"):
             read_fairseq_dictionary(tmp_path / "dict.txt")
+    for blank in ("", "  "):  # fairseq's Dictionary refuses it too: the file is not as fairseq wrote it
+        (tmp_path / "dict.txt").write_text(f"a 5\n{blank}\nc 2\n", encoding="utf-8")
+        with pytest.raises(FairseqConversionError, match="dict.txt, line 2: expected 'token count', got ''"):
+            read_fairseq_dictionary(tmp_path / "dict.txt")
     (tmp_path / "codes").write_text("#version: 0.2\na b\nc d e\n", encoding="utf-8")
     with pytest.raises(FairseqConversionError, match="codes, line 3: expected 'left right', got 'c d e'"):
         read_bpe_merges(tmp_path / "codes")
@@ -698,6 +702,24 @@ def test_a_missing_weight_is_refused_naming_the_key(tmp_path, key):
     checkpoint = fixture_checkpoint()
     del checkpoint["model"][key]
     with pytest.raises(FairseqConversionError, match=re.escape(f"{key}=None (missing from the state dict)")):
+        converting(checkpoint, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "shape", "expected"),
+    [
+        ("encoder.layers.1.fc1.weight", (40, 24), (48, 24)),  # the config's ffn width is layer 0's
+        ("decoder.layers.0.encoder_attn.v_proj.bias", (12,), (24,)),
+        ("decoder.layers.1.final_layer_norm.weight", (24, 1), (24,)),
+    ],
+)
+def test_a_weight_of_another_shape_is_refused_naming_the_key(tmp_path, key, shape, expected):
+    """In one line naming the checkpoint's key, not `load_state_dict`'s list of size mismatches."""
+    checkpoint = fixture_checkpoint()
+    assert tuple(checkpoint["model"][key].shape) == expected
+    checkpoint["model"][key] = torch.zeros(shape)
+    message = f"{key}={shape} (the config read from the checkpoint gives {expected})"
+    with pytest.raises(FairseqConversionError, match=re.escape(message)):
         converting(checkpoint, tmp_path)
 
 
