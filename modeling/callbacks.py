@@ -270,7 +270,7 @@ class PreemptionCallback(TrainerCallback):
     and stops, and `self.preempted` holds the signal and the update. Nothing is lost beyond the update in flight: it
     finishes.
 
-    A second SIGINT or SIGTERM (another one, or the same more than a second after the first: a launcher forwarding
+    A second SIGINT or SIGTERM (another one, or the same a second or more after the first: a launcher forwarding
     the signal it got does not count) restores the previous handler and re-raises it: an impatient user still gets
     out at once. After a SIGHUP, the first SIGINT or SIGTERM is a request like the first: no user at the terminal
     that hung up sent it, but the system ending the session's processes (systemd-logind with KillUserProcesses=yes:
