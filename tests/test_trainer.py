@@ -253,6 +253,34 @@ def test_evaluation_batches_keep_the_budget_given_when_training_batches_are_made
     assert losses_by_budget[0] == losses_by_budget[1]
 
 
+def test_training_without_a_train_dataset_is_refused_naming_it(tmp_path):
+    tokenizer = word_tokenizer()
+    trainer = make_trainer(training_args(tmp_path, max_steps=1), None, tokenizer, tiny_model(len(tokenizer)))
+    with pytest.raises(ValueError, match=r"^Training requires a train_dataset\.$"):
+        trainer.train()
+
+
+def test_evaluation_batches_come_in_length_order(tmp_path):
+    """`get_eval_dataloader`'s promise: a compute_metrics sees the examples in the same order at every evaluation,
+    the shortest batches first, not in the shuffled order of the training batches."""
+    tokenizer = word_tokenizer()
+    rng = random.Random(4)
+    lengths = [rng.randint(3, 12) for _ in range(30)]
+    dataset = copy_dataset(lengths, len(tokenizer), seed=4)
+    args = training_args(tmp_path, max_tokens_per_device=40)
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), eval_dataset=dataset)
+    longest = [batch["input_ids"].shape[1] for batch in trainer.get_eval_dataloader()]
+    assert len(longest) > 3 and longest == sorted(longest)
+
+
+def test_a_training_dataset_without_labels_is_refused_naming_it(tmp_path):
+    tokenizer = word_tokenizer()
+    dataset = copy_dataset([3, 4], len(tokenizer)).remove_columns("labels")
+    trainer = make_trainer(training_args(tmp_path, max_steps=1), dataset, tokenizer, tiny_model(len(tokenizer)))
+    with pytest.raises(ValueError, match=r"^The training dataset lacks \['labels'\]: tokenize it with "):
+        trainer.train()
+
+
 def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
     initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
     full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples
@@ -792,6 +820,35 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
 
 
+def test_rerunning_a_finished_one_update_run_trains_nothing(tmp_path):
+    """max_steps=1 is a number of updates as any other: the Trainer's loop would make a second update."""
+    resumable_run(tmp_path, max_steps=1, save_strategy="steps", save_steps=1).train()
+    rerun = resumable_run(tmp_path, max_steps=1, save_strategy="steps", save_steps=1)
+    output = rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert output.metrics == {} and rerun.state.global_step == 1
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-1"]
+
+
+def test_rerunning_a_finished_run_whose_best_checkpoint_was_deleted_keeps_the_weights_it_resumed(tmp_path, caplog):
+    """A best checkpoint removed by hand (for the disk space) is forgotten with a warning; with none to load, the
+    rerun keeps the weights of the checkpoint it resumed, as the end of training does where no best is known."""
+    best_first = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    best_first |= {"metric_for_best_model": "eval_loss", "greater_is_better": True, "load_best_model_at_end": True}
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    finished = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
+    finished.train()
+    best = Path(finished.state.best_model_checkpoint)
+    assert best != tmp_path / "checkpoint-3"
+    shutil.rmtree(best)
+    rerun = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **best_first)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        output = rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert output.metrics == {} and f"The run's best checkpoint {best.name} is not in {tmp_path}" in caplog.text
+    weights = rerun.model.state_dict()
+    for name, tensor in load_file(tmp_path / "checkpoint-3" / "model.safetensors").items():
+        assert torch.equal(weights[name], tensor), name
+
+
 @pytest.mark.parametrize("how", ["moved", "copied"])
 @pytest.mark.parametrize("max_steps", [5, 3])  # 3: a finished run, run again, trains nothing and loads its best
 def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps, caplog):
@@ -899,6 +956,18 @@ def test_resuming_fp16_updates_in_fp32_says_so(tmp_path, caplog):
     assert f"Resuming {tmp_path / 'checkpoint-3'} in fp32, where its updates so far were in fp16 mixed precision" in (
         caplog.text
     )
+
+
+def test_a_checkpoint_whose_pickled_arguments_do_not_read_resumes_without_a_precision_to_compare(tmp_path, caplog):
+    """training_args.bin in torch's legacy format (an older torch's, another tool's) records no precision that
+    can be read: the resume goes on, with nothing to warn of."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    pickled = tmp_path / "checkpoint-3" / "training_args.bin"
+    torch.save(torch.load(pickled, weights_only=False), pickled, _use_new_zipfile_serialization=False)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=4, bf16=True)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.state.global_step == 4 and "Resuming" not in caplog.text
 
 
 def trained_as(checkpoint: Path, **batching) -> None:
@@ -1127,6 +1196,17 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     assert signal.getsignal(signal.SIGTERM) is handler
 
 
+def test_a_signal_outside_training_leaves_an_evaluation_whole(tmp_path):
+    """Only an evaluation during training is abandoned on a signal, the update it followed then saved. One after
+    train() (a script's own, under the run's handlers) runs to its end, the signal left to whoever handles it."""
+    validation = copy_dataset([4, 5, 6, 7] * 2, len(word_tokenizer()), seed=5)
+    trainer = resumable_run(tmp_path, eval_dataset=validation)
+    with trainer.preemption.handling():
+        os.kill(os.getpid(), signal.SIGTERM)
+        metrics = trainer.evaluate()
+    assert math.isfinite(metrics["eval_loss"]) and trainer.preempted is None
+
+
 @pytest.mark.parametrize("signalled", [SignalOnMicroBatch, SignalWhileEvaluating])
 def test_a_run_preempted_at_an_evaluation_resumes_with_the_losses_of_the_uninterrupted_run(tmp_path, signalled):
     """Preempted in the update before an evaluation (skipped), or while evaluating (abandoned after its first
@@ -1203,6 +1283,12 @@ def test_the_metrics_an_evaluation_reports_are_those_metric_for_best_model_may_n
         assert reported == evaluation_metrics(bleu=bleu, target_lang=target_lang)
         assert all(value is not None for entry in entries for value in entry.values())
     assert ("eval_sample_paper_bleu" in reported) == (target_lang == "de")
+
+
+def test_without_a_target_language_an_evaluation_reports_every_bleu_metric():
+    """`target_lang` is optional: no language named, none of the BLEU metrics is left out."""
+    names = {f"eval_sample_{name}" for name in ("bleu", "paper_bleu", "chrf", "sentences")}
+    assert names <= evaluation_metrics(bleu=True)
 
 
 def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_path):
@@ -1661,6 +1747,21 @@ def test_a_final_model_that_fails_to_save_names_its_directory_or_raises_its_own_
     assert not (output_dir / "config.json").exists() and not (output_dir / "model.safetensors").exists()
 
 
+def test_a_final_model_whose_directory_cannot_be_made_is_one_line(tmp_path, monkeypatch):
+    """An inode quota refuses the staging directory itself: nothing to remove after, and its error is the one said."""
+    output_dir = tmp_path / "run"
+    trainer = resumable_run(output_dir, max_steps=1)
+    trainer.train()
+
+    def save_model_refused(directory, *args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(directory))
+
+    monkeypatch.setattr(trainer, "save_model", save_model_refused)
+    with pytest.raises(UnwritableError, match=f"^Disk quota exceeded while writing {re.escape(str(output_dir))}"):
+        trainer.save_final_model()
+    assert not (output_dir / ".final-model.partial").exists()
+
+
 @pytest.mark.parametrize("setting", [{"split_batches": True}, {"dispatch_batches": True}, {"even_batches": False}])
 def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_refused_on_several_processes(
     tmp_path, setting
@@ -1800,3 +1901,14 @@ def test_loader_workers_persist_between_epochs_only_when_asked(tmp_path, persist
         settings = {"dataloader_num_workers": workers, "dataloader_persistent_workers": persistent}
         trainer = make_trainer(training_args(tmp_path, **settings), dataset, tokenizer, tiny_model(len(tokenizer)))
         assert trainer.get_train_dataloader().persistent_workers is (persistent and workers > 0)
+
+
+def test_loader_workers_prefetch_as_many_batches_as_asked(tmp_path):
+    """`dataloader_prefetch_factor` as the Trainer takes it: each worker's batches in flight, never asked of a loader
+    without workers (torch refuses that)."""
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    for workers, prefetched in ((0, None), (1, 4)):
+        settings = {"dataloader_num_workers": workers, "dataloader_prefetch_factor": 4 if workers else None}
+        trainer = make_trainer(training_args(tmp_path, **settings), dataset, tokenizer, tiny_model(len(tokenizer)))
+        assert trainer.get_train_dataloader().prefetch_factor == prefetched
