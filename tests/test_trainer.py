@@ -1044,6 +1044,19 @@ def test_a_refused_requeue_says_what_keeps_the_updates_where_no_accumulation_can
     assert "resume on a number of processes that divides 6, with as many micro-batches as keep 6" in message
 
 
+def test_a_refused_requeue_on_more_processes_says_what_keeps_the_checkpoints_updates():
+    """1 process × 4 micro-batches of 4096 tokens, requeued on 2 processes with batches of 2048: 2 micro-batches on
+    each keep the 4 batches per update, and the size asked now would not keep them, so the refusal names both."""
+    message = str(
+        trainer_module._other_processes_refusal(
+            Path("run/checkpoint-9"),
+            {"processes": 1, "micro_batches_per_update": 4, "max_tokens_per_device": 4096},
+            {"processes": 2, "micro_batches_per_update": 1, "max_tokens_per_device": 2048},
+        )
+    )
+    assert "resume with --gradient_accumulation_steps 2 --max_tokens_per_device 4096 to keep them" in message
+
+
 class SignalOnMicroBatch(TokenBudgetSeq2SeqTrainer):
     """Sends itself SIGTERM during micro-batch `signal_at` (1-based), i.e. in the middle of an update."""
 
