@@ -2,7 +2,9 @@
 identifies a run."""
 
 import json
+import locale
 import logging
+import sys
 
 import pytest
 import tokenizers
@@ -11,6 +13,7 @@ from helpers import save_tiny_checkpoint, save_trainer_checkpoint, word_tokenize
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerFast
 
+from modeling import checkpoints
 from modeling.checkpoints import (
     COMPLETE_MARKER,
     RUN_IDENTITY_FILE,
@@ -213,6 +216,8 @@ def test_safetensors_problems_name_what_is_wrong(tmp_path):
     entry = b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
     write_safetensors(path, entry, bytes(12))
     assert safetensors_problem(path) == "model.safetensors is longer than its header says (81 bytes, expected 77)"
+    write_safetensors(path, entry, bytes(4))  # the header whole, the data cut short
+    assert safetensors_problem(path) == "model.safetensors is truncated (73 bytes, expected 77)"
 
 
 def test_what_is_wrong_with_a_directory_s_weights(tmp_path):
@@ -337,3 +342,108 @@ def test_model_differences_name_config_fields_tokenizer_and_run_identity(tmp_pat
     assert model_differences(tmp_path / "a", tmp_path / "unrecorded") == ["config.d_model"]
     (tmp_path / "same" / "config.json").write_text("{")  # unreadable: no field to compare
     assert model_differences(tmp_path / "a", tmp_path / "same") == []
+
+
+def test_every_name_the_module_exports_exists():
+    """`from modeling.checkpoints import *` fails on a name `__all__` lists that the module does not hold."""
+    assert [name for name in checkpoints.__all__ if not hasattr(checkpoints, name)] == []
+
+
+def test_paths_given_as_strings_are_read_as_paths(tmp_path):
+    """A path from the command line or a record is a `str`: each function takes it as it takes a Path."""
+    checkpoint = tmp_path / "checkpoint-10"
+    save_trainer_checkpoint(checkpoint, seed=0)
+    assert weight_files(str(checkpoint)) == [checkpoint / "model.safetensors"]
+    assert checkpoint_problems(str(checkpoint)) == [] and saved_update(str(checkpoint)) == 0
+    assert write_completeness_marker(str(checkpoint)) == checkpoint / COMPLETE_MARKER
+    assert checkpoint_problems(str(checkpoint)) == []
+    assert latest_complete_checkpoint(str(tmp_path)) == checkpoint
+    assert require_complete_checkpoint(str(checkpoint)) == checkpoint
+
+
+@pytest.fixture
+def ascii_locale():
+    """The locale of a job started under LANG=C with PYTHONUTF8=0: `open` without an encoding reads ASCII."""
+    if sys.flags.utf8_mode:
+        pytest.skip("UTF-8 mode reads UTF-8 whatever the locale")
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+            pytest.skip("the C locale's encoding is UTF-8 here")
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+
+
+def test_records_read_back_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
+    """The records are written in UTF-8; a requeued job whose locale encoding is ASCII reads them the same (it
+    failed in UnicodeDecodeError on a non-ASCII token, note or data path)."""
+    state = {"global_step": 7, "log_history": [{"note": "grün"}]}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+    assert saved_update(tmp_path) == 7
+    (tmp_path / RUN_IDENTITY_FILE).write_text('{"data": "Übersetzung"}', encoding="utf-8")
+    assert read_run_identity(tmp_path) == {"data": "Übersetzung"}
+    tokenizer = {"model": {"vocab": {"grün": 0, "a": 1}}, "added_tokens": [{"content": "<ß>", "id": 2}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    assert saved_vocabulary_fingerprint(tmp_path) == vocabulary_fingerprint({"grün": 0, "a": 1, "<ß>": 2})
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model"])
+def test_a_vocabulary_file_without_tokenizer_json_fingerprints_the_vocabulary(tmp_path, name):
+    """A tokenizer saved in its own format alone (a SentencePiece model, a BPE's vocabulary or merges): its bytes
+    decide, so that another vocabulary makes another fingerprint, not none."""
+    (tmp_path / name).write_bytes(b"first")
+    first = saved_vocabulary_fingerprint(tmp_path)
+    (tmp_path / name).write_bytes(b"second")
+    assert first is not None and saved_vocabulary_fingerprint(tmp_path) not in (None, first)
+
+
+@pytest.mark.parametrize("field", ["model_revision", "model_weights", "fairseq_conversion", "dataset_commit"])
+def test_a_field_recorded_since_2026_12_05_is_no_difference_where_one_identity_predates_it(field):
+    """A run recorded before the field existed, requeued by a release that records it, is still the same run."""
+    recorded = {"model_name_or_path": "/m", "seed": 1}
+    assert identity_differences(recorded, {**recorded, field: "abc"}) == []
+    assert identity_differences({**recorded, field: "abc"}, recorded) == []
+
+
+def test_a_hub_model_and_a_local_directory_of_the_same_name_are_different_models():
+    """The Hub id `org/model` records no weights; a directory `org/model` in the working directory records its
+    own: loaded under the same name, they are not the same model."""
+    hub = {"model_name_or_path": "org/model", "model_weights": None}
+    local = {"model_name_or_path": "org/model", "model_weights": [{"name": "model.safetensors", "sha256": "1"}]}
+    assert identity_differences(hub, local) == ["model_weights"]
+    assert identity_differences(local, hub) == ["model_weights"]
+
+
+def test_a_config_saved_by_another_library_version_or_loaded_another_way_has_the_same_identity():
+    """What transformers sets on saving or loading a config, not what the model is."""
+    volatile = {
+        "transformers_version": "5.0.0",
+        "_name_or_path": "/somewhere",
+        "_commit_hash": "abc",
+        "architectures": ["TransformerForConditionalGeneration"],
+        "auto_map": {"AutoModel": "modeling_transformer.TransformerModel"},
+        "dtype": "float32",
+        "torch_dtype": "float32",
+        "output_attentions": True,
+        "output_hidden_states": True,
+        "return_dict": False,
+        "use_cache": False,
+        "_attn_implementation": "eager",
+    }
+    assert config_identity({"d_model": 32, **volatile}) == {"d_model": 32}
+
+
+def test_a_config_value_json_has_no_type_for_compares_as_its_text(tmp_path):
+    """Run identities are written with such values as text: a fresh config holding one (a Path a user set) must
+    compare equal to the recorded one, not fail to serialise."""
+    assert config_identity({"d_model": 32, "data_dir": tmp_path}) == {"d_model": 32, "data_dir": str(tmp_path)}
+
+
+def test_a_field_a_newer_library_adds_inside_a_nested_config_mapping_is_no_difference_either():
+    recorded = {"config": {"d_model": 32, "rope": {"theta": 1}}}
+    assert identity_differences(recorded, {"config": {"d_model": 32, "rope": {"theta": 1, "added": 2}}}) == []
+    assert identity_differences(recorded, {"config": {"d_model": 32, "rope": {"theta": 2}}}) == ["config.rope.theta"]
+    nested = {"data": {"config": {"a": 1}}}, {"data": {"config": {"a": 1, "b": 2}}}
+    assert identity_differences(*nested) == ["data.config.b"], "only the model's config, at the top, is lenient"
