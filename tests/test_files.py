@@ -1062,3 +1062,74 @@ def test_a_file_that_cannot_be_opened_raises_the_error_of_open_naming_it(tmp_pat
     """Not "cannot read it after 0 lines", which reads as a corrupt file."""
     with pytest.raises(FileNotFoundError, match=r"No such file or directory: .*missing\.de"):
         list(iter_lines(tmp_path / "missing.de"))
+
+
+def test_a_write_error_where_the_free_space_cannot_be_read_is_the_file_systems(tmp_path, monkeypatch):
+    """A dead NFS mount fails the write (EIO) and the free-space query too: the error is the file system's, named
+    in one line, not a TypeError from comparing no free space with the threshold."""
+
+    def no_statvfs(path):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(shutil, "disk_usage", no_statvfs)
+    assert disk_full_error(RuntimeError("write failed"), tmp_path / "model.safetensors") is None
+    with pytest.raises(UnwritableError, match=r"^Input/output error while writing .*model\.safetensors$") as error:
+        with atomic_path(tmp_path / "model.safetensors"):
+            raise OSError(errno.EIO, "Input/output error")
+    assert not isinstance(error.value, DiskFullError)
+
+
+def test_a_disk_with_a_hundred_mib_free_is_not_full(tmp_path, monkeypatch):
+    """Only almost no free space (under 16 MiB) blames a bare 'write failed' on a full disk."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 100 * 2**20))
+    assert disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt") is None
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 15 * 2**20))
+    assert isinstance(disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt"), DiskFullError)
+
+
+def test_a_second_writer_naming_the_directory_through_a_link_is_refused(tmp_path):
+    """`out -> /scratch/out`: one job names the link, another the directory; one lock beside what is written."""
+    target, link = tmp_path / "export", tmp_path / "link"
+    target.mkdir()
+    link.symlink_to(target)
+    with sole_writer(target):
+        with pytest.raises(UnwritableError, match="^another process is writing "):
+            with sole_writer(str(link)):
+                pass
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export", "link"]
+
+
+def test_an_empty_directory_may_be_replaced_without_the_marker(tmp_path):
+    """A directory made ahead of the run (`mkdir out`) holds nothing to lose."""
+    (tmp_path / "out").mkdir()
+    check_replaceable(tmp_path / "out", "export.json", "an export")
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"is not an export \(no export\.json\)"):
+        check_replaceable(tmp_path / "out", "export.json", "an export")
+
+
+def test_a_terminal_can_be_read_only_once(tmp_path):
+    """`translate.py --input-file /dev/tty`, or /dev/stdin on a terminal: a character device, read once."""
+    leader, follower = os.openpty()
+    try:
+        assert reads_once(os.ttyname(follower))
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_json_records_hold_their_text_as_utf8_not_escapes(tmp_path):
+    """Records a user reads (run identity, results) show "grün" as written, not "gr\\u00fcn"."""
+    path = write_json(tmp_path / "record.json", {"data": "grün"})
+    assert '"data": "grün"' in path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("data", "refusal"),
+    [(b"\x28\xb5\x2f\xfd\x24\x05\x29\x00\x00", "is zstd-compressed"), ("Satz\n".encode("utf-16"), "is UTF-16 text")],
+)
+def test_compressed_or_utf16_standard_input_is_named_as_stdin(monkeypatch, data, refusal):
+    """`zstdcat`-less `cat train.zst | translate.py`: the refusal names <stdin>, not a file called "-"."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    with pytest.raises(ValueError, match=f"^<stdin> {refusal}"):
+        list(iter_lines("-"))
