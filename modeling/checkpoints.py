@@ -177,14 +177,17 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
 def weight_files(directory: str | os.PathLike) -> list[Path]:
     """The safetensors files of a model directory that `from_pretrained` loads: model.safetensors where there is
     one, even beside an index (a sharded save leaves an earlier single file in place), else the shards of the
-    index."""
+    index (ValueError where the index maps no tensors to file names)."""
     directory = Path(directory)
     if (directory / WEIGHTS_NAME).is_file():
         return [directory / WEIGHTS_NAME]
     index = directory / WEIGHTS_INDEX_NAME
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        return [directory / shard for shard in shards]
+        record = json.loads(index.read_text(encoding="utf-8"))
+        weight_map = record.get("weight_map") if isinstance(record, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map of tensor names to shard files")
+        return [directory / shard for shard in sorted(set(weight_map.values()))]
     return sorted(directory.glob("*.safetensors"))
 
 

@@ -447,3 +447,15 @@ def test_a_field_a_newer_library_adds_inside_a_nested_config_mapping_is_no_diffe
     assert identity_differences(recorded, {"config": {"d_model": 32, "rope": {"theta": 2}}}) == ["config.rope.theta"]
     nested = {"data": {"config": {"a": 1}}}, {"data": {"config": {"a": 1, "b": 2}}}
     assert identity_differences(*nested) == ["data.config.b"], "only the model's config, at the top, is lenient"
+
+
+@pytest.mark.parametrize("index", [{"metadata": {}}, {"weight_map": []}, [], {"weight_map": {"a": 1}}])
+def test_an_edited_index_is_a_problem_named_not_a_traceback(tmp_path, index):
+    """An index that parses but maps no tensors to file names (edited by hand, another tool's): listing, resuming and
+    deploying ended in AttributeError or TypeError tracebacks (`.values()` of a list, a path joined with a number)."""
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"index\.json has no weight_map of tensor names to shard files$"):
+        weight_files(tmp_path)
+    [problem] = weights_problems(tmp_path)
+    assert problem.startswith("model.safetensors.index.json cannot be read (ValueError: ")
+    assert checkpoint_problems(tmp_path, training_state=False)[2] == problem
