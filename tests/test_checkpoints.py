@@ -229,6 +229,14 @@ def test_what_is_wrong_with_a_directory_s_weights(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert weight_files(tmp_path) == [tmp_path / "model-1.safetensors", tmp_path / "model-2.safetensors"]
     assert weights_problems(tmp_path) == ["model-1.safetensors is missing", "model-2.safetensors is missing"]
+    write_safetensors(tmp_path / "model-1.safetensors", b"{}")
+    # A Hub cache's snapshot with one shard downloaded so far: that one is judged, the other not yet there.
+    assert weights_problems(tmp_path, missing_ok=True) == []
+    (tmp_path / "model-1.safetensors").write_bytes(bytes(3))
+    assert weights_problems(tmp_path, missing_ok=True) == [
+        "model-1.safetensors is truncated (3 bytes, not even a header)"
+    ]
+    (tmp_path / "model-1.safetensors").unlink()
     (tmp_path / "model.safetensors.index.json").unlink()
     write_safetensors(tmp_path / "b.safetensors", b"{}")
     write_safetensors(tmp_path / "a.safetensors", b"{}")
