@@ -1133,3 +1133,17 @@ def test_compressed_or_utf16_standard_input_is_named_as_stdin(monkeypatch, data,
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
     with pytest.raises(ValueError, match=f"^<stdin> {refusal}"):
         list(iter_lines("-"))
+
+
+def test_files_moved_into_a_directory_not_there_yet_create_it(tmp_path):
+    staging = tmp_path / ".model.partial"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    moved = replace_files(staging, tmp_path / "runs" / "final")
+    assert moved == [tmp_path / "runs" / "final" / "config.json"] and not staging.exists()
+
+
+def test_a_full_disk_error_tells_its_path(tmp_path):
+    """For a caller that cleans up where the write failed."""
+    error = DiskFullError(tmp_path / "optimizer.pt", free=0)
+    assert error.path == str(tmp_path / "optimizer.pt") and error.errno == errno.ENOSPC
