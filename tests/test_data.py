@@ -248,6 +248,15 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_p
         f"cannot write the datasets cache {given_cache} (Read-only file system): give a writable cache directory"
     )
 
+    def parent_read_only(*args, **kwargs):  # HF_HOME itself not yet made, on a read-only file system
+        raise OSError(errno.EACCES, "Permission denied", str(default_cache.parent))
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", parent_read_only)
+    with pytest.raises(
+        OSError, match=rf"^cannot write the datasets cache {re.escape(str(default_cache))} \(Permission"
+    ):
+        load(tmp_path, cache_dir=None)
+
     def not_found_in_the_cache(*args, cache_dir=None, **kwargs):  # not a permission: the error as it was
         raise OSError(errno.ENOENT, "No such file or directory", str(given_cache / "generator"))
 
@@ -381,6 +390,15 @@ def test_argument_errors(tmp_path):
         load_parallel_dataset(source_lang="en", target_lang="en", data_dir=tmp_path, data_files={"train": "dev.tsv"})
     with pytest.raises(ValueError, match="both 'en'"):
         load_parallel_dataset(source_lang="en", target_lang="en", dataset=str(tmp_path))
+
+
+def test_a_revision_of_local_files_is_refused(tmp_path):
+    """A revision names a commit, branch or tag of a Hub dataset: with local files it would be ignored silently, the
+    run recording a version of data it did not read."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    with pytest.raises(ValueError, match=r"^revision='v1' names a version of a Hub dataset: local files have none$"):
+        load(tmp_path, revision="v1")
 
 
 def test_named_data_files_that_cannot_be_read_as_a_pair_are_named(tmp_path):
@@ -577,6 +595,101 @@ def test_a_hub_dataset_hf_download_put_in_the_hub_cache_loads_where_the_hub_cann
         read("validation")  # the dataset has none
 
 
+def test_a_hub_dataset_read_whole_is_read_at_the_revision_asked_for(hub_here, tmp_path):
+    """Every split, at the commit asked for (the one a run recorded), not the latest."""
+    first = push_translation_dataset(
+        hub_here[0], "tester/revised", {"train": synthetic_pairs(4), "test": synthetic_pairs(2, seed=1)}
+    )
+    push_translation_dataset(
+        hub_here[0], "tester/revised", {"train": synthetic_pairs(4, seed=2), "test": synthetic_pairs(2, seed=3)}
+    )
+    ds = load_parallel_dataset(
+        source_lang="en",
+        target_lang="de",
+        dataset="tester/revised",
+        language_pair="de-en",
+        cache_dir=tmp_path / "datasets",
+        revision=first,
+    )
+    assert pairs(ds["train"]) == synthetic_pairs(4) and pairs(ds["test"]) == synthetic_pairs(2, seed=1)
+
+
+def test_a_hub_dataset_that_neither_cache_holds_offline_raises_datasets_error(hub_here, tmp_path, monkeypatch):
+    """Offline, splits asked for of a Hub dataset never read: datasets' "Couldn't reach" (it names offline mode), not
+    an error about a dataset without splits."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConnectionError, match="^Couldn't reach 'tester/never-read' on the Hub"):
+        load_parallel_dataset(
+            source_lang="en",
+            target_lang="de",
+            dataset="tester/never-read",
+            language_pair="de-en",
+            splits=["test"],
+            cache_dir=tmp_path / "datasets",
+        )
+
+
+def test_a_hub_dataset_without_configurations_loads_from_the_datasets_cache_offline(
+    hub_here, tmp_path, monkeypatch, caplog
+):
+    """A dataset of bare data files (its configuration is datasets' "default", no language pair named): the split
+    read online is read from the datasets cache offline, and the warning names the configuration."""
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    api.create_repo("tester/plain", repo_type="dataset")
+    for split, count in (("train", 5), ("test", 3)):
+        table = pyarrow.table({"translation": [{"en": en, "de": de} for en, de in synthetic_pairs(count, seed=count)]})
+        pyarrow.parquet.write_table(table, tmp_path / f"{split}.parquet")
+        api.upload_file(
+            repo_id="tester/plain",
+            repo_type="dataset",
+            path_or_fileobj=tmp_path / f"{split}.parquet",
+            path_in_repo=f"data/{split}-00000-of-00001.parquet",
+        )
+
+    def read() -> list[tuple[str, str]]:
+        ds = load_parallel_dataset(
+            source_lang="en",
+            target_lang="de",
+            dataset="tester/plain",
+            splits=["test"],
+            cache_dir=tmp_path / "datasets",
+        )
+        return pairs(ds["test"])
+
+    assert read() == synthetic_pairs(3, seed=3)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with caplog.at_level(logging.WARNING, logger="modeling.data"):
+        assert read() == synthetic_pairs(3, seed=3)
+    assert "tester/plain (default): split 'test' from the datasets cache" in caplog.text
+
+
+def write_cached_copy(root: Path, config_dir: str, commit: str, info: object, mtime: float) -> None:
+    """A copy of a Hub dataset as datasets caches it: <root>/tester___corpus/<config dir>/0.0.0/<commit>/."""
+    info_file = root / "tester___corpus" / config_dir / "0.0.0" / commit / "dataset_info.json"
+    info_file.parent.mkdir(parents=True)
+    info_file.write_text(json.dumps(info))
+    os.utime(info_file, (mtime, mtime))
+
+
+def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_this_configuration(tmp_path, monkeypatch):
+    """Offline, with no Hub cache, main's commit is the one of the configuration's latest copy in the datasets cache:
+    not a later copy of a configuration whose name begins with it (its directory matches the same pattern), nor a
+    record that is not datasets'."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    root = tmp_path / "datasets"
+    ours, older, other = "a" * 40, "b" * 40, "c" * 40
+    write_cached_copy(root, "de-en", older, {"config_name": "de-en", "splits": {"test": {}}}, 1_000)
+    write_cached_copy(root, "de-en-0123456789abcdef", ours, {"config_name": "de-en", "splits": {"test": {}}}, 2_000)
+    write_cached_copy(root, "de-en-extended", other, {"config_name": "de-en-extended", "splits": {"test": {}}}, 3_000)
+    write_cached_copy(root, "de-en-listed", other, ["not", "datasets'"], 4_000)
+    assert pinned_dataset_commit("tester/corpus", "de-en", cache_dir=str(root)) == ours
+    assert pinned_dataset_commit("tester/corpus", "de-en-extended", cache_dir=str(root)) == other
+    assert pinned_dataset_commit("tester/corpus", "fr-en", cache_dir=str(root)) is None  # nothing cached, no revision
+
+
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):
     """A TSV's separator, declared in the dataset's README, was dropped: one column 'en\\tde', refused."""
     (tmp_path / "train.tsv").write_text("en\tde\nthe cat, the dog\tdie katze, der hund\n")
@@ -754,6 +867,24 @@ def test_the_tokenisation_is_cached_by_content_not_by_where_the_tokenizer_came_f
     # Stored as small as they hold (labels took 64 bits: English-French WMT's tokenised copy was 19 GB).
     widths = {name: feature.feature.dtype for name, feature in tokenised[0].features.items()}
     assert widths == {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
+
+
+def test_the_tokenisation_cache_tells_apart_tokenizers_that_split_special_tokens_or_not(
+    tmp_path, datasets_cache, tokenizer
+):
+    """Whether "</s>" written in a sentence is the end-of-sentence token or text is no part of the backend's rules
+    (`backend_tokenizer.to_str()`): a tokenizer that keeps it whole must not be served the other's cached ids."""
+    write_lines(tmp_path / "train.en", ["a man </s> runs ."])
+    write_lines(tmp_path / "train.de", ["ein mann läuft ."])
+    text = load_parallel_dataset(source_lang="en", target_lang="de", data_dir=tmp_path)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    whole = AutoTokenizer.from_pretrained(tmp_path / "tokenizer", split_special_tokens=False)
+    assert whole.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    [split_ids], [whole_ids] = (
+        tokenize_parallel_dataset(text, each, "en", "de")["train"]["input_ids"] for each in (tokenizer, whole)
+    )
+    assert whole_ids == whole("a man </s> runs .")["input_ids"] != split_ids
+    assert whole_ids.count(whole.eos_token_id) == 2 and split_ids.count(tokenizer.eos_token_id) == 1
 
 
 def test_the_cache_keys_follow_the_code_that_reads_and_encodes(tmp_path, monkeypatch):
