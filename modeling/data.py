@@ -684,7 +684,8 @@ def clean_parallel_dataset(
                 desc=f"clean {split}",
                 new_fingerprint=_cleaning_fingerprint(ds[split], (source_lang, target_lang), max_length, max_ratio),
             )
-        codes = codes_ds.with_format("arrow")["reject"].to_numpy()
+        # datasets maps an empty split to one without columns, "reject" included
+        codes = codes_ds.with_format("arrow")["reject"].to_numpy() if len(codes_ds) else np.zeros(0, dtype=np.int64)
         by_rule = np.bincount(codes, minlength=5)
         kept = by_rule[_KEEP] + by_rule[_UNMEASURED]
         counts[split] = {

@@ -1000,6 +1000,15 @@ def test_the_tightest_cleaning_limits_keep_pairs_of_one_word_each():
     assert clean_parallel_dataset(corpus, "en", "de", max_length=None, max_ratio=1)[1]["train"]["ratio"] == 1
 
 
+def test_cleaning_an_empty_split_leaves_it_empty_for_its_user_to_refuse():
+    """An empty split (empty files) is refused naming its files (`require_rows`), not as a cleaning that removed
+    every pair."""
+    empty = datasets.Dataset.from_dict({"translation": []}, features=data_module._translation_features("en", "de"))
+    cleaned, counts = clean_parallel_dataset(datasets.DatasetDict({"train": empty}), "en", "de")
+    assert len(cleaned["train"]) == 0
+    assert counts == {"train": {"total": 0, "empty": 0, "too_long": 0, "ratio": 0, "kept": 0}}
+
+
 def test_sampler_drives_a_dataloader(tokenizer):
     corpus = datasets.DatasetDict({"train": datasets.concatenate_datasets([tiny_corpus()["train"]] * 10)})
     encoded = tokenize_parallel_dataset(corpus, tokenizer, "en", "de")["train"]
