@@ -128,6 +128,14 @@ def test_explicit_data_files(tmp_path):
     assert pairs(ds["validation"]) == [("a dog .", "ein hund .")]
 
 
+def test_named_data_files_keep_only_the_splits_asked_for(tmp_path):
+    """`splits` with `data_files` as with a data directory: only those splits (aliases resolved) are read."""
+    write_lines(tmp_path / "corpus.tsv", [f"{e}\t{d}" for e, d in zip(EN, DE, strict=True)])
+    write_lines(tmp_path / "dev.tsv", ["a dog .\tein hund ."])
+    ds = load(tmp_path, data_files={"train": "corpus.tsv", "dev": "dev.tsv"}, splits=["validation"])
+    assert list(ds) == ["dev"] and pairs(ds["dev"]) == [("a dog .", "ein hund .")]
+
+
 def test_split_aliases_and_selection(tmp_path):
     for split in ("train", "val", "test_2016_flickr"):
         write_lines(tmp_path / f"{split}.en", VAL_EN)
@@ -137,6 +145,12 @@ def test_split_aliases_and_selection(tmp_path):
     assert resolve_split(ds, "validation") == "val"
     assert resolve_split(["train", "newstest2013", "newstest2014"], "test") == "newstest2014"
     assert resolve_split(["validation", "val"], "validation") == "validation"
+    # Every usual spelling is found (fairseq's "valid", Multi30k's "val", "dev", WMT's newstest sets), the first
+    # present in SPLIT_ALIASES order when several are.
+    for alias in ("valid", "val", "dev", "newstest2013"):
+        assert resolve_split(["train", alias], "validation") == alias
+    assert resolve_split(["dev", "valid"], "validation") == "valid"
+    assert resolve_split(["train", "test_2016_flickr"], "test") == "test_2016_flickr"
     with pytest.raises(KeyError, match="no split 'train'"):
         resolve_split(ds, "train")
 
@@ -248,14 +262,17 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_with_the_way_out(tmp_p
         f"cannot write the datasets cache {given_cache} (Read-only file system): give a writable cache directory"
     )
 
-    def parent_read_only(*args, **kwargs):  # HF_HOME itself not yet made, on a read-only file system
-        raise OSError(errno.EACCES, "Permission denied", str(default_cache.parent))
+    # The cache itself, or a parent datasets makes it in (HF_HOME not yet made, on a read-only file system).
+    for written in (default_cache, default_cache.parent):
 
-    monkeypatch.setattr(datasets.Dataset, "from_generator", parent_read_only)
-    with pytest.raises(
-        OSError, match=rf"^cannot write the datasets cache {re.escape(str(default_cache))} \(Permission"
-    ):
-        load(tmp_path, cache_dir=None)
+        def cannot_make(*args, written=written, **kwargs):
+            raise OSError(errno.EACCES, "Permission denied", str(written))
+
+        monkeypatch.setattr(datasets.Dataset, "from_generator", cannot_make)
+        with pytest.raises(
+            OSError, match=rf"^cannot write the datasets cache {re.escape(str(default_cache))} \(Permission"
+        ):
+            load(tmp_path, cache_dir=None)
 
     def not_found_in_the_cache(*args, cache_dir=None, **kwargs):  # not a permission: the error as it was
         raise OSError(errno.ENOENT, "No such file or directory", str(given_cache / "generator"))
@@ -688,6 +705,8 @@ def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_thi
     assert pinned_dataset_commit("tester/corpus", "de-en", cache_dir=str(root)) == ours
     assert pinned_dataset_commit("tester/corpus", "de-en-extended", cache_dir=str(root)) == other
     assert pinned_dataset_commit("tester/corpus", "fr-en", cache_dir=str(root)) is None  # nothing cached, no revision
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root))  # no cache_dir: datasets' own
+    assert pinned_dataset_commit("tester/corpus", "de-en") == ours
 
 
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):
@@ -924,8 +943,9 @@ def test_large_splits_are_tokenised_by_a_process_per_core_with_the_same_result(
     text = load_parallel_dataset(
         source_lang="en", target_lang="de", data_dir=write_corpus(tmp_path, 40, word_for_word)
     )
-    one, two = (tokenize_parallel_dataset(text, tokenizer, "en", "de", num_proc=n)["train"] for n in (1, 2))
+    two, one = (tokenize_parallel_dataset(text, tokenizer, "en", "de", num_proc=n)["train"] for n in (2, 1))
     assert one.to_dict() == two.to_dict()
+    assert len(two.cache_files) == 2  # the processes asked for, each writing its shard, however small the split
 
 
 def test_tokenized_columns_work_with_seq2seq_collator(tokenizer):
