@@ -233,6 +233,11 @@ def _load_hub_splits(
         if cached is None:
             raise
         return cached
+    # The Hub cannot be asked, and datasets found its own copy of a load of every split: its latest, at any commit.
+    if isinstance(builder, Cache):
+        cached = _splits_the_caches_hold(dataset, language_pair, splits, cache_dir, commit)
+        if cached is not None:
+            return cached
     files = builder.config.data_files
     at = {"cache_dir": cache_dir, "revision": commit}
     if not type(builder).__module__.startswith("datasets.packaged_modules.") or not files:

@@ -682,6 +682,36 @@ def test_a_hub_dataset_without_configurations_loads_from_the_datasets_cache_offl
     assert "tester/plain (default): split 'test' from the datasets cache" in caplog.text
 
 
+def test_offline_a_dataset_read_whole_gives_the_splits_of_the_commit_asked_for(hub_here, tmp_path, monkeypatch):
+    """Offline, datasets' own copies of a dataset read whole at two commits: the splits asked for are resolved among
+    those of the commit asked for ("valid" at the first), not of the latest copy ("validation")."""
+    first = push_translation_dataset(
+        hub_here[0], "tester/renamed", {"train": synthetic_pairs(4), "valid": synthetic_pairs(2, seed=1)}
+    )
+    second = push_translation_dataset(
+        hub_here[0], "tester/renamed", {"train": synthetic_pairs(4, seed=2), "validation": synthetic_pairs(2, seed=3)}
+    )
+
+    def read(revision: str, splits: list[str] | None = None) -> datasets.DatasetDict:
+        return load_parallel_dataset(
+            source_lang="en",
+            target_lang="de",
+            dataset="tester/renamed",
+            language_pair="de-en",
+            splits=splits,
+            cache_dir=tmp_path / "datasets",
+            revision=revision,
+        )
+
+    assert sorted(read(first)) == ["train", "valid"] and sorted(read(second)) == ["train", "validation"]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    ds = read(first, ["validation"])
+    assert list(ds) == ["valid"] and pairs(ds["valid"]) == synthetic_pairs(2, seed=1)
+    ds = read(second, ["validation"])
+    assert list(ds) == ["validation"] and pairs(ds["validation"]) == synthetic_pairs(2, seed=3)
+
+
 def write_cached_copy(root: Path, config_dir: str, commit: str, info: object, mtime: float) -> None:
     """A copy of a Hub dataset as datasets caches it: <root>/tester___corpus/<config dir>/0.0.0/<commit>/."""
     info_file = root / "tester___corpus" / config_dir / "0.0.0" / commit / "dataset_info.json"
