@@ -25,10 +25,12 @@ from modeling.export import to_ctranslate2
 from modeling.files import write_json
 from modeling.hub import (
     HubTarget,
+    MissingHubTokenError,
     check_model_dir,
     prepare_push,
     push_model_dir,
     push_trained_model,
+    verify_model_files,
 )
 from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
 from modeling.scoring import corpus_scores
@@ -158,11 +160,13 @@ def test_card_has_model_index_bleu_of_the_pushed_weights_only(tmp_path, monkeypa
     fresh = eval_json(model_dir / "eval" / "eval_results_test.json", 33.33)
     os.utime(fresh, (weights_time, weights_time))  # written within the same tick as the weights: theirs
     pushed = []
-    monkeypatch.setattr(hub_module, "push_model_dir", lambda *args, **kwargs: pushed.append(args) or "url")
+    monkeypatch.setattr(
+        hub_module, "push_model_dir", lambda *args, **kwargs: pushed.append((*args, kwargs["private"])) or "url"
+    )
 
     with caplog.at_level(logging.WARNING, logger="modeling.hub"):
         url = push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, run, "the averaged model", private=None)
-    assert pushed == [(model_dir, REPO_ID)] and url == "url"
+    assert pushed == [(model_dir, REPO_ID, False)] and url == "url"  # private=None (the Trainer's default): public
     assert "| sentence_pairs.train | 40 |" in (model_dir / "README.md").read_text(), "the run's records, staged"
     values = [
         metric["value"]
@@ -415,3 +419,94 @@ def test_a_push_deletes_the_files_of_the_repos_previous_model(
     assert not (stored / "training_curves.png").exists(), "the previous model's curves, which the card manages"
     loaded = TransformerForConditionalGeneration.from_pretrained(stored)  # what `from_pretrained(repo_id)` reads
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_a_push_without_a_token_argument_takes_hf_token_and_without_any_token_is_refused(
+    hub_here, tmp_path, monkeypatch
+):
+    """`scripts/push_to_hub.py` without --token: HF_TOKEN (or `hf auth login`'s); none at all is refused before any
+    request, naming the ways to give one."""
+    from huggingface_hub import constants
+
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no_saved_token"))
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    assert push_model_dir(model_dir, "tester/from-env").endswith("tester/from-env")
+    assert (hub_here[1] / "tester/from-env" / "model.safetensors").is_file()
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(MissingHubTokenError, match="^No Hugging Face token found: set the HF_TOKEN environment"):
+        push_model_dir(model_dir, "tester/no-token")
+    assert not (hub_here[1] / "tester/no-token").exists()
+
+
+def test_curves_the_card_does_not_show_are_left_out_of_the_push(hub_here, tmp_path):
+    """training_curves.png beside a card that does not show it is an earlier card's (or the user's): not uploaded;
+    beside a card that shows it, uploaded."""
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    (model_dir / "training_curves.png").write_bytes(b"\x89PNG curves")
+    (model_dir / "README.md").write_text("# A model\n\nNo curves here.\n", encoding="utf-8")
+    stored = hub_here[1] / "tester/curves"
+    push_model_dir(model_dir, "tester/curves", token=HUB_TOKEN)
+    assert (stored / "README.md").is_file() and not (stored / "training_curves.png").exists()
+    (model_dir / "README.md").write_text("# A model\n\n![curves](training_curves.png)\n", encoding="utf-8")
+    push_model_dir(model_dir, "tester/curves", token=HUB_TOKEN)
+    assert (stored / "training_curves.png").read_bytes() == b"\x89PNG curves"
+
+
+def test_a_private_push_creates_its_repo_private_before_training(hub_here, tmp_path):
+    """The repo made before training is the one the push at the end goes to (`exist_ok`): made public, it would
+    publish a run asked to be private."""
+    from huggingface_hub import HfApi
+
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        push_to_hub=True,
+        hub_token=HUB_TOKEN,
+        hub_model_id="tester/private-run",
+        hub_private_repo=True,
+        report_to="none",
+        use_cpu=True,
+    )
+    prepare_push(args)
+    assert HfApi(endpoint=hub_here[0], token=HUB_TOKEN).model_info("tester/private-run").private
+
+
+def test_an_earlier_models_sentencepiece_model_is_deleted_by_a_push(hub_here, tmp_path):
+    """A `.model` file (a SentencePiece tokenizer's) is a model file: an earlier model's, left beside the new one,
+    would describe another tokenizer. A user's notes stay."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    api.create_repo("tester/spm")
+    for name in ("sentencepiece.bpe.model", "notes.txt"):
+        api.upload_file(path_or_fileobj=b"earlier", path_in_repo=name, repo_id="tester/spm")
+    save_tiny_checkpoint(tmp_path / "model")
+    push_model_dir(tmp_path / "model", "tester/spm", token=HUB_TOKEN)
+    stored = hub_here[1] / "tester/spm"
+    assert not (stored / "sentencepiece.bpe.model").exists() and (stored / "notes.txt").is_file()
+
+
+def test_the_tokenizer_code_auto_map_names_is_required_one_reference_or_several(tmp_path):
+    """tokenizer_config.json's auto_map may name one module ("module.Class") or a list; code in another repo
+    ("owner/repo--module.Class") is that repo's to serve."""
+    config = tmp_path / "tokenizer_config.json"
+    write_json(config, {"auto_map": {"AutoTokenizer": "tokenization_mine.MyTokenizer"}})
+    assert hub_module._missing_tokenizer_code(tmp_path) == [
+        "tokenization_mine.py (named by tokenizer_config.json's auto_map)"
+    ]
+    (tmp_path / "tokenization_mine.py").write_text("", encoding="utf-8")
+    assert hub_module._missing_tokenizer_code(tmp_path) == []
+    write_json(config, {"auto_map": {"AutoTokenizer": ["owner/repo--tokenization_theirs.Theirs", None]}})
+    assert hub_module._missing_tokenizer_code(tmp_path) == []
+
+
+def test_weights_that_safetensors_cannot_read_are_refused_though_their_header_adds_up(tmp_path):
+    """A header whose offsets end at the file's end passes the size check; safetensors still refuses a tensor whose
+    offsets do not hold its shape."""
+    header = json.dumps({"weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    with pytest.raises(ValueError, match=r": model\.safetensors cannot be read \(.+\): refusing to push it\."):
+        verify_model_files(tmp_path)
