@@ -564,7 +564,7 @@ def test_runtimes_and_rates_hold_when_the_system_clock_is_set_back(tmp_path, mon
 
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     tokenizer = word_tokenizer()
-    lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
+    lengths = random.Random(2).choices(range(3, 10), k=24)
     dataset = copy_dataset(lengths, len(tokenizer), seed=3)
 
     def run(output_dir, resume=None):
@@ -646,7 +646,7 @@ def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, bleu_
     """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything. With
     `bleu_dataset`, evaluations also translate it and score BLEU."""
     tokenizer = word_tokenizer()
-    lengths = [random.Random(2).randint(3, 9) for _ in range(24)]
+    lengths = random.Random(2).choices(range(3, 10), k=24)
     settings = {"max_steps": 6, "warmup_steps": 2, "max_tokens_per_device": 24, "gradient_accumulation_steps": 2}
     scoring = {}
     if bleu_dataset is not None:
@@ -1185,7 +1185,7 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     args = training_args(
         tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, predict_with_generate=True, **settings
     )
-    dataset = copy_dataset([random.Random(2).randint(3, 9) for _ in range(24)], len(tokenizer), seed=3)
+    dataset = copy_dataset(random.Random(2).choices(range(3, 10), k=24), len(tokenizer), seed=3)
     trainer = make_trainer(
         args,
         dataset,
@@ -1309,7 +1309,7 @@ def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_pat
     validation = copy_dataset([4, 5, 6, 7] * 4, len(tokenizer), seed=5)
     evaluation = {"eval_strategy": "steps", "eval_steps": 2, "eval_on_start": True}
     args = training_args(tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, **evaluation)
-    dataset = copy_dataset([random.Random(2).randint(3, 9) for _ in range(24)], len(tokenizer), seed=3)
+    dataset = copy_dataset(random.Random(2).choices(range(3, 10), k=24), len(tokenizer), seed=3)
     trainer = make_trainer(
         args, dataset, tokenizer, tiny_model(len(tokenizer)), SignalWhileEvaluating, eval_dataset=validation
     )

@@ -95,7 +95,7 @@ def test_tiny_preset_loss_falls_over_50_steps(tmp_path):
         "disable_tqdm": True,
         "logging_steps": 1,
     }
-    lengths = [random.Random(4).randint(4, 8) for _ in range(200)]
+    lengths = random.Random(4).choices(range(4, 9), k=200)
     args = TranslationTrainingArguments(**defaults)
     trainer = make_trainer(args, copy_dataset(lengths, vocab_size), tokenizer, model)
     trainer.train()
