@@ -166,12 +166,19 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
         return f"{path.name} cannot be read ({type(error).__name__}: {error})"
     if not isinstance(header, dict):
         return f"{path.name} has no valid safetensors header"
-    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    expected = 8 + header_size + max(ends, default=0)
+    tensors = [entry for name, entry in header.items() if name != "__metadata__"]
+    # an edited or foreign header that parses: a tensor's entry without its two data offsets
+    if not all(isinstance(entry, dict) and _is_offset_pair(entry.get("data_offsets")) for entry in tensors):
+        return f"{path.name} has no valid safetensors header"
+    expected = 8 + header_size + max((entry["data_offsets"][1] for entry in tensors), default=0)
     if size != expected:
         state = "truncated" if size < expected else "longer than its header says"
         return f"{path.name} is {state} ({size} bytes, expected {expected})"
     return None
+
+
+def _is_offset_pair(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(type(offset) is int for offset in value)
 
 
 def weight_files(directory: str | os.PathLike) -> list[Path]:

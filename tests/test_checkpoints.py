@@ -211,6 +211,16 @@ def test_safetensors_problems_name_what_is_wrong(tmp_path):
     assert safetensors_problem(path).startswith("model.safetensors cannot be read (JSONDecodeError: ")
     write_safetensors(path, b"[1, 2]")
     assert safetensors_problem(path) == "model.safetensors has no valid safetensors header"
+    for entry in (
+        b'{"a": 1}',
+        b'{"a": {"dtype": "F32"}}',
+        b'{"a": {"data_offsets": [0]}}',
+        b'{"a": {"data_offsets": "0, 8"}}',
+    ):
+        write_safetensors(path, entry)  # an edited header that parses: named, not a KeyError or TypeError
+        assert safetensors_problem(path) == "model.safetensors has no valid safetensors header", entry
+    write_safetensors(path, b'{"__metadata__": {"format": "pt"}}')  # metadata alone: no tensors
+    assert safetensors_problem(path) is None
     write_safetensors(path, b"{}")  # no tensors: the header is the whole file
     assert safetensors_problem(path) is None
     entry = b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
