@@ -1033,28 +1033,30 @@ def test_a_requeue_on_another_number_of_processes_splits_the_checkpoints_batches
     assert "other batches" not in caplog.text
 
 
-def test_a_refused_requeue_says_what_keeps_the_updates_where_no_accumulation_can():
-    message = str(
-        trainer_module._other_processes_refusal(
-            Path("run/checkpoint-9"),
-            {"processes": 2, "micro_batches_per_update": 3, "max_tokens_per_device": 4096},
-            {"processes": 4, "micro_batches_per_update": 1, "max_tokens_per_device": 4096},
-        )
+@pytest.mark.parametrize(
+    ("recorded", "now", "advice"),
+    [
+        # no accumulation on 4 processes keeps 2 × 3 batches
+        (
+            (2, 3, 4096),
+            (4, 1, 4096),
+            "resume on a number of processes that divides 6, with as many micro-batches as keep 6",
+        ),
+        # 1 × 4 batches of 4096 on 2 processes: 2 micro-batches on each keep them, at the size recorded, not the one
+        # asked now, so the refusal names both
+        (
+            (1, 4, 4096),
+            (2, 1, 2048),
+            "resume with --gradient_accumulation_steps 2 --max_tokens_per_device 4096 to keep",
+        ),
+    ],
+)
+def test_a_refused_requeue_says_what_keeps_the_checkpoints_updates(recorded, now, advice):
+    fields = ("processes", "micro_batches_per_update", "max_tokens_per_device")
+    message = trainer_module._other_processes_refusal(
+        Path("run/checkpoint-9"), dict(zip(fields, recorded, strict=True)), dict(zip(fields, now, strict=True))
     )
-    assert "resume on a number of processes that divides 6, with as many micro-batches as keep 6" in message
-
-
-def test_a_refused_requeue_on_more_processes_says_what_keeps_the_checkpoints_updates():
-    """1 process × 4 micro-batches of 4096 tokens, requeued on 2 processes with batches of 2048: 2 micro-batches on
-    each keep the 4 batches per update, and the size asked now would not keep them, so the refusal names both."""
-    message = str(
-        trainer_module._other_processes_refusal(
-            Path("run/checkpoint-9"),
-            {"processes": 1, "micro_batches_per_update": 4, "max_tokens_per_device": 4096},
-            {"processes": 2, "micro_batches_per_update": 1, "max_tokens_per_device": 2048},
-        )
-    )
-    assert "resume with --gradient_accumulation_steps 2 --max_tokens_per_device 4096 to keep them" in message
+    assert advice in str(message)
 
 
 class SignalOnMicroBatch(TokenBudgetSeq2SeqTrainer):
