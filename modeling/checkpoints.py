@@ -190,12 +190,18 @@ def weight_files(directory: str | os.PathLike) -> list[Path]:
         return [directory / WEIGHTS_NAME]
     index = directory / WEIGHTS_INDEX_NAME
     if index.is_file():
-        record = json.loads(index.read_text(encoding="utf-8"))
-        weight_map = record.get("weight_map") if isinstance(record, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
-            raise ValueError(f"{index} has no weight_map of tensor names to shard files")
-        return [directory / shard for shard in sorted(set(weight_map.values()))]
+        return [directory / shard for shard in index_shards(index)]
     return sorted(directory.glob("*.safetensors"))
+
+
+def index_shards(index: str | os.PathLike) -> list[str]:
+    """The shard files a `model.safetensors.index.json` maps tensors to, sorted; ValueError naming the index where it
+    parses but maps no tensors to file names (edited by hand, another tool's)."""
+    record = json.loads(Path(index).read_text(encoding="utf-8"))
+    weight_map = record.get("weight_map") if isinstance(record, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise ValueError(f"{index} has no weight_map of tensor names to shard files")
+    return sorted(set(weight_map.values()))
 
 
 def weights_problems(directory: str | os.PathLike, *, missing_ok: bool = False) -> list[str]:
@@ -509,6 +515,7 @@ __all__ = [
     "checkpoint_step",
     "complete_checkpoints",
     "identity_differences",
+    "index_shards",
     "latest_complete_checkpoint",
     "list_checkpoints",
     "marker_record",

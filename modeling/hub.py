@@ -31,6 +31,7 @@ from .checkpoints import (
     VOCABULARY_FILES,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
+    index_shards,
     safetensors_problem,
 )
 from .export.common import refuse_an_export
@@ -118,10 +119,10 @@ def _missing_shards(model_dir: Path) -> list[str]:
     if not index.is_file():
         return []
     try:
-        shards = set(read_json(index)["weight_map"].values())
-    except (KeyError, TypeError, AttributeError, ValueError):
+        shards = index_shards(index)
+    except ValueError:  # JSON that does not parse, or maps no tensors to file names
         raise ValueError(f"{index} has no weight_map of tensor names to shard files: refusing to push it.") from None
-    return [f"{name} (named by {index.name})" for name in sorted(shards) if not (model_dir / name).is_file()]
+    return [f"{name} (named by {index.name})" for name in shards if not (model_dir / name).is_file()]
 
 
 def _check_one_set_of_weights(model_dir: Path) -> None:
