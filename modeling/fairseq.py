@@ -449,7 +449,7 @@ def fairseq_state_dict(
         layers.add((side, index))
         name = f"model.{side}.layers.{index}.{parts[part]}"
         # a damaged checkpoint: fairseq's layers are alike, and the config took its sizes from layer 0
-        expected = tensor.shape if shapes is None else shapes.get(name, tensor.shape)
+        expected = (shapes or {}).get(name, tensor.shape)
         if tensor.shape != expected:
             _refuse(key, tuple(tensor.shape), f"the config read from the checkpoint gives {tuple(expected)}")
         ours[name] = tensor
