@@ -169,7 +169,6 @@ def fsync_path(path: str | os.PathLike) -> None:
 
 def fsync_tree(directory: str | os.PathLike) -> None:
     """Flush every file below `directory`, then the directories themselves."""
-    directory = Path(directory)
     for root, _, files in os.walk(directory):
         for name in files:
             fsync_path(Path(root) / name)
