@@ -430,7 +430,7 @@ def identity_differences(
         keys -= {key for key in IDENTITY_FIELDS_ADDED_LATER if key not in first or key not in second}
         model = ("model_name_or_path", "model_weights")
         if first.get("model_weights") and second.get("model_weights"):  # the same model: moved, or changed in place
-            if any(first.get(key) == second.get(key) for key in model):
+            if any(first.get(key) is not None and first.get(key) == second.get(key) for key in model):
                 keys -= set(model)
     for key in sorted(keys, key=str):
         a, b = first.get(key), second.get(key)

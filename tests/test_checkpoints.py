@@ -336,6 +336,8 @@ def test_a_model_both_runs_fine_tuned_is_the_same_by_its_weights_or_its_path():
     assert identity_differences(moved, {"model_name_or_path": "/new", "model_weights": weights}) == []
     other = {"model_name_or_path": "/new", "model_weights": [{"name": "model.safetensors", "sha256": "2"}]}
     assert identity_differences(moved, other) == ["model_name_or_path", "model_weights"]
+    unnamed, other_unnamed = ({"model_weights": w} for w in (weights, other["model_weights"]))
+    assert identity_differences(unnamed, other_unnamed) == ["model_weights"], "no path on either side is no match"
 
 
 def model_directory(directory, d_model: int = 32, vocab: str = '{"a": 0}', identity: dict | None = None) -> None:
