@@ -338,6 +338,11 @@ def test_a_directory_whose_files_this_user_may_not_delete_is_not_replaced(tmp_pa
         assert not (tmp_path / "export.partial").exists()
 
     refused_naming(target)
+    link = tmp_path / "latest"  # a link to their export: what it points to is what would be replaced
+    link.symlink_to(target, target_is_directory=True)
+    with pytest.raises(UnwritableError, match=rf"^cannot replace {re.escape(str(target))}: this user may not delete"):
+        check_replaceable(link, "model.bin", "an export")
+    link.unlink()
     shutil.copytree(target, old)  # what the swap left before: their old export, beside ours in its place
     theirs = {old}
     refused_naming(old)
