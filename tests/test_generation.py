@@ -333,6 +333,46 @@ def test_a_generation_config_given_keeps_the_length_cap_of_the_models(cap):
         assert model.generate(**inputs, generation_config=GenerationConfig(num_beams=num_beams)).shape[1] == 4
 
 
+def test_a_generation_config_given_takes_the_models_own_fields_as_keyword_arguments():
+    """A user's `GenerationConfig` lacks this model's fields: given beside it as keyword arguments, they apply (and
+    transformers, which knows none of them, is not handed them)."""
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    given = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2), max_length_offset=2)
+    assert [row[1:].index(EOS) + 1 for row in given.tolist()] == [6 + 2, 4 + 2]
+
+
+def test_a_generation_config_given_turns_the_models_limit_off_with_none():
+    """A field of this model's set to None in the config given is the user's choice (no per-sentence limit), not a
+    field left unset for the model's to fill."""
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model.generation_config.max_length_offset = 2
+    config = GenerationConfig(num_beams=2, max_length_offset=None, max_new_tokens=10)
+    given = model.generate(**inputs, generation_config=config)
+    assert given.shape[1] == 1 + 10 and EOS not in given[:, 1:].flatten().tolist()  # no end-of-sentence forced
+
+
+@pytest.mark.parametrize("cap", [{"max_new_tokens": 3}, {"max_length": 4}])
+def test_a_length_cap_given_as_an_argument_caps_the_whole_batch(cap):
+    # the per-sentence limit (source length + 50) must not override a cap the caller gives
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    for num_beams in (1, 2):
+        assert model.generate(**inputs, num_beams=num_beams, **cap).shape[1] == 4
+
+
+def test_a_generation_config_without_the_models_fields_decodes_as_transformers():
+    """A plain `GenerationConfig` set as the model's (one made from config.json by another tool, say) has none of this
+    model's fields: their defaults apply, transformers' length penalty and no per-sentence limit, as if given so."""
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    settings = {"num_beams": 2, "length_penalty": 2.0, "max_new_tokens": 8}
+    expected = model.generate(**inputs, **settings, length_penalty_type="transformers", max_length_offset=None)
+    gnmt = model.generate(**inputs, **settings, length_penalty_type="gnmt", max_length_offset=None)
+    assert not torch.equal(gnmt, expected)  # the two penalties rank these hypotheses differently
+    model.generation_config = GenerationConfig.from_model_config(model.config)
+    model.generation_config.update(**settings)
+    assert not hasattr(model.generation_config, "length_penalty_type")
+    assert torch.equal(model.generate(**inputs), expected)
+
+
 def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit():
     """The per-sentence limit forces end-of-sentence: without an id for it, it gave every token of the last
     position the same score, and the first token of the vocabulary won."""
