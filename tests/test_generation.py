@@ -37,6 +37,7 @@ from modeling.generation_transformer import (
     EndOfSentenceBlockedLogitsProcessor,
     PerSentenceMaxLengthLogitsProcessor,
     set_fairseq_decoding,
+    set_paper_decoding,
 )
 
 
@@ -682,6 +683,27 @@ def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
     inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
     out = model.generate(**inputs, max_length_offset=None, max_length_b=2, beam_finalization="first")
     assert out.shape[1] <= 1 + 3
+
+
+@pytest.mark.parametrize("decoding", ["paper", "fairseq"])
+def test_a_decoding_set_on_a_config_made_from_config_json_is_loaded_as_set(tmp_path, caplog, decoding):
+    """`GenerationConfig.from_model_config` marks its config as made from config.json, which from_pretrained
+    replaces with the paper's decoding: a decoding set on it makes it the model's own, loaded as saved."""
+    model = tiny_model()
+    config = GenerationConfig.from_model_config(model.config)
+    if decoding == "paper":
+        set_paper_decoding(config)
+        config.num_beams = 2
+        expected = (2, "gnmt", 50, None)
+    else:
+        set_fairseq_decoding(config, pad_token_id=PAD, num_beams=3)
+        expected = (3, "transformers", None, 200)
+    model.generation_config = config
+    model.save_pretrained(tmp_path)
+    loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config
+    fields = ("num_beams", "length_penalty_type", "max_length_offset", "max_length_b")
+    assert tuple(getattr(loaded, name, None) for name in fields) == expected
+    assert "has no generation_config.json" not in caplog.text
 
 
 @pytest.mark.parametrize(
