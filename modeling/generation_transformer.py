@@ -612,11 +612,11 @@ class TransformerGenerationMixin(GenerationMixin):
     ):
         """`_update_finished_beams` with fairseq's rule (its arguments, by name)."""
         # transformers' scores of the new candidates (-1e9 added to those that cannot be taken), then the merge with
-        # the old ones' priority: every finished hypothesis first, then the rest by score.
+        # the old ones' priority: every finished hypothesis first, then the rest by score. (transformers also adds
+        # -1e9 to every new candidate of a sentence whose num_beams hypotheses have all finished, with
+        # early_stopping=True: here those hypotheses, kept first, fill every place anyway.)
         just_finished = next_token_hits_stopping_criteria & top_num_beam_mask[None, :]  # (b, 2K)
         new_scores = topk_log_probs / ((cur_len + 1 - decoder_prompt_len) ** length_penalty)
-        full = torch.all(is_sent_finished, dim=-1, keepdim=True) & (early_stopping is True)
-        new_scores = new_scores + full.to(torch.float32) * -1.0e9
         new_scores = new_scores + (~is_early_stop_heuristic_unsatisfied).to(torch.float32) * -1.0e9
         new_scores = new_scores + (~just_finished) * -1.0e9
         merged_sequences = torch.cat((sequences, topk_running_sequences), dim=1)
