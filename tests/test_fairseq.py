@@ -4,6 +4,7 @@ cannot be converted exactly is refused, naming the field."""
 
 import argparse
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -203,6 +204,16 @@ def test_the_converted_directory_loads_with_the_project_and_gives_the_same_logit
     assert model.generation_config.beam_finalization == "first"
     record = json.loads((converted_fairseq_dir / CONVERSION_FILE).read_text())
     assert record["arch"] == "transformer_wmt_en_de" and record["decoding"]["num_beams"] == 4
+    # where it came from, for whoever reads the record
+    checkpoint = FAIRSEQ_FIXTURES / FAIRSEQ_MODELS[0] / "model.pt"
+    assert (record["source"], record["checkpoint"], record["source_lang"], record["target_lang"]) == (
+        "fairseq",
+        "model.pt",
+        "en",
+        "de",
+    )
+    assert record["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert record["bpe_codes"] == "bpecodes"
     assert "--beam 4 --lenpen 0.6" in record["fairseq_command"]
     assert type(tokenizer).__name__ == "FairseqTokenizer"
 
@@ -284,6 +295,8 @@ def _re(text: str) -> str:
     [
         ("pre-LN final norm", "encoder.layer_norm.weight=(24,) (a final LayerNorm after the stack (pre-LN))"),
         ("untied output", "decoder.output_projection.weight='a matrix of its own'"),
+        # fairseq's name for it before 0.10
+        ("old untied output", "decoder.embed_out=(568, 24) (an untied output projection)"),
         ("unknown key", "encoder.layers.0.self_attn.bias_k=(1, 1, 24) (an unexpected state-dict key)"),
         ("unknown stack key", "decoder.layernorm_embedding.bias=(24,) (an unexpected state-dict key)"),
         ("a decoder part in the encoder", "encoder.layers.0.encoder_attn.q_proj.weight=(24, 24) (an unexpected"),
@@ -300,6 +313,8 @@ def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message
         state["encoder.layer_norm.weight"] = torch.ones(24)
     elif change == "untied output":
         state["decoder.output_projection.weight"] = state["decoder.output_projection.weight"].clone() + 1
+    elif change == "old untied output":
+        state["decoder.embed_out"] = torch.zeros(568, 24)
     elif change == "unknown stack key":
         state["decoder.layernorm_embedding.bias"] = torch.zeros(24)
     elif change == "a decoder part in the encoder":
@@ -423,6 +438,15 @@ def test_a_checkpoint_holding_other_objects_is_refused_as_unsafe(tmp_path):
     assert "Unsupported global: GLOBAL test_fairseq._NotAllowed" in message and "\n" not in message
 
 
+def test_a_checkpoint_holding_other_objects_is_refused_even_where_torch_is_told_to_load_them(tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (set for other tools' old checkpoints) makes torch.load run a pickle's
+    code where a call does not ask for weights only: this one does."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    torch.save({"model": {}, "extra": _NotAllowed()}, tmp_path / "model.pt")
+    with pytest.raises(FairseqConversionError, match="safely .torch.load with weights_only=True.: Unsupported global"):
+        load_fairseq_checkpoint(tmp_path / "model.pt")
+
+
 @pytest.mark.parametrize("name", ["dict.en.txt", "bpecodes"])
 def test_files_not_in_utf8_are_refused_naming_the_file_and_line(tmp_path, name):
     path = tmp_path / name
@@ -520,6 +544,22 @@ def test_convert_fairseq_writes_a_whole_directory_and_replaces_only_a_previous_c
     assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.pt", "mine", "out"]
 
 
+def test_an_output_directory_it_may_not_replace_is_refused_before_the_checkpoint_is_read(tmp_path):
+    """A checkpoint is gigabytes: the user's directory is named first (a missing checkpoint would be named if it
+    were read)."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not a converted fairseq model"):
+        convert_fairseq(
+            tmp_path / "missing.pt",
+            FAIRSEQ_FIXTURES,
+            tmp_path / "mine",
+            source_lang="en",
+            target_lang="de",
+            bpe_codes=FAIRSEQ_FIXTURES / "bpecodes",
+        )
+
+
 def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"^fairseq dictionary {re.escape(str(tmp_path / 'dict.txt'))} does"):
         read_fairseq_dictionary(tmp_path / "dict.txt")
@@ -551,6 +591,21 @@ def test_a_checkpoint_without_an_architecture_or_of_another_task_is_refused(tmp_
     args.task = "translation_multi_simple_epoch"
     with pytest.raises(FairseqConversionError, match=re.escape(message)):
         converting({"args": args, "model": checkpoint["model"]}, tmp_path)
+
+
+def test_arguments_naming_no_architecture_are_refused_naming_the_field():
+    args, weights = fairseq_args_and_weights(30, 3)
+    args["_arch"] = None  # neither `arch` nor `_name` recorded
+    with pytest.raises(FairseqConversionError, match=_re("arch=None (not one of fairseq's transformer")):
+        fairseq_config(args, weights, 568)
+
+
+def test_the_architecture_is_read_from_old_args_arch_or_a_dataclass_configs_name():
+    """fairseq < 0.10 records `args.arch`; a dataclass config names itself `_name`."""
+    old = fairseq_model_args({"args": argparse.Namespace(arch="transformer_wmt_en_de", task="translation")})
+    assert (old["_arch"], old["_task"]) == ("transformer_wmt_en_de", "translation")
+    new = fairseq_model_args({"cfg": {"model": {"_name": "transformer"}, "task": {"_name": "translation"}}})
+    assert (new["_arch"], new["_task"]) == ("transformer", "translation")
 
 
 def test_one_language_as_source_and_target_is_refused(tmp_path):
@@ -595,6 +650,53 @@ def test_a_head_count_that_is_not_positive_is_refused_naming_the_field(heads):
         fairseq_config(*fairseq_args_and_weights(30, heads), 568)
 
 
+# Every fairseq option this model cannot compute, by its name in fairseq's arguments (not read from
+# REQUIRED_VALUES: a misspelt entry there would check a field no checkpoint has, and convert the model wrongly).
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("encoder_normalize_before", True),
+        ("decoder_normalize_before", True),
+        ("encoder_learned_pos", True),
+        ("decoder_learned_pos", True),
+        ("no_token_positional_embeddings", True),
+        ("layernorm_embedding", True),
+        ("activation_fn", "gelu"),
+        ("adaptive_softmax_cutoff", "100,300"),
+        ("adaptive_input", True),
+        ("tie_adaptive_weights", True),
+        ("cross_self_attention", True),
+        ("no_cross_attention", True),
+        ("quant_noise_pq", 0.1),
+        ("encoder_layers_to_keep", "0"),
+        ("decoder_layers_to_keep", "0"),
+        ("base_layers", 1),
+        ("scale_attn", True),
+        ("scale_fc", True),
+        ("scale_heads", True),
+        ("scale_resids", True),
+        ("char_inputs", True),
+        ("encoder_xformers_att_config", '{"name": "scaled_dot_product"}'),
+        ("decoder_xformers_att_config", '{"name": "scaled_dot_product"}'),
+        ("merge_src_tgt_embed", True),
+        ("share_all_embeddings", False),
+    ],
+)
+def test_every_option_this_model_cannot_compute_is_refused_naming_it(field, value):
+    args, weights = fairseq_args_and_weights(30, 3)
+    fairseq_config(args, weights, 568)  # converts as it is
+    args[field] = value
+    with pytest.raises(FairseqConversionError, match=_re(f"exactly: {field}={value!r} (")):
+        fairseq_config(args, weights, 568)
+
+
+def test_a_checkpoint_older_than_no_scale_embedding_scales_its_embeddings():
+    """fairseq's default: embeddings scaled by sqrt(d_model), as the paper's are."""
+    args, weights = fairseq_args_and_weights(30, 3)
+    args.pop("no_scale_embedding", None)
+    assert fairseq_config(args, weights, 568).scale_embedding is True
+
+
 def test_an_encoder_and_a_decoder_of_different_depths_convert():
     args, weights = fairseq_args_and_weights(30, 3)
     args |= {"encoder_layers": 3, "decoder_layers": 1}
@@ -609,6 +711,15 @@ def test_layers_missing_from_the_state_dict_are_refused_naming_the_field():
     args["encoder_layers"] = 2
     weights["encoder.layers.2.fc1.weight"] = torch.zeros(48, 30)
     with pytest.raises(FairseqConversionError, match=_re("encoder_layers=[0, 2] (the state dict's layers are not")):
+        fairseq_config(args, weights, 568)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_a_recorded_depth_other_than_the_state_dicts_is_refused_naming_the_field(side):
+    """fairseq builds the recorded number of layers and would not load this state dict into them."""
+    args, weights = fairseq_args_and_weights(30, 3)
+    args[f"{side}_layers"] = 2
+    with pytest.raises(FairseqConversionError, match=_re(f"{side}_layers=2 (the state dict holds 1 layers)")):
         fairseq_config(args, weights, 568)
 
 
@@ -691,6 +802,7 @@ def test_a_file_holding_no_model_state_dict_is_refused(tmp_path):
     "key",
     [
         "decoder.layers.0.fc1.weight",
+        "encoder.embed_tokens.weight",
         "decoder.embed_tokens.weight",
         "encoder.layers.1.self_attn.k_proj.bias",  # a model built with a random one would translate, and wrongly
         "decoder.layers.1.encoder_attn_layer_norm.weight",
