@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,16 @@ def test_two_workers_decode_two_batches_at_once_and_keep_the_order(tokenizer, tw
     assert len(model.calls) > 4 and model.most_at_once == 2
     assert model.threads == {1}, "the two workers share torch's two threads"
     assert torch.get_num_threads() == 2, "and give them back"
+
+
+def test_workers_share_the_thread_count_set_since_an_earlier_call(tokenizer, two_torch_threads):
+    """A user who changes torch's thread count between two calls: the second divides the new count, and leaves it."""
+    sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
+    translate(SideBySideEchoModel(), tokenizer, sentences, max_tokens=40, workers=2)
+    torch.set_num_threads(4)
+    model = SideBySideEchoModel()
+    translate(model, tokenizer, sentences, max_tokens=40, workers=2)
+    assert model.threads == {2} and torch.get_num_threads() == 4
 
 
 @pytest.mark.parametrize("to_stdout", [True, False], ids=["to stdout", "to a file"])
@@ -469,6 +480,10 @@ def test_a_directory_not_saved_as_a_model_or_given_a_revision_is_refused_in_one_
         FileNotFoundError, match=r"has no config\.json: it is not a model saved with save_pretrained\.$"
     ):
         load_model_and_tokenizer(str(tmp_path))
+    # a path, not a Hub id: named as missing, never looked up on the Hub
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(FileNotFoundError, match=f"^Model directory {re.escape(repr(missing))} does not exist\\.$"):
+        load_model_and_tokenizer(missing)
 
 
 def test_a_checkpoint_loads_with_the_attention_asked_for(tiny_checkpoint):
@@ -597,9 +612,11 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
         load_model_and_tokenizer("user/tiny")
 
 
-def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch):
+@pytest.mark.parametrize("loader", ["AutoConfig", "AutoModelForSeq2SeqLM"], ids=["after the config", "after weights"])
+def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch, loader):
     """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
-    so a push landing in between gave the first model's weights with the second one's tokenizer, without a word."""
+    so a push landing in between gave the first model's weights with the second one's tokenizer, without a word.
+    The weights too come from the commit pinned when the load began, not one pushed after the config was read."""
     from modeling.hub import push_model_dir
 
     first, second = tmp_path / "first", tmp_path / "second"
@@ -611,14 +628,15 @@ def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path
     sentence = "the small dog sees a red ball."
     assert other_tokenizer(sentence)["input_ids"] != tokenizer(sentence)["input_ids"]
     push_model_dir(first, "tester/race", token=HUB_TOKEN)
-    load_weights = translation.AutoModelForSeq2SeqLM.from_pretrained
+    load, pushed = getattr(translation, loader).from_pretrained, []
 
-    def weights_then_a_push(*args, **kwargs):
-        weights = load_weights(*args, **kwargs)
-        push_model_dir(second, "tester/race", token=HUB_TOKEN)
-        return weights
+    def load_then_a_push(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        if not pushed:  # once: the weights' loading reads the config again
+            pushed.append(push_model_dir(second, "tester/race", token=HUB_TOKEN))
+        return loaded
 
-    monkeypatch.setattr(translation.AutoModelForSeq2SeqLM, "from_pretrained", weights_then_a_push)
+    monkeypatch.setattr(getattr(translation, loader), "from_pretrained", load_then_a_push)
     loaded, loaded_tokenizer = load_model_and_tokenizer("tester/race", device="cpu")
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
     assert loaded_tokenizer(sentence)["input_ids"] == tokenizer(sentence)["input_ids"], "the tokenizer of the weights"
@@ -681,14 +699,17 @@ class Interrupt(Exception):
     pass
 
 
-def counting_translate(monkeypatch, interrupt_at: int | None = None) -> list[int]:
-    """Wrap `translate` where translate_file calls it: the chunk sizes it is given; `Interrupt` at call N."""
+def counting_translate(monkeypatch, interrupt_at: int | None = None, given: list | None = None) -> list[int]:
+    """Wrap `translate` where translate_file calls it: the chunk sizes it is given (and the lines, into `given`);
+    `Interrupt` at call N."""
     sizes = []
 
     def wrapper(model, tokenizer, sentences, **kwargs):
         if len(sizes) == interrupt_at:
             raise Interrupt
         sizes.append(len(sentences))
+        if given is not None:
+            given.extend(sentences)
         return translate(model, tokenizer, sentences, **kwargs)  # the module's own, imported above
 
     monkeypatch.setattr(translation, "translate", wrapper)
@@ -789,6 +810,28 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sizes == [3, 3], "only the 6 lines not yet translated"
     assert destination.read_text().split("\n")[:-1] == expected
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+
+
+def test_a_translation_started_over_for_another_text_resumes_after_a_second_kill(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """The record of the text started over vouches for its own lines only: killed again, it goes on from there."""
+    source, lines, model, expected = file_to_translate
+    text, destination = tmp_path / "news.en", tmp_path / "news.de"
+    text.write_text(source.read_text())
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, text, destination, chunk_lines=3, **SETTINGS)
+    text.write_text("".join(line + "\n" for line in ["a red ball.", *lines[1:]]))  # another text now
+    sizes = counting_translate(monkeypatch, interrupt_at=1)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, text, destination, chunk_lines=3, **SETTINGS)
+    assert sizes == [3], "started over"
+    sizes = counting_translate(monkeypatch)
+    assert translate_file(model, tokenizer, text, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    assert sizes == [3, 3, 3], "resumed after the 3 lines of the text started over"
+    now = [translate(model, tokenizer, ["a red ball."], **SETTINGS)[0], *expected[1:]]
+    assert destination.read_text().split("\n")[:-1] == now
 
 
 def test_each_chunk_is_in_the_file_before_the_record_vouches_for_it(
@@ -894,14 +937,15 @@ def test_a_pipe_is_read_once_from_its_start_and_resumed_if_it_carries_the_same_t
     with pytest.raises(Interrupt):  # a record of the first 6 lines
         translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
     piped = lines if same_text else [f"{line} again" for line in lines]
-    sizes = counting_translate(monkeypatch)
+    given = []
+    sizes = counting_translate(monkeypatch, given=given)
     with fed_pipe(tmp_path / "pipe", "".join(line + "\n" for line in piped)) as pipe:
         assert translate_file(model, tokenizer, pipe, destination, chunk_lines=3, **SETTINGS) == len(lines)
     if same_text:
-        assert sizes == [3, 3], "only the 6 lines not yet translated"
+        assert sizes == [3, 3] and given == lines[6:], "only the 6 lines not yet translated"
         assert destination.read_text().split("\n")[:-1] == expected
     else:
-        assert sum(sizes) == len(lines), "every line, from the pipe's first"
+        assert given == piped, "every line, from the pipe's first, as it came"
         assert destination.read_text().split("\n")[:-1] == translate(model, tokenizer, piped, **SETTINGS)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de", "pipe"], "nothing left beside"
 
@@ -1021,7 +1065,7 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
         translate_file(model, tokenizer, text, destination, chunk_lines=3, **settings)
     assert sum(sizes) == len(lines), "started over"
     assert destination.read_text().split("\n")[:-1] == now
-    expected_reason = {"source": "another text", "model": "another model", "decoding": "another decoding"}
+    expected_reason = {"source": "another text", "model": "(another model)", "decoding": "(another decoding)"}
     expected_reason["cut partial"] = "shorter than its record says"
     expected_reason["more lines than bytes"] = "counts 6 lines in 0 bytes"
     assert expected_reason.get(change, "unreadable") in caplog.text
