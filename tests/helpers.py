@@ -197,6 +197,17 @@ def tiny_translator(vocab_size: int, seed: int = 0) -> TransformerForConditional
     return model
 
 
+def reloaded_with_config(
+    model: TransformerForConditionalGeneration, directory: Path, **fields
+) -> TransformerForConditionalGeneration:
+    """`model` saved into `directory`, its config.json edited to `fields`, loaded again: the same weights computing
+    another function, as after a user edits the file."""
+    model.save_pretrained(directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+    return type(model).from_pretrained(directory)
+
+
 # --- fairseq's fixtures ---------------------------------------------------------------------------------------
 
 
@@ -418,6 +429,7 @@ class EchoModel:
     def __init__(self):
         self.training = True
         self.device = torch.device("cpu")
+        self.config = TransformerConfig(vocab_size=50)
         self.generation_config = GenerationConfig(num_beams=4, length_penalty=0.6)
         self.calls: list[dict] = []
 

@@ -12,6 +12,7 @@ from datasets import Dataset
 from helpers import (
     HUB_TOKEN,
     EchoModel,
+    reloaded_with_config,
     save_tiny_checkpoint,
     synthetic_pairs,
     tiny_model,
@@ -253,6 +254,7 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
     "rerun, why",
     [
         ("another model", "another model"),
+        ("another config", "another config"),
         ("another decoding", "another decoding"),
         ("other sources", "another source_sha256"),
         ("hypotheses edited", "hypotheses_test.de changed since"),
@@ -275,6 +277,8 @@ def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(
             evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
     if rerun == "another model":
         model = tiny_translator(len(tokenizer), seed=1)
+    elif rerun == "another config":
+        model = reloaded_with_config(model, tmp_path / "model", scale_embedding=False)
     elif rerun == "another decoding":
         settings["max_new_tokens"] = 2
     elif rerun == "other sources":

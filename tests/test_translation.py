@@ -27,6 +27,7 @@ from helpers import (
     closed_port_endpoint,
     convert_fairseq_fixture,
     fed_pipe,
+    reloaded_with_config,
     save_tiny_checkpoint,
     stalled_endpoint,
     subprocess_env,
@@ -1024,7 +1025,16 @@ def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp
 
 @pytest.mark.parametrize(
     "change",
-    ["source", "model", "decoding", "cut record", "record without its hash", "cut partial", "more lines than bytes"],
+    [
+        "source",
+        "model",
+        "config",
+        "decoding",
+        "cut record",
+        "record without its hash",
+        "cut partial",
+        "more lines than bytes",
+    ],
 )
 def test_a_partial_translation_of_another_text_model_or_decoding_is_never_continued(
     change, file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
@@ -1044,6 +1054,10 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     elif change == "model":
         model = tiny_translator(len(tokenizer), seed=1)
         now = translate(model, tokenizer, lines, **SETTINGS)
+    elif change == "config":  # the same weights, their config.json edited: another function of the source
+        model = reloaded_with_config(model, tmp_path / "model", scale_embedding=False)
+        now = translate(model, tokenizer, lines, **SETTINGS)
+        assert now != expected, "a config change the translations do not show tests nothing"
     elif change == "decoding":
         settings["num_beams"] = 3
         now = translate(model, tokenizer, lines, **settings)
@@ -1066,6 +1080,7 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     assert sum(sizes) == len(lines), "started over"
     assert destination.read_text().split("\n")[:-1] == now
     expected_reason = {"source": "another text", "model": "(another model)", "decoding": "(another decoding)"}
+    expected_reason["config"] = "(another config)"
     expected_reason["cut partial"] = "shorter than its record says"
     expected_reason["more lines than bytes"] = "counts 6 lines in 0 bytes"
     assert expected_reason.get(change, "unreadable") in caplog.text
