@@ -197,6 +197,13 @@ def test_token_budget_batches_keep_the_order_given_and_fill_the_budget_exactly()
     assert token_budget_batches([], [], max_tokens=12) == []
 
 
+def test_indices_given_as_tuples_count_as_lists():
+    # Typed `Sequence[int]`: a tuple of indices is a list of them, not numpy's index of several dimensions.
+    assert token_budget_batches((3, 9, 2, 4, 30), (4, 2, 0, 3, 1), max_tokens=12) == [[4], [2, 0, 3], [1]]
+    by_tuples = padding_efficiency([(0, 1), (2,)], source_lengths=(2, 4, 3), target_lengths=(1, 1, 5))
+    assert by_tuples == padding_efficiency([[0, 1], [2]], source_lengths=[2, 4, 3], target_lengths=[1, 1, 5])
+
+
 def test_fixed_batches_come_in_the_order_given():
     batches = [[3, 4], [0], [1, 2]]
     sampler = FixedBatchSampler(batches)
