@@ -26,7 +26,7 @@ from modeling.checkpoints import weights_record
 from modeling.evaluation import evaluate_split, evaluation_record, load_scored_model, metrics_filename
 from modeling.files import write_json
 from modeling.generation_transformer import MODEL_DECODING_FIELDS, set_fairseq_decoding
-from modeling.model_card import collect_card_inputs
+from modeling.model_card import collect_card_inputs, render_model_card
 from modeling.translation import translate
 
 
@@ -70,6 +70,21 @@ def test_a_python_users_evaluation_records_the_weights_a_model_card_checks(tiny_
     tiny_model(len(tokenizer), seed=5).save_pretrained(model_dir)  # trained again since
     with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now"):
         collect_card_inputs([tmp_path / "eval"], model_dir)
+
+
+def test_an_int8_evaluations_record_is_labelled_so_on_the_card(tokenizer, tmp_path):
+    """`--int8` scores the quantised model, not the weights as they load: the card must say so."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": en}} for en, _ in synthetic_pairs(3, seed=2)])
+    metrics, _ = evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    scored = {"model": "tester/echo", "model_commit": None, "model_weights": None}
+    where = {"dataset": "synthetic", "language_pair": None, "limit": None, "sentences_in_split": 3}
+    write_json(tmp_path / metrics_filename("test"), evaluation_record(scored, metrics, split="test", **where))
+    write_json(tmp_path / metrics_filename("dev"), evaluation_record(scored, metrics, split="dev", int8=True, **where))
+    results = collect_card_inputs([tmp_path])["eval_results"]
+    card = render_model_card(model_name="tiny", repo_id="tester/echo", eval_results=results)
+    paragraphs = {p.split("split `")[1].split("`")[0]: p for p in card.text.split("\n\n") if "split `" in p}
+    assert "Scored on the model quantised to int8 (`--int8`)" in paragraphs["dev"]
+    assert "int8" not in paragraphs["test"]
 
 
 def test_a_hub_models_record_names_the_commit_loaded_when_the_cache_moved_on(hub_here, tmp_path, monkeypatch):
@@ -248,6 +263,27 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
     assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"], "nothing hidden left"
     evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
     assert len(translated) == 10, "a scored evaluation is not reused"
+
+
+def test_hypotheses_left_unscored_are_scored_by_a_rerun_with_other_workers_or_a_progress_bar(
+    tokenizer, tmp_path, monkeypatch, caplog
+):
+    """Threads and a progress bar leave the hypotheses as they are: a rerun with them need not translate again."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(4, seed=7)])
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+    with monkeypatch.context() as scoring:
+        _killed_while_scoring(scoring)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
+
+    with caplog.at_level(logging.INFO, logger="modeling.evaluation"):
+        metrics, hypotheses = evaluate_split(
+            model, tokenizer, split, hypotheses_file=hypotheses_file, workers=2, progress=True, **settings
+        )
+    assert f"Scoring the hypotheses an earlier run translated into {hypotheses_file}, not yet scored" in caplog.text
+    assert (metrics, hypotheses) == (in_memory, expected)
 
 
 @pytest.mark.parametrize(
