@@ -1,6 +1,7 @@
 """Tests of modeling/callbacks.py: checkpoints every N minutes, a wall-clock budget, the sampler's epoch when
 resuming, stopping on a signal, TensorBoard given up when its disk is full."""
 
+import atexit
 import errno
 import logging
 import os
@@ -20,6 +21,7 @@ from helpers import subprocess_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
+from modeling import callbacks
 from modeling.batching import TokenBudgetBatchSampler
 from modeling.callbacks import (
     PreemptionCallback,
@@ -30,6 +32,8 @@ from modeling.callbacks import (
     TensorBoardGivenUpCallback,
     _rank_zero_decides,
     any_rank,
+    ignore_signals_at_exit,
+    ignored,
     leave_process_group,
     lowest_and_highest_over_ranks,
     max_over_ranks,
@@ -54,6 +58,15 @@ def test_sampler_epoch_without_a_token_budget_sampler_does_nothing():
     args, state = SimpleNamespace(gradient_accumulation_steps=1), SimpleNamespace(global_step=3)
     callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=[[0], [1]])
     assert callback.sampler is None
+
+
+def test_sampler_epoch_outside_training_does_nothing():
+    """The Trainer's callbacks get no train_dataloader before `train()` builds one (an evaluation first, say)."""
+    callback, sampler = SamplerEpochCallback(), TokenBudgetBatchSampler([3] * 8, [3] * 8, max_tokens=6)
+    callback.sampler = sampler
+    args, state = SimpleNamespace(gradient_accumulation_steps=1), SimpleNamespace(global_step=3)
+    callback.on_epoch_begin(args, state, TrainerControl(), train_dataloader=None)
+    assert sampler.epoch == 0
 
 
 @pytest.fixture
@@ -293,6 +306,16 @@ def test_a_signal_while_the_data_is_prepared_raises_at_once_where_the_process_is
                 pytest.fail("the preparation went on after the signal")
 
 
+def test_a_signal_before_the_data_is_prepared_raises_as_the_preparation_begins():
+    """A request that came earlier (while the run started) stops the run before any of its data is prepared."""
+    callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+    with callback.handling():
+        signal.raise_signal(signal.SIGUSR1)
+        with pytest.raises(SignalledBeforeTraining, match="SIGUSR1"):
+            with callback.stopping_at_once():
+                pytest.fail("the preparation began after the signal")
+
+
 def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_path):
     """The run is over at exit: a signal's default action there would replace the exit code the run chose."""
     script = tmp_path / "exit.py"
@@ -314,6 +337,16 @@ def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_pat
     assert done.stdout.splitlines() == ["ignored before: False", "ignored at exit: True"]
 
 
+def test_the_signals_are_ignored_at_exit_by_one_callback_however_many_runs_ask(monkeypatch):
+    """IPython's `%run scripts/train.py` runs the script anew each time: its atexit callbacks must not pile up."""
+    registered = []
+    monkeypatch.setattr(callbacks, "_IGNORING_AT_EXIT", False)  # as in a fresh process
+    monkeypatch.setattr(atexit, "register", registered.append)
+    for _ in range(3):
+        ignore_signals_at_exit()
+    assert len(registered) == 1
+
+
 def test_a_signal_the_process_ignores_stays_ignored():
     """A script's `python scripts/train.py ... &` starts with SIGINT ignored: Ctrl-C typed at the script must not
     reach the run, so the callback leaves SIGINT alone there and still handles the others."""
@@ -328,6 +361,17 @@ def test_a_signal_the_process_ignores_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+def test_ignored_tells_a_signal_the_process_ignores_from_one_it_handles():
+    """scripts/train.py leaves what `ignored` names alone at its end: SIGHUP under `nohup` stays ignored."""
+    outer = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        assert ignored(signal.SIGUSR1) is True
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        assert ignored(signal.SIGUSR1) is False
+    finally:
+        signal.signal(signal.SIGUSR1, outer)
 
 
 def test_nested_handling_restores_the_outer_handlers_only_at_the_end():
@@ -535,6 +579,36 @@ def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_
     assert done.stdout.splitlines() == ["requested: SIGTERM", "the next block stops at once too"]
 
 
+def test_a_process_a_forked_worker_forks_in_turn_lives(tmp_path):
+    """A tokenising worker that starts a process of its own: only the worker is tied to the preparing process, its
+    own child (whose parent the worker is) runs to its end."""
+    script = tmp_path / "grandchild.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+            from modeling.callbacks import PreemptionCallback
+
+            callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+            with callback.handling(), callback.stopping_at_once():
+                worker = os.fork()
+                if worker == 0:
+                    helper = os.fork()
+                    if helper == 0:
+                        os._exit(7)
+                    _, status = os.waitpid(helper, 0)
+                    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 100 + os.WTERMSIG(status))
+                _, status = os.waitpid(worker, 0)
+            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "7"), done.stderr[-2000:]
+
+
 def test_a_process_forked_outside_the_data_preparation_starts_quietly(tmp_path):
     """The fork hooks run at every fork of the process (DataLoader's workers, a tokenizer's pool), not only within
     `stopping_at_once`: there they have nothing to do, and must not fail in parent and child alike."""
@@ -598,3 +672,31 @@ def test_tensorboard_whose_last_write_the_disk_refuses_at_the_end_of_training_is
     assert callback.given_up and callback.tb_writer is None
     assert f"Not logging to TensorBoard any more: cannot write into {tmp_path / 'tensorboard'} (" in caplog.text
     assert "No space left on device" in caplog.text
+
+
+def test_tensorboard_whose_directory_cannot_be_made_is_given_up_with_a_warning(tmp_path, monkeypatch, caplog):
+    """TENSORBOARD_LOGGING_DIR below a file: the writer is never made, and the run starts without it."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "file" / "tensorboard"))
+    callback, args, state = TensorBoardGivenUpCallback(), TrainingArguments(tmp_path / "run"), TrainerState()
+    with caplog.at_level(logging.WARNING, logger="modeling.callbacks"):
+        callback.on_train_begin(args, state, TrainerControl())
+    assert callback.given_up and callback.tb_writer is None
+    assert f"cannot write into {tmp_path / 'file' / 'tensorboard'} (" in caplog.text
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 4.0})  # nothing more to write into
+    callback.on_train_end(args, state, TrainerControl())
+
+
+def test_tensorboard_given_up_at_a_log_step_closes_its_writer(tmp_path, monkeypatch):
+    """The writer given up is closed: its thread and open event file do not outlive it for the rest of the run."""
+    threads = set(threading.enumerate())
+    callback, args, state = tensorboard_run(tmp_path, monkeypatch)
+
+    def add_scalar_on_a_full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(callback.tb_writer, "add_scalar", add_scalar_on_a_full_disk)
+    state.global_step = 1
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 4.0})
+    assert callback.given_up and callback.tb_writer is None
+    assert set(threading.enumerate()) - threads == set(), "the writer's thread ended with it"
