@@ -42,7 +42,8 @@ def padding_efficiency(
     batches: Iterable[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
 ) -> dict[str, float]:
     """Real tokens / padded tokens (batch size × longest sequence) over `batches`, per side and overall."""
-    source, target = np.asarray(source_lengths), np.asarray(target_lengths)
+    # int64: Arrow's lengths (`sequence_lengths`) are int32, whose sums overflow past 2**31 padded tokens
+    source, target = np.asarray(source_lengths, dtype=np.int64), np.asarray(target_lengths, dtype=np.int64)
     real_src = real_tgt = padded_src = padded_tgt = 0
     for batch in batches:
         batch = np.asarray(batch)

@@ -63,6 +63,14 @@ def test_padding_efficiency_by_hand():
     assert efficiency == {"source": 9 / 11, "target": 7 / 7, "total": 16 / 18}
 
 
+def test_padding_efficiency_of_arrows_int32_lengths_past_2_to_the_31_padded_tokens():
+    # `sequence_lengths` reads int32 from Arrow: a sum in int32 wrapped round past 2**31 tokens (a large corpus).
+    lengths = np.full(5, 2**29, dtype=np.int32)
+    one_each = [[i] for i in range(5)]
+    assert padding_efficiency(one_each, lengths, lengths) == {"source": 1.0, "target": 1.0, "total": 1.0}
+    assert TokenBudgetBatchSampler(lengths, lengths, max_tokens=2**29).padding_efficiency()["total"] == 1.0
+
+
 def test_order_is_deterministic_per_seed_and_epoch():
     source, target = random_lengths()
     first, again = (TokenBudgetBatchSampler(source, target, 500, seed=3) for _ in range(2))
@@ -178,6 +186,11 @@ def test_an_update_exactly_10_percent_off_is_no_warning(caplog):
     assert "An update holds" not in caplog.text and "off the" not in caplog.text
 
 
+def test_an_update_exactly_10_percent_over_keeps_the_batches_given():
+    source = target = np.array([22])  # one batch of 22 target tokens for 20 asked (1.1 × 20 is exactly 22.0)
+    assert update_batching(20, token_dataset(source, target), 4096, 1) == (1, 4096)
+
+
 def test_an_update_asking_for_less_than_one_sentence_gets_one_sentence_per_batch_and_a_warning(caplog):
     source = target = np.full(8, 200)
     assert update_batching(50, token_dataset(source, target), 4096, 1) == (1, 1)
@@ -188,6 +201,7 @@ def test_mean_target_tokens_per_batch_by_hand():
     dataset = token_dataset(np.array([3, 4]), np.array([5, 6]))
     assert mean_target_tokens_per_batch(dataset, 100) == 11.0  # one batch
     assert mean_target_tokens_per_batch(dataset, 6) == 5.5  # 2 × 6 > 6: a batch each
+    assert mean_target_tokens_per_batch(dataset.select([]), 100) == 0.0  # no batch: none, not a division by 0
 
 
 def test_token_budget_batches_keep_the_order_given_and_fill_the_budget_exactly():
