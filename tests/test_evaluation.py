@@ -8,6 +8,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 from helpers import (
     HUB_TOKEN,
@@ -72,6 +73,12 @@ def test_a_python_users_evaluation_records_the_weights_a_model_card_checks(tiny_
         collect_card_inputs([tmp_path / "eval"], model_dir)
 
 
+def test_a_scored_model_is_loaded_onto_the_device_asked_for(tiny_checkpoint):
+    # "meta" stands in for a device other than the default one (a GPU machine's user asking for "cpu").
+    model, _, _ = load_scored_model(str(tiny_checkpoint[0]), device="meta")
+    assert model.device.type == "meta"
+
+
 def test_an_int8_evaluations_record_is_labelled_so_on_the_card(tokenizer, tmp_path):
     """`--int8` scores the quantised model, not the weights as they load: the card must say so."""
     split = Dataset.from_list([{"translation": {"en": en, "de": en}} for en, _ in synthetic_pairs(3, seed=2)])
@@ -112,6 +119,34 @@ def test_a_hub_models_record_names_the_commit_loaded_when_the_cache_moved_on(hub
     assert scored["model_commit"] == first
     snapshot = Path(constants.HF_HUB_CACHE) / "models--tester--scored" / "snapshots" / first
     assert scored["model_weights"] == weights_record(snapshot)
+
+
+def test_a_hub_model_pushed_again_after_its_commit_was_pinned_loads_the_pinned_weights(
+    hub_here, tmp_path, monkeypatch
+):
+    """The record names the commit pinned before loading: the weights loaded must be that commit's, not those of a
+    push that came between the pinning and the loading."""
+    from modeling.hub import push_model_dir
+
+    save_tiny_checkpoint(tmp_path / "first")
+    save_tiny_checkpoint(tmp_path / "second")
+    tiny_translator(len(tiny_tokenizer()), seed=1).save_pretrained(tmp_path / "second")
+    push_model_dir(tmp_path / "first", "tester/pinned", token=HUB_TOKEN)
+    pinned = HfApi(endpoint=hub_here[0], token=HUB_TOKEN).model_info("tester/pinned").sha
+    pin = evaluation.pinned_hub_revision
+
+    def pinned_then_pushed_again(*args, **kwargs):
+        commit = pin(*args, **kwargs)
+        push_model_dir(tmp_path / "second", "tester/pinned", token=HUB_TOKEN)
+        return commit
+
+    monkeypatch.setattr(evaluation, "pinned_hub_revision", pinned_then_pushed_again)
+    model, _, scored = load_scored_model("tester/pinned", device="cpu")
+    first = tiny_translator(len(tiny_tokenizer()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), first.state_dict().values(), strict=True)
+    )
+    assert scored["model_commit"] == pinned
 
 
 def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
@@ -179,6 +214,15 @@ def test_an_evaluation_into_a_hypotheses_file_resumes_after_a_kill(tokenizer, tm
     assert sorted(path.name for path in hypotheses_file.parent.iterdir()) == ["hypotheses_test.de"], (
         "nothing hidden left"
     )
+
+
+def test_a_first_evaluation_into_a_hypotheses_file_warns_of_nothing(tokenizer, tmp_path, caplog):
+    """No record of unscored hypotheses is the ordinary case: nothing to say about one."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=5)])
+    model = tiny_translator(len(tokenizer))
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        evaluate_split(model, tokenizer, split, source_lang="en", target_lang="de", hypotheses_file=tmp_path / "h.de")
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize(
