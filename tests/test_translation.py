@@ -633,8 +633,9 @@ def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path
 
     def load_then_a_push(*args, **kwargs):
         loaded = load(*args, **kwargs)
-        if not pushed:  # once: the weights' loading reads the config again
-            pushed.append(push_model_dir(second, "tester/race", token=HUB_TOKEN))
+        if not pushed:  # once: the weights' loading reads the config again, and so does the push's check
+            pushed.append(second)
+            push_model_dir(second, "tester/race", token=HUB_TOKEN)
         return loaded
 
     monkeypatch.setattr(getattr(translation, loader), "from_pretrained", load_then_a_push)
