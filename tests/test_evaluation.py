@@ -270,11 +270,16 @@ def test_an_evaluation_whose_hidden_source_another_run_removed_meanwhile_finishe
     assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"]
 
 
-def _killed_while_scoring(monkeypatch) -> None:
+def _evaluate_killed_while_scoring(monkeypatch, model, tokenizer, split, hypotheses_file, settings) -> None:
+    """An evaluation into `hypotheses_file` killed after the translating, while scoring."""
+
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluation, "corpus_scores", interrupted)
+    with monkeypatch.context() as scoring:
+        scoring.setattr(evaluation, "corpus_scores", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
 
 
 def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_without_translating_again(
@@ -293,10 +298,7 @@ def test_an_evaluation_killed_while_scoring_scores_the_hypotheses_written_withou
 
     monkeypatch.setattr(translation, "translate", counted)
     hypotheses_file = tmp_path / "hypotheses_test.de"
-    with monkeypatch.context() as scoring:
-        _killed_while_scoring(scoring)
-        with pytest.raises(KeyboardInterrupt):
-            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    _evaluate_killed_while_scoring(monkeypatch, model, tokenizer, split, hypotheses_file, settings)
     assert len(translated) == 5
 
     with caplog.at_level(logging.INFO, logger="modeling.evaluation"):
@@ -316,10 +318,7 @@ def test_hypotheses_left_unscored_are_scored_by_a_rerun_with_other_workers_or_a_
     split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(4, seed=7)])
     model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
     hypotheses_file = tmp_path / "hypotheses_test.de"
-    with monkeypatch.context() as scoring:
-        _killed_while_scoring(scoring)
-        with pytest.raises(KeyboardInterrupt):
-            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    _evaluate_killed_while_scoring(monkeypatch, model, tokenizer, split, hypotheses_file, settings)
     in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
 
     with caplog.at_level(logging.INFO, logger="modeling.evaluation"):
@@ -345,16 +344,13 @@ def test_hypotheses_left_unscored_are_scored_by_a_rerun_with_other_workers_or_a_
 def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(
     rerun, why, tokenizer, tmp_path, monkeypatch, caplog
 ):
-    """Only the same weights, tokenizer, decoding and sources as the hypotheses left unscored skip the translating;
-    the others are translated again with a warning saying why."""
+    """Only the same weights, config, tokenizer, decoding and sources as the hypotheses left unscored skip the
+    translating; the others are translated again with a warning saying why."""
     pairs = synthetic_pairs(4, seed=9)
     split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in pairs])
     model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
     hypotheses_file = tmp_path / "hypotheses_test.de"
-    with monkeypatch.context() as scoring:
-        _killed_while_scoring(scoring)
-        with pytest.raises(KeyboardInterrupt):
-            evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    _evaluate_killed_while_scoring(monkeypatch, model, tokenizer, split, hypotheses_file, settings)
     if rerun == "another model":
         model = tiny_translator(len(tokenizer), seed=1)
     elif rerun == "another config":
