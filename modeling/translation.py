@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import weights_problems
+from .checkpoints import config_identity, weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
@@ -373,11 +373,6 @@ def translate_file(
     return partial.lines
 
 
-# Config fields that say where a config came from or what wrote it, not what the model computes (the weights'
-# dtype is in their fingerprint).
-_CONFIG_PROVENANCE = ("_name_or_path", "_commit_hash", "transformers_version", "architectures", "auto_map", "dtype")
-
-
 def translation_identity(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: Mapping[str, Any]
 ) -> dict[str, str]:
@@ -385,10 +380,9 @@ def translation_identity(
     weights and the tokenizer, the model's config (an edited `config.json`, a conversion run again with other
     options: the same weights computing another function), and the decoding, `settings` (`max_tokens`,
     `num_beams`, generate() keywords) over the model's generation config."""
-    config = {name: value for name, value in model.config.to_dict().items() if name not in _CONFIG_PROVENANCE}
     return {
         "model": model_fingerprint(model),
-        "config": json.dumps(config, sort_keys=True, default=repr),
+        "config": json.dumps(config_identity(model.config.to_dict()), sort_keys=True),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
     }
