@@ -631,10 +631,15 @@ def test_an_odd_width_is_refused_naming_the_field():
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
-def test_a_recorded_width_other_than_the_embeddings_is_refused_naming_the_field(side):
+@pytest.mark.parametrize(
+    ("field", "recorded", "why"),
+    [("embed_dim", 32, "the embeddings have 30 dimensions"), ("layers", 2, "the state dict holds 1 layers")],
+)
+def test_a_recorded_size_other_than_the_state_dicts_is_refused_naming_the_field(side, field, recorded, why):
+    """fairseq builds the recorded sizes and would not load this state dict into them."""
     args, weights = fairseq_args_and_weights(30, 3)
-    args[f"{side}_embed_dim"] = 32
-    with pytest.raises(FairseqConversionError, match=_re(f"{side}_embed_dim=32 (the embeddings have 30 dimensions)")):
+    args[f"{side}_{field}"] = recorded
+    with pytest.raises(FairseqConversionError, match=_re(f"{side}_{field}={recorded} ({why})")):
         fairseq_config(args, weights, 568)
 
 
@@ -711,15 +716,6 @@ def test_layers_missing_from_the_state_dict_are_refused_naming_the_field():
     args["encoder_layers"] = 2
     weights["encoder.layers.2.fc1.weight"] = torch.zeros(48, 30)
     with pytest.raises(FairseqConversionError, match=_re("encoder_layers=[0, 2] (the state dict's layers are not")):
-        fairseq_config(args, weights, 568)
-
-
-@pytest.mark.parametrize("side", ["encoder", "decoder"])
-def test_a_recorded_depth_other_than_the_state_dicts_is_refused_naming_the_field(side):
-    """fairseq builds the recorded number of layers and would not load this state dict into them."""
-    args, weights = fairseq_args_and_weights(30, 3)
-    args[f"{side}_layers"] = 2
-    with pytest.raises(FairseqConversionError, match=_re(f"{side}_layers=2 (the state dict holds 1 layers)")):
         fairseq_config(args, weights, 568)
 
 
