@@ -517,6 +517,12 @@ def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
     assert sorted(path.name for path in cache.rglob("*.arrow")) == ["wmt14-test.arrow"]
 
 
+def go_offline(monkeypatch) -> None:
+    """HF_HUB_OFFLINE=1 as both libraries read it at import."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+
 @pytest.mark.parametrize("hub_state", ["HF_HUB_OFFLINE", "unreachable"])
 def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_cannot_be_asked(
     hub_state, hub_here, quick_hub, tmp_path, monkeypatch, caplog
@@ -560,8 +566,7 @@ def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_
     cut_short.parent.mkdir(parents=True)
     cut_short.write_text('{"config_name": "de-')  # a copy whose record a lost disk cut short
     if hub_state == "HF_HUB_OFFLINE":
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        go_offline(monkeypatch)
     else:
         monkeypatch.setattr(hf_http.time, "sleep", lambda seconds: None)  # huggingface_hub's pauses between retries
         with socket.socket() as closed:  # a port that refuses connections
@@ -590,8 +595,7 @@ def test_a_hub_dataset_hf_download_put_in_the_hub_cache_loads_where_the_hub_cann
         hub_here[0], "tester/downloaded", {"train": synthetic_pairs(5), "test": synthetic_pairs(3, seed=1)}
     )
     snapshot_download("tester/downloaded", repo_type="dataset", allow_patterns=["README.md", "de-en/*"])
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    go_offline(monkeypatch)
 
     def read(split: str) -> datasets.DatasetDict:
         return load_parallel_dataset(
@@ -634,8 +638,7 @@ def test_a_hub_dataset_read_whole_is_read_at_the_revision_asked_for(hub_here, tm
 def test_a_hub_dataset_that_neither_cache_holds_offline_raises_datasets_error(hub_here, tmp_path, monkeypatch):
     """Offline, splits asked for of a Hub dataset never read: datasets' "Couldn't reach" (it names offline mode), not
     an error about a dataset without splits."""
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    go_offline(monkeypatch)
     with pytest.raises(ConnectionError, match="^Couldn't reach 'tester/never-read' on the Hub"):
         load_parallel_dataset(
             source_lang="en",
@@ -675,8 +678,7 @@ def test_a_hub_dataset_without_configurations_loads_from_the_datasets_cache_offl
         return pairs(ds["test"])
 
     assert read() == synthetic_pairs(3, seed=3)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    go_offline(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="modeling.data"):
         assert read() == synthetic_pairs(3, seed=3)
     assert "tester/plain (default): split 'test' from the datasets cache" in caplog.text
@@ -704,8 +706,7 @@ def test_offline_a_dataset_read_whole_gives_the_splits_of_the_commit_asked_for(h
         )
 
     assert sorted(read(first)) == ["train", "valid"] and sorted(read(second)) == ["train", "validation"]
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    go_offline(monkeypatch)
     ds = read(first, ["validation"])
     assert list(ds) == ["valid"] and pairs(ds["valid"]) == synthetic_pairs(2, seed=1)
     ds = read(second, ["validation"])
