@@ -150,6 +150,11 @@ def test_where_one_batch_holds_too_many_tokens_per_update_the_batches_are_made_s
 RESUMED_BATCHING = {"warmup_steps": 1, "save_strategy": "steps", "save_steps": 1, "max_tokens_per_device": 1000}
 
 
+def mixed_lengths_dataset(tokenizer):
+    """24 copy-task sentences of 3 to 9 tokens: the batches of mixed lengths a resume or a preemption meets."""
+    return copy_dataset(random.Random(2).choices(range(3, 10), k=24), len(tokenizer), seed=3)
+
+
 def resume_an_earlier_versions_checkpoint(tmp_path: Path, caplog, unrecorded: tuple[str, ...]) -> None:
     """checkpoint-1 of a run of batches of 1000 tokens, its marker without the fields `unrecorded` (as an earlier
     version of this code wrote it), resumed with tokens_per_update=28, which derives batches of 62 tokens now:
@@ -564,8 +569,7 @@ def test_runtimes_and_rates_hold_when_the_system_clock_is_set_back(tmp_path, mon
 
 def test_resumed_run_has_the_losses_of_the_uninterrupted_run(tmp_path):
     tokenizer = word_tokenizer()
-    lengths = random.Random(2).choices(range(3, 10), k=24)
-    dataset = copy_dataset(lengths, len(tokenizer), seed=3)
+    dataset = mixed_lengths_dataset(tokenizer)
 
     def run(output_dir, resume=None):
         # Adam and dropout as in the paper: resuming must restore optimizer, schedule, RNG and data order.
@@ -646,14 +650,13 @@ def resumable_run(output_dir: Path, trainer_class=None, eval_dataset=None, bleu_
     """A 6-update run with Adam, dropout and 2 micro-batches per update: resuming must restore everything. With
     `bleu_dataset`, evaluations also translate it and score BLEU."""
     tokenizer = word_tokenizer()
-    lengths = random.Random(2).choices(range(3, 10), k=24)
     settings = {"max_steps": 6, "warmup_steps": 2, "max_tokens_per_device": 24, "gradient_accumulation_steps": 2}
     scoring = {}
     if bleu_dataset is not None:
         settings["predict_with_generate"] = True
         scoring = {"bleu_dataset": bleu_dataset, "compute_metrics": bleu_metrics(tokenizer, "de")}
     args = training_args(output_dir, **{**settings, **overrides})
-    dataset = copy_dataset(lengths, len(tokenizer), seed=3)
+    dataset = mixed_lengths_dataset(tokenizer)
     model = tiny_model(len(tokenizer), dropout=0.1)
     return make_trainer(
         args,
@@ -1187,7 +1190,7 @@ def test_sigterm_while_evaluating_abandons_the_evaluation_and_saves_the_update_i
     args = training_args(
         tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, predict_with_generate=True, **settings
     )
-    dataset = copy_dataset(random.Random(2).choices(range(3, 10), k=24), len(tokenizer), seed=3)
+    dataset = mixed_lengths_dataset(tokenizer)
     trainer = make_trainer(
         args,
         dataset,
@@ -1311,7 +1314,7 @@ def test_sigterm_while_evaluating_on_start_stops_before_the_first_update(tmp_pat
     validation = copy_dataset([4, 5, 6, 7] * 4, len(tokenizer), seed=5)
     evaluation = {"eval_strategy": "steps", "eval_steps": 2, "eval_on_start": True}
     args = training_args(tmp_path, max_steps=6, warmup_steps=2, max_tokens_per_device=24, **evaluation)
-    dataset = copy_dataset(random.Random(2).choices(range(3, 10), k=24), len(tokenizer), seed=3)
+    dataset = mixed_lengths_dataset(tokenizer)
     trainer = make_trainer(
         args, dataset, tokenizer, tiny_model(len(tokenizer)), SignalWhileEvaluating, eval_dataset=validation
     )
