@@ -18,6 +18,7 @@ from helpers import (
     EOS,
     FAIRSEQ_FIXTURES,
     FAIRSEQ_MODELS,
+    FIRST_ID,
     PAD,
     fairseq_outputs,
     right_padded,
@@ -25,6 +26,7 @@ from helpers import (
     tiny_model,
     tiny_tokenizer,
     trained_tiny_translator,
+    word_level_tokenizer,
 )
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -181,6 +183,46 @@ def test_ctranslate2_represents_other_configs_exactly(tokenizer, tmp_path, overr
     assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
 
 
+@pytest.mark.parametrize(
+    "activation", ["gelu_python", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "silu", "swish"]
+)
+def test_ctranslate2_computes_every_activation_it_accepts_as_the_model_does(tokenizer, tmp_path, activation):
+    """transformers' names for the functions CTranslate2 has (its converter's table): the tanh and sigmoid
+    approximations of GELU are their own functions there, not GELU's."""
+    model = tiny_model(len(tokenizer), activation_function=activation)
+    with torch.no_grad():  # larger pre-activations, where the approximations part from GELU
+        for layer in (*model.model.encoder.layers, *model.model.decoder.layers):
+            layer.ffn.fc1.weight.mul_(8)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
+def test_ctranslate2_exports_an_output_projection_given_a_bias(tokenizer, tmp_path):
+    """The paper's output projection has no bias; one a user gave the model (`set_output_embeddings`) is exported
+    with it, not dropped."""
+    model = tiny_model(len(tokenizer), tie_word_embeddings=False)
+    head = torch.nn.Linear(model.config.d_model, model.config.vocab_size)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.copy_(torch.randn(model.config.vocab_size))  # large enough to change every distribution
+    model.set_output_embeddings(head)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
+def test_ctranslate2_takes_the_special_tokens_from_the_tokenizer_not_its_defaults(tmp_path):
+    """CTranslate2 defaults to <unk> and </s>: a tokenizer that names its tokens otherwise ends its sentences in its
+    own end-of-sentence token, which CTranslate2 must append when it scores and stop at when it translates."""
+    tokenizer = word_level_tokenizer(
+        ["[PAD]", "[UNK]", "[EOS]"], "$A [EOS]", pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]"
+    )
+    model = tiny_model(len(tokenizer))  # pad 0 and end-of-sentence 2 (its decoder start): [PAD] and [EOS]
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert (config["decoder_start_token"], config["eos_token"], config["unk_token"]) == ("[EOS]", "[EOS]", "[UNK]")
+    assert_ctranslate2_scores_are_the_model_log_probabilities(model, tokenizer, tmp_path / "ct2")
+
+
 def test_ctranslate2_takes_the_positional_table_from_the_model(tokenizer, tmp_path):
     """A positional module with another table (here: positions shifted by 2, as fairseq's offset would) is
     exported as the model computes it; Marian, which computes its own sinusoids, refuses it."""
@@ -287,7 +329,9 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     model.generation_config.length_penalty_type = "transformers"
     model.generation_config.max_length_offset = None
     model.generation_config.max_new_tokens = 30
+    model.config._name_or_path = "runs/wmt14-base"  # as from_pretrained() sets it
     export.to_ctranslate2(model, tokenizer, directory)  # replaces the previous export
+    assert "from runs/wmt14-base." in (directory / "README.md").read_text()
     assert json.loads((directory / "translate_options.json").read_text())["max_decoding_length"] == 30
     not_expressed = json.loads((directory / "export.json").read_text())["not_expressed"]
     assert [line.split(":")[0] for line in not_expressed] == ["max_input_length=64"]
@@ -372,6 +416,31 @@ def test_ctranslate2_options_list_the_decoding_settings_they_leave_out(tokenizer
     assert "no_repeat_ngram_size" not in options
     assert [line for line in not_expressed if "not passed on" in line] == [
         "no_repeat_ngram_size=1: not passed on (CTranslate2 decodes as if it were unset)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("no_repeat_ngram_size", 3),
+        ("encoder_no_repeat_ngram_size", 2),
+        ("repetition_penalty", 1.2),
+        ("encoder_repetition_penalty", 1.5),
+        ("bad_words_ids", [[FIRST_ID]]),
+        ("sequence_bias", {(FIRST_ID,): -1.0}),
+        ("begin_suppress_tokens", [FIRST_ID]),
+        ("forced_bos_token_id", FIRST_ID),
+        ("forced_eos_token_id", EOS),
+    ],
+)
+def test_ctranslate2_options_list_each_decoding_setting_they_leave_out(tokenizer, name, value):
+    """Each changes generate()'s translations, and translate_batch is given none of them: each is listed alone."""
+    model = tiny_model(len(tokenizer))
+    setattr(model.generation_config, name, value)
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert name not in options
+    assert [line for line in not_expressed if "not passed on" in line] == [
+        f"{name}={value!r}: not passed on (CTranslate2 decodes as if it were unset)"
     ]
 
 
@@ -485,6 +554,18 @@ def test_ctranslate2_options_of_fairseqs_limit_are_not_cut_at_ctranslate2s_defau
     assert "forces" not in limit, "this config forces no end-of-sentence of its own (forced_eos_keeps_log_prob)"
 
 
+def test_ctranslate2_options_of_fairseqs_limit_scaled_by_the_source_take_the_longest_source(tokenizer):
+    """max_length_a scales fairseq's limit with the source: CTranslate2's one limit is that of the longest source it
+    takes (the positional table's 512 tokens), and the per-batch limit is listed."""
+    model = tiny_model(len(tokenizer), max_position_embeddings=512)
+    generation = model.generation_config
+    generation.max_length_offset, generation.max_length_a, generation.max_length_b = None, 0.5, 10
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["max_decoding_length"] == int(0.5 * 512 + 10)
+    (limit,) = [line for line in not_expressed if line.startswith("max_length_a=0.5, max_length_b=10:")]
+    assert "does not follow each batch's source width (a = 0.5)" in limit
+
+
 def test_the_ctranslate2_readme_code_runs_as_written_and_its_file_translation_keeps_lines(
     trained, tokenizer, tmp_path, monkeypatch, capsys
 ):
@@ -535,6 +616,24 @@ def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alon
     assert json.loads((tmp_path / "int8" / "export.json").read_text())["quantization"] == "int8"
     outputs = ct2_translations(tmp_path / "int8", tokenizer)
     assert len(outputs) == len(SOURCES) and all(outputs)
+
+
+@pytest.mark.parametrize(
+    "quantization", ["int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"]
+)
+def test_ctranslate2_exports_in_each_weight_type_of_its_converter(tokenizer, tmp_path, quantization):
+    """The types of `ct2-transformers-converter --quantization`: each is written, recorded, and translates on CPU
+    (CTranslate2 converts a type the CPU lacks when it loads)."""
+    export.to_ctranslate2(tiny_model(len(tokenizer)), tokenizer, tmp_path / "ct2", quantization=quantization)
+    assert json.loads((tmp_path / "ct2" / "export.json").read_text())["quantization"] == quantization
+    assert len(ct2_translations(tmp_path / "ct2", tokenizer, max_decoding_length=4)) == len(SOURCES)
+
+
+def test_ctranslate2_refuses_an_unknown_quantization_in_one_line_before_writing(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"^unknown quantization 'int4'; expected one of \('int8', ") as error:
+        export.to_ctranslate2(tiny_model(len(tokenizer)), tokenizer, tmp_path / "ct2", quantization="int4")
+    assert "\n" not in str(error.value)
+    assert not any(tmp_path.iterdir())
 
 
 def test_ctranslate2_pads_a_resized_vocabulary_with_placeholders(tokenizer, tmp_path):
