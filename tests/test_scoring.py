@@ -6,10 +6,18 @@ import logging
 import math
 
 import pytest
+import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
 from modeling import scoring
-from modeling.scoring import check_scorable, corpus_scores, moses_tokenize, scoring_language, split_compounds
+from modeling.scoring import (
+    check_scorable,
+    corpus_scores,
+    moses_finds_words,
+    moses_tokenize,
+    scoring_language,
+    split_compounds,
+)
 
 # Made-up Chinese: the hypotheses miss a word, add one, use another.
 CHINESE_REFERENCES = ["女人吃红球。", "男人喜欢水。", "小狗看见一个红球，很高兴。", "孩子在大房子里喝水。"]
@@ -130,6 +138,23 @@ def test_brevity_penalty_and_signatures():
     assert "tok:none|smooth:none" in scores["paper_bleu_signature"]
     assert "case:lc" in scores["tokenized_bleu_lc_signature"]
     assert scores["chrf_signature"].startswith("nrefs:1|case:mixed")
+    # The line sacreBLEU prints, with the n-gram precisions and lengths a reader checks the number against.
+    assert (
+        scores["sacrebleu_details"]
+        == "BLEU = 60.65 100.0/100.0/100.0/100.0 (BP = 0.607 ratio = 0.667 hyp_len = 4 ref_len = 6)"
+    )
+
+
+def test_the_tokenised_scores_signatures_name_each_step():
+    """The signatures are what a reader compares numbers by: Moses' rules of the language, the paper BLEU
+    unnormalised (compounds split into German only), the other normalised and ASCII-lowercased."""
+    tail = f"eff:no|tok:none|smooth:none|version:{sacrebleu.__version__}"
+    french = corpus_scores(["Il est allé à la plage."], ["Il est parti à la plage."], "fr")
+    assert french["paper_bleu_signature"] == f"moses-tok:fr|unnormalized|nrefs:1|case:mixed|{tail}"
+    assert french["tokenized_bleu_lc_signature"] == f"moses-tok:fr|nrefs:1|case:lc-ascii|{tail}"
+    german = corpus_scores(["Das ist ein rich-text Format."], ["Das ist ein rich-text Buch."], "de")
+    assert german["paper_bleu_signature"] == f"moses-tok:de|unnormalized|compound-split:atat|nrefs:1|case:mixed|{tail}"
+    assert german["tokenized_bleu_lc_signature"] == f"moses-tok:de|nrefs:1|case:lc-ascii|{tail}"
 
 
 def test_mismatched_or_empty_inputs_are_refused():
@@ -189,6 +214,38 @@ def test_scoring_language_reads_bcp47_flores_and_iso_639_3_codes():
         "ja",
         "arb",  # no 639-1 mapping needed: scored with the language-independent rules either way
     ]
+
+
+def test_scoring_language_reads_iso_639_2_and_639_3_codes_as_the_scorers_639_1_code():
+    """FLORES-200 and NLLB name languages by their 639-3 code; under it unmapped, a language would be scored silently
+    with the generic rules (13a, Moses without its own non-breaking prefixes, German without compound splitting).
+    The pairs are ISO 639's own, bibliographic 639-2 codes ("ger", "fre", ...) among them."""
+    iso_639_1 = {
+        **dict.fromkeys(("zho", "chi", "cmn"), "zh"),
+        **{"jpn": "ja", "kor": "ko", "eng": "en", "ita": "it", "fin": "fi", "swe": "sv", "spa": "es", "est": "et"},
+        **{"gle": "ga", "hun": "hu", "lit": "lt", "lav": "lv", "pol": "pl", "por": "pt", "rus": "ru", "slv": "sl"},
+        **{"cat": "ca", "som": "so", "asm": "as", "ben": "bn", "guj": "gu", "hin": "hi", "kan": "kn", "mal": "ml"},
+        **{"mar": "mr", "pan": "pa", "tam": "ta", "tel": "te", "tha": "th", "lao": "lo", "khm": "km"},
+        **{"deu": "de", "ger": "de", "fra": "fr", "fre": "fr", "ces": "cs", "cze": "cs", "ell": "el", "gre": "el"},
+        **{"isl": "is", "ice": "is", "nld": "nl", "dut": "nl", "ron": "ro", "rum": "ro", "slk": "sk", "slo": "sk"},
+        **{"ori": "or", "ory": "or", "mya": "my", "bur": "my", "bod": "bo", "tib": "bo"},
+    }
+    assert {code: scoring_language(f"{code}_Latn") for code in iso_639_1} == iso_639_1
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["zh", "zho_Hant", "cmn", "yue", "yue_Hant", "lzh", "wuu", "gan", "ja", "jpn_Jpan", "th", "tha_Thai", "lo"]
+    + ["lao_Laoo", "km", "khm_Khmr", "my", "mya_Mymr", "bur", "bo", "bod_Tibt", "tib"],
+)
+def test_moses_finds_no_words_in_languages_written_without_spaces_whatever_the_code(code):
+    """The trainer leaves the paper BLEU out of its metrics there (its Moses "tokens" would be whole clauses)."""
+    assert not moses_finds_words(code)
+
+
+@pytest.mark.parametrize("code", ["de", "deu_Latn", "en", "fr", "ko", "kor_Hang", "vi", "hi", "arb_Arab"])
+def test_moses_finds_the_words_of_languages_written_with_spaces(code):
+    assert moses_finds_words(code), "Korean, Vietnamese, Hindi: words between spaces"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacreBLEU's MeCab extra is installed")
