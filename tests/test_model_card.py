@@ -177,6 +177,11 @@ def test_the_card_describes_the_decoding_its_generation_config_holds():
         limited = {**PAPER_GENERATION_CONFIG, "max_length_offset": None, **limits}  # the other one unset
         card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=limited)
         assert f"holds its decoding: beam 4, GNMT length penalty 0.6, {said}." in card.text
+    # generate() takes transformers' length penalty where the file sets none: the card says which
+    unset = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "length_penalty"}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=unset)
+    default = generation_transformer.unset_decoding_defaults()["length_penalty"]
+    assert f"holds its decoding: beam 4, GNMT length penalty {default}, max length source + 50." in card.text
     greedy = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "num_beams"}
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=greedy)
     assert "holds its decoding: beam 1, GNMT length penalty 0.6," in card.text, "generate()'s default: greedy"
@@ -226,6 +231,36 @@ def test_the_architecture_table_shows_the_decoders_heads_and_d_ff_beside_the_enc
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, model_config=config.to_dict())
     for row in ("h (encoder attention heads) | 2 |", "h (decoder attention heads) | 8 |", "d_ff (decoder) | 96 |"):
         assert row in card.text
+
+
+def test_the_architecture_table_has_a_row_for_each_setting_of_the_config():
+    """Each setting in the paper's name, its value the config's: a row missing is a model the reader cannot tell
+    from the paper's."""
+    config = tiny_config(encoder_layers=2, decoder_layers=3, dropout=0.2, attention_dropout=0.05)
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, model_config=config.to_dict())
+    table = card.text.split("| d_model |", 1)[1].split("| parameters |", 1)[0]
+    rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[1:]]
+    assert rows == [
+        ["N (encoder layers)", "2"],
+        ["N (decoder layers)", "3"],
+        ["h (encoder attention heads)", str(config.encoder_attention_heads)],
+        ["h (decoder attention heads)", str(config.decoder_attention_heads)],
+        ["d_ff (encoder)", str(config.encoder_ffn_dim)],
+        ["d_ff (decoder)", str(config.decoder_ffn_dim)],
+        ["feed-forward activation", "relu"],
+        ["P_drop", "0.2"],
+        ["dropout on attention weights", "0.05"],
+        ["dropout after the activation", str(config.activation_dropout)],
+        ["shared vocabulary", str(config.vocab_size)],
+        ["positional encoding layout", str(config.positional_encoding_layout)],
+        ["positional encoding frequencies", str(config.positional_encoding_frequencies)],
+        ["position of the first token", str(config.positional_encoding_offset)],
+        ["embeddings scaled by sqrt(d_model)", str(config.scale_embedding)],
+        ["biases on the attention projections", str(config.attention_bias)],
+        ["layer norm epsilon", str(config.layer_norm_eps)],
+        ["tied embeddings / pre-softmax projection", str(config.tie_word_embeddings)],
+    ]
+    assert f"| d_model | {config.d_model} |" in card.text
 
 
 def test_a_model_that_differs_from_the_paper_in_its_activation_or_tying_says_so():
@@ -304,11 +339,21 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "\nlicense: mit\n" in card, "fairseq published its weights under MIT"
     assert "beam 4, length penalty\n0.6 as score / length^α" in card and "sacremoses" in card
     assert "en-de): 29.3 tokenised BLEU with compound splitting, 28.6 sacreBLEU" in card
-    assert "43.2 tokenised BLEU, 41.4 sacreBLEU" in card
+    assert "(`wmt14.en-fr.joined-dict.transformer.tar.bz2`, en-fr): 43.2 tokenised BLEU, 41.4 sacreBLEU" in card
     assert "GNMT length penalty 0.6, max length source + 50" not in card and "- fairseq" in card
     assert "| positional encoding frequencies | tensor2tensor |" in card
     paper = str(render_model_card(model_name="tiny", repo_id=REPO_ID))
     assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper
+
+
+def test_a_converted_models_card_without_evaluations_has_the_conversions_languages(converted_fairseq_dir, tmp_path):
+    """Converted and not yet evaluated: no data_stats.json and no evaluation names the languages; the conversion's
+    record does, for the card's language tags and its usage example."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(converted_fairseq_dir, model_dir)
+    card = ModelCard(model_card.write_model_card(model_dir, repo_id=REPO_ID).read_text())
+    assert card.data.language == ["en", "de"]
+    assert "The small dog sees a red ball." in card.text, "the example in the source language"
 
 
 def test_a_converted_model_whose_generation_config_was_edited_says_what_it_holds_now(converted_fairseq_dir, tmp_path):
@@ -439,15 +484,24 @@ def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
     assert "**multi30k" in card, "the evaluation's dataset, named"
 
 
-@pytest.mark.parametrize("data_dir", ["../corpora/multi30k", "./corpora/multi30k", "corpora/multi30k"])
+@pytest.mark.parametrize(
+    ("data_dir", "cwd"),
+    [
+        ("../corpora/multi30k", "runs"),
+        ("./corpora/multi30k", "."),
+        ("corpora/multi30k", "."),
+        (".", "corpora/multi30k"),  # `--data_dir .` in the corpus' directory: the card named it "."
+        ("..", "corpora/multi30k/bpe"),
+    ],
+)
 def test_a_relative_data_directory_is_named_by_its_last_component_and_kept_out_of_the_datasets_metadata(
-    data_dir, tmp_path, monkeypatch
+    data_dir, cwd, tmp_path, monkeypatch
 ):
     """README's own main job trains from `../shared/data/multi30k`: the card said "trained on
     **../shared/data/multi30k**" and listed it in `datasets`, the metadata of Hub dataset ids."""
     (tmp_path / "runs").mkdir()
-    (tmp_path / "corpora" / "multi30k").mkdir(parents=True, exist_ok=True)
-    monkeypatch.chdir(tmp_path / "runs" if data_dir.startswith("../") else tmp_path)
+    (tmp_path / "corpora" / "multi30k" / "bpe").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / cwd)
     card = render_model_card(
         model_name="tiny", repo_id=REPO_ID, dataset_name=data_dir, data_stats={"dataset": data_dir}
     )
@@ -477,6 +531,9 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
         ({"target_lang": None}, r"eval_results_test\.json has no 'target_lang'"),
         ([1, 2], r"eval_results_test\.json holds a JSON list, not an object"),
         ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
+        # printed on the card and put in model-index as the dataset's split and the score's signature
+        ({"split": 3}, r"eval_results_test\.json: 'split' is 3, not a string"),
+        ({"sacrebleu_signature": 1.0}, r"eval_results_test\.json: 'sacrebleu_signature' is 1\.0, not a string"),
     ],
 )
 def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval_result, content, expected):
@@ -661,9 +718,10 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
     )
     assert "`checkpoint-5`, `checkpoint-10`" in (average / "README.md").read_text()
     assert "average of" not in (checkpoint / "README.md").read_text()
-    write_json(average / "checkpoint_averaging.json", {"checkpoints": []})  # edited by hand
-    with pytest.raises(ValueError, match=r"checkpoint_averaging\.json does not list the checkpoints averaged\.$"):
-        model_card.write_model_card(average, repo_id=REPO_ID, card_from=[card_dir])
+    for edited in ([], ["../checkpoint-5", 10]):  # edited by hand
+        write_json(average / "checkpoint_averaging.json", {"checkpoints": edited})
+        with pytest.raises(ValueError, match=r"checkpoint_averaging\.json does not list the checkpoints averaged\.$"):
+            model_card.write_model_card(average, repo_id=REPO_ID, card_from=[card_dir])
     run = tmp_path / "run"  # the run's final model, with its records
     write_json(run / "config.json", tiny_config().to_dict())
     for record in ("trainer_state.json", "training_args.json", "data_stats.json"):
@@ -787,6 +845,38 @@ def test_num_train_epochs_is_not_shown_where_max_steps_set_the_length():
         assert "| num_train_epochs | 3.0 |" in by_epochs.text
 
 
+def test_the_hyperparameter_table_shows_the_recipe_in_its_order_then_the_projects_extras():
+    """The settings a reader needs to train the model again, as training_args.json records them (every
+    TrainingArguments field, the project's own after them): the recipe's in their order, then the extras; the
+    trainer's plumbing (output_dir, logging) left out."""
+    recipe = {
+        "learning_rate": 2.0,
+        "lr_scheduler_type": "inverse_sqrt",
+        "warmup_steps": 4000,
+        "warmup_ratio": 0.0,
+        "max_steps": 100000,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "optim": "adamw_torch",
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.98,
+        "adam_epsilon": 1e-09,
+        "weight_decay": 0.01,
+        "max_grad_norm": 0.0,
+        "label_smoothing_factor": 0.1,
+        "seed": 0,
+        "data_seed": 3,
+        "bf16": True,
+        "fp16": False,
+    }
+    recorded = {"tokens_per_update": 25000, "output_dir": "/x", "logging_steps": 10, "num_train_epochs": 3.0}
+    recorded |= dict(reversed(recipe.items()))  # the record's order is not the table's
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args=recorded)
+    table = card.text.split("| hyperparameter | value |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()]
+    assert rows == [[key, str(value)] for key, value in recipe.items()] + [["tokens_per_update", "25000"]]
+
+
 def test_a_data_seed_is_shown_beside_the_seed_where_it_set_the_batch_order():
     """The trainer shuffles batches with data_seed when given: a card showing seed 0 alone did not reproduce them."""
     own = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args={"seed": 0, "data_seed": 7})
@@ -814,3 +904,6 @@ def test_the_card_of_a_run_that_loaded_its_best_checkpoint_describes_that_checkp
     write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "checkpoint-20")})
     card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
     assert "- steps: 20\n" in card and "best checkpoint" not in card, "the best is the last"
+    write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "best")})  # edited by hand
+    card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "- steps: 20\n" in card and "best checkpoint" not in card, "no checkpoint's update to tell"
