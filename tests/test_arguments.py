@@ -3,12 +3,14 @@ arguments are made; how --resume_from_checkpoint is read; checkpoint rotation ag
 parsing (presets, config files, flags) is tested in tests/scripts/test_train_script.py, and the launcher's settings
 (ddp_backend, mixed precision) in tests/test_trainer.py."""
 
+import logging
 import re
 
 import pytest
 from helpers import training_args
 
-from modeling.arguments import checkpoint_to_resume
+from modeling import arguments
+from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments, checkpoint_to_resume
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,7 @@ def test_a_setting_past_the_edge_of_its_range_is_refused_naming_it(setting, mess
         ("false", None),
         ("last", "last"),
         ("TRUE", "last"),
+        (" Last ", "last"),
         ("run/checkpoint-8", "run/checkpoint-8"),
     ],
 )
@@ -83,3 +86,64 @@ def test_a_rotation_that_keeps_fewer_checkpoints_than_the_average_needs_is_refus
     else:
         with pytest.raises(ValueError, match=f"^{re.escape(refusal)}: raise save_total_limit"):
             training_args(tmp_path, **settings)
+
+
+def test_the_defaults_are_the_documented_ones(tmp_path):
+    """What a run gets where neither its preset nor its flags set these: 4096 padded tokens per side and device
+    (README, the paper configs), the paper's schedule, no token budget, nothing averaged; en → de, cut at 256 tokens,
+    the training pairs cleaned."""
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert (args.max_tokens_per_device, args.paper_schedule, args.tokens_per_update) == (4096, True, None)
+    assert (args.average_last_checkpoints, args.save_every_minutes, args.max_train_minutes) == (0, None, None)
+    data = DataArguments()
+    assert (data.source_lang, data.target_lang, data.max_length, data.clean) == ("en", "de", 256, True)
+    # None: the preset's vocabulary and BLEU sample, as many tokenisation processes as cores
+    assert (data.vocab_size, data.bleu_sample_size, data.preprocessing_num_workers) == (None, None, None)
+    assert ModelArguments().preset == "base"
+
+
+@pytest.mark.parametrize("fresh", [None, "none", "false", ""])
+def test_overwrite_output_dir_is_refused_beside_a_resume_only(fresh, tmp_path):
+    """Start over and continue contradict each other; a --resume_from_checkpoint that asks for a fresh run (what
+    prepare_output_dir reads as none) does not."""
+    assert training_args(tmp_path, overwrite_output_dir=True, resume_from_checkpoint=fresh).overwrite_output_dir
+    with pytest.raises(ValueError, match=r"^Give --overwrite_output_dir \(start over\) or --resume_from_checkpoint"):
+        training_args(tmp_path, overwrite_output_dir=True, resume_from_checkpoint="last")
+
+
+def test_a_dataset_revision_is_taken_with_its_dataset_only():
+    assert DataArguments(dataset="wmt/wmt14", dataset_revision="v1").dataset_revision == "v1"
+    with pytest.raises(ValueError, match=r"^--dataset_revision names a version of --dataset's Hub repo: give that"):
+        DataArguments(data_dir="corpus", dataset_revision="v1")
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "nodes"),
+    [
+        ("16", "8", 2),  # torchrun on 2 machines of 8 GPUs
+        (None, "8", 1),
+        ("16", None, 1),  # a launcher that sets the world size only: nothing tells the nodes, no crash either
+        (None, None, 1),  # no launcher
+    ],
+)
+def test_the_node_count_is_read_from_the_launchers_variables(world, local, nodes, monkeypatch):
+    for name, value in (("WORLD_SIZE", world), ("LOCAL_WORLD_SIZE", local)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert arguments._node_count() == nodes
+
+
+def test_a_run_without_ddp_backend_says_nothing_of_it(tmp_path, caplog):
+    """The one-process notice is for a ddp_backend given (a torchrun config requeued on one GPU), not for every run."""
+    with caplog.at_level(logging.INFO, logger="modeling.arguments"):
+        assert training_args(tmp_path).ddp_backend is None
+    assert "ddp_backend" not in caplog.text
+
+
+def test_the_commit_a_fine_tuning_read_is_no_option():
+    """model_commit is what the launch found model_revision at: neither a flag nor a config file sets it."""
+    assert ModelArguments().model_commit is None
+    with pytest.raises(TypeError, match="model_commit"):
+        ModelArguments(model_commit="0" * 40)
