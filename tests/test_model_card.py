@@ -43,6 +43,7 @@ def test_card_metadata_has_the_bleu_results_in_model_index(eval_result):
     assert data.model_name == "tiny"
     assert data.language == ["en", "de"] and data.pipeline_tag == "translation"
     assert data.library_name == "transformers" and data.license == "apache-2.0"
+    assert data.metrics == ["bleu", "chrf"], "the metrics the Hub lists the model under"
     by_name = {result.metric_name: result for result in data.eval_results}
     sacrebleu = by_name["sacreBLEU"]
     assert sacrebleu.metric_type == "bleu" and sacrebleu.task_type == "translation"
@@ -288,6 +289,7 @@ def test_card_without_measurements_says_so_and_invents_nothing():
         assert sentence in card.text
     assert "Training curves: not recorded" in card.text
     assert "tied embeddings and pre-softmax projection" in card.text, "without config.json: the paper's model"
+    assert "feed-forward activation (the paper's" not in card.text, "without config.json: the paper's ReLU"
 
 
 def test_training_curves_and_collected_inputs(card_dir, tmp_path):
@@ -613,6 +615,7 @@ def test_scores_of_weights_since_replaced_are_refused(tmp_path, eval_result, mon
     with pytest.raises(ValueError, match=r"eval_results_test\.json scored other weights than .*model holds now") as e:
         collect_card_inputs([tmp_path / "eval"], tmp_path / "model")
     assert "(trained, averaged or converted again since): evaluate it again." in str(e.value), "an average, too"
+    assert len(collect_card_inputs([tmp_path / "eval"])["eval_results"]) == 2, "no model given: nothing to compare"
 
 
 def test_a_copied_run_shows_the_scores_its_weights_got_where_they_were_evaluated(tmp_path, eval_result):
@@ -787,6 +790,8 @@ def test_the_card_says_the_model_was_trained_on_its_training_data_not_an_evaluat
     assert "trained on **multi30k**" in text and "trained on **wmt" not in text
     metadata = ModelCard(text).data
     assert metadata.datasets is None and {r.dataset_type for r in metadata.eval_results} == {"wmt/wmt14"}
+    # the Hub configuration the evaluation read (wmt14's de-en holds both directions), not the translation's
+    assert {(r.dataset_name, r.dataset_config) for r in metadata.eval_results} == {("wmt/wmt14 de-en", "de-en")}
     assert metadata.model_name == "tiny-transformer" and "\n# tiny-transformer\n" in text, (
         "the repo's name, not its owner's"
     )
