@@ -260,6 +260,8 @@ def test_the_records_name_the_library_versions_that_made_the_weights(tmp_path):
     versions = json.loads((tmp_path / "training_args.json").read_text())["library_versions"]
     assert (versions["torch"], versions["transformers"]) == (torch.__version__, transformers.__version__)
     assert (versions["numpy"], versions["python"]) == (numpy.__version__, platform.python_version())
+    records = json.loads((tmp_path / "training_args.json").read_text())
+    assert (records["preset"], records["model_name_or_path"], records["world_size"]) == ("tiny", None, 1)
 
 
 # --- long runs: one output directory, one run -----------------------------------------------------------------
@@ -330,11 +332,21 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     assert identity["config"]["d_model"] == 32 and identity["data"]["files"][0]["name"] == "train.de"
     assert json.loads((run / "checkpoint-2" / "run_identity.json").read_text()) == identity, "in every checkpoint"
     assert not (run / "preempted.json").exists()
+    # Everything the run wrote is what --overwrite_output_dir removes (or refuses to), its lock aside.
+    assert set(run.iterdir()) - set(training._earlier_run_paths(run)) == {run / TRAINING_LOCK_FILE}
 
     with pytest.raises(OutputDirectoryInUseError, match="--resume_from_checkpoint last.*--overwrite_output_dir"):
         train(model_args, data, tiny_run_args(run))  # a new run: refused before anything is read or written
     with pytest.raises(RunMismatchError, match=r"different run: seed: 0 vs 1"):
         train(model_args, data, tiny_run_args(run, seed=1, resume_from_checkpoint="last"))
+    with pytest.raises(RunMismatchError, match=r"different run: data_seed: null vs 1"):  # another data order
+        train(model_args, data, tiny_run_args(run, data_seed=1, resume_from_checkpoint="last"))
+    with pytest.raises(RunMismatchError, match=r"different run: data\.max_length: 256 vs 50"):
+        train(
+            model_args,
+            DataArguments(**{**vars(data), "max_length": 50}),
+            tiny_run_args(run, resume_from_checkpoint="last"),
+        )
     other_data = DataArguments(**{**vars(data), "vocab_size": 128})
     contradiction = rf"{run / 'tokenizer.json'} is the BPE of --vocab_size 64 .*--vocab_size 128"
     with pytest.raises(ValueError, match=contradiction):
@@ -416,8 +428,14 @@ def test_a_signal_after_the_last_update_stops_before_the_push_and_the_rerun_trai
         return average(*arguments, **kwargs)
 
     monkeypatch.setattr(training, "average_checkpoints", signalled_while_averaging)
-    with pytest.raises(TrainingPreempted, match="at update 4, with the checkpoint .*checkpoint-4"):
+    with pytest.raises(TrainingPreempted, match="at update 4, with the checkpoint .*checkpoint-4") as stopped:
         train(ModelArguments(preset="tiny", **TINY), data, args)
+    # What a caller of train() (a notebook, a scheduler's wrapper) reads of it, besides the message.
+    assert (stopped.value.signal_name, stopped.value.step, stopped.value.checkpoint) == (
+        "SIGTERM",
+        4,
+        str(run / "checkpoint-4"),
+    )
     assert json.loads((run / "preempted.json").read_text())["step"] == 4
     assert (run / "averaged" / AVERAGING_RECORD_NAME).is_file() and (run / "model.safetensors").is_file()
     final = (run / "model.safetensors").read_bytes()
@@ -675,6 +693,9 @@ def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
     assert tmp_path / "README.md" not in _earlier_run_paths(tmp_path)
     (tmp_path / "README.md").write_text("---\nlanguage: [en, de]\n---\n\n# run\n")  # a card, as a push renders it
     assert tmp_path / "README.md" in _earlier_run_paths(tmp_path)
+    # A tokenizer saved by a transformers that still writes special_tokens_map.json: the run's too.
+    (tmp_path / "special_tokens_map.json").write_text("{}")
+    assert tmp_path / "special_tokens_map.json" in _earlier_run_paths(tmp_path)
 
     # Files named like a fairseq tokenizer's: a user's own, unless the fairseq tokenizer's code says whose they are.
     (tmp_path / "merges.txt").write_text("my merges\n")
@@ -740,6 +761,8 @@ def test_a_checkpoint_given_as_the_output_directory_is_refused_naming_the_runs(r
         f"--output_dir {checkpoint} is a checkpoint of the run in {tmp_path / 'run'}: give the run's directory "
         f"(--output_dir {tmp_path / 'run'}), whose newest checkpoint --resume_from_checkpoint last resumes from"
     )
+    # A run's directory merely named like a checkpoint (no completeness marker) is a run's.
+    assert prepare_output_dir(tiny_run_args(tmp_path / "checkpoint-7", resume_from_checkpoint=resume)) is None
 
 
 def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, monkeypatch):
@@ -1047,6 +1070,10 @@ def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_s
         train(own_tokenizer, data, overwrite)
     assert {path.name for path in run.iterdir()} >= {"averaged", "run_identity.json", "tokenizer.json"}
     assert (run / "averaged" / "model.safetensors").is_file(), "nothing deleted"
+    # A model outside output_dir is no obstacle: the earlier run is removed.
+    elsewhere = ModelArguments(model_name_or_path=str(saved_tiny_model(tmp_path / "pretrained")))
+    assert prepare_output_dir(overwrite, elsewhere) is None
+    assert not (run / "averaged").exists() and not (run / "run_identity.json").exists()
 
 
 def test_training_reads_only_the_splits_it_uses(tmp_path, datasets_cache):
