@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import datasets
 import numpy
 import pytest
 import torch
@@ -1493,3 +1494,99 @@ def test_the_sequences_truncated_to_max_length_are_counted_in_data_stats(tmp_pat
     lines = [(tmp_path / "data" / f"train.{lang}").read_text().splitlines() for lang in ("en", "de")]
     over = sum(len(ids) > 4 for side in lines for ids in tokenizer(side)["input_ids"])
     assert over > 0 and stats == {"max_length": 4, "sequences": {"train": over}}
+
+
+def test_the_records_of_a_paper_schedule_run_name_its_schedule_not_the_trainers(tmp_path):
+    """With the paper's schedule (the default) the Trainer's `lr_scheduler_type` ("linear") is not what ran: the
+    card read from training_args.json would show a linear decay."""
+    for paper in (True, False):
+        args = TranslationTrainingArguments(
+            output_dir=str(tmp_path / str(paper)), report_to="none", use_cpu=True, paper_schedule=paper
+        )
+        trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
+        _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
+    paper = json.loads((tmp_path / "True" / "training_args.json").read_text())
+    assert "lr_scheduler_type" not in paper and "warmup^-1.5" in paper["learning_rate_schedule"]
+    linear = json.loads((tmp_path / "False" / "training_args.json").read_text())
+    assert linear["lr_scheduler_type"] == "linear" and "learning_rate_schedule" not in linear
+
+
+def test_a_requeue_that_fails_leaves_no_preemption_record_of_the_launch_it_resumes(tmp_path, monkeypatch):
+    """preempted.json is the launch's: a requeue removes it as it starts, so that one failing after that (a bug, a
+    full disk) is not read by the requeue loop as preempted again, and requeued for ever."""
+    run = tmp_path / "run"
+    training._stop_preempted(training_args(run), "SIGTERM", 2, None, together=False)
+
+    def failed(*args, **kwargs):
+        raise RuntimeError("the requeue failed")
+
+    monkeypatch.setattr(training, "_prepare_run", failed)
+    data = DataArguments(data_dir=str(tmp_path / "data"), source_lang="en", target_lang="de", vocab_size=64)
+    with pytest.raises(RuntimeError, match="the requeue failed"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, resume_from_checkpoint="last"))
+    assert not (run / "preempted.json").exists()
+
+
+def test_a_local_model_directory_named_without_a_slash_is_read_from_disk_not_asked_of_the_hub(tmp_path, monkeypatch):
+    """`--model_name_or_path pretrained`, a directory in the working directory, is also a well-formed Hub repo id:
+    the directory is what is meant."""
+    saved_tiny_model(tmp_path / "pretrained")
+    monkeypatch.chdir(tmp_path)
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the Hub was asked for a local directory")
+
+    monkeypatch.setattr(training, "pinned_commit", asked)
+    monkeypatch.setattr(training, "offline_cache_error", asked)
+    model_args = ModelArguments(model_name_or_path="pretrained")
+    assert check_fine_tuning_source(model_args) == TransformerConfig.model_type
+    assert model_args.model_commit is None
+
+
+def test_the_data_stats_name_the_corpus_a_local_directory_or_a_hub_dataset(tmp_path):
+    """The card's data table and its `datasets` metadata come from data_stats.json's `dataset`."""
+    local = DataArguments(data_dir="corpus/wmt14")
+    hub = DataArguments(dataset="wmt/wmt14", language_pair="de-en")
+    for data_args, directory in ((local, tmp_path / "local"), (hub, tmp_path / "hub")):
+        args = TranslationTrainingArguments(output_dir=str(directory), report_to="none", use_cpu=True)
+        trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
+        _write_run_records(trainer, ModelArguments(preset="tiny"), data_args, {"train": [None] * 3}, {}, {})
+    assert json.loads((tmp_path / "local" / "data_stats.json").read_text())["dataset"] == "corpus/wmt14"
+    assert json.loads((tmp_path / "hub" / "data_stats.json").read_text())["dataset"] == "wmt/wmt14"
+
+
+def test_a_process_whose_main_process_cannot_train_there_stops_with_a_line_naming_the_directory(tmp_path, monkeypatch):
+    """Another rank than the main one holds no refusal of its own: it stops with one naming output_dir (once, a
+    TypeError from raising None)."""
+    monkeypatch.setattr(TranslationTrainingArguments, "process_index", property(lambda self: 1))
+    monkeypatch.setattr(training, "any_rank", lambda flag, device: True)  # the main process refused
+    with pytest.raises(OutputDirectoryInUseError) as refused:
+        with training.training_lock(training_args(tmp_path / "run")):
+            pass
+    assert str(refused.value) == f"{tmp_path / 'run'}: the main process cannot train there (it says why)"
+
+
+@pytest.mark.parametrize("save_strategy", ["no", "steps"])
+def test_a_push_to_a_private_repo_stays_private(save_strategy, tmp_path, datasets_cache, monkeypatch):
+    """With a checkpoint of the last update the push runs under the preemption handlers, without one not: both
+    push with --hub_private_repo."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    monkeypatch.setattr(hub_module, "prepare_push", lambda training_args: hub_module.HubTarget(REPO_ID, HUB_TOKEN))
+    pushes = []
+    monkeypatch.setattr(hub_module, "push_trained_model", lambda *args, **kwargs: pushes.append(kwargs))
+    args = tiny_run_args(
+        tmp_path / "run", save_strategy=save_strategy, push_to_hub=True, hub_token=HUB_TOKEN, hub_private_repo=True
+    )
+    train(ModelArguments(preset="tiny", **TINY), data, args)
+    assert pushes == [{"private": True}]
+
+
+def test_a_given_tokenizer_is_checked_on_the_first_pair_even_of_a_one_pair_corpus(tmp_path):
+    """The check encodes one training pair: a corpus of one (a smoke test of a fine-tuning) has only the first."""
+    word_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    text = datasets.Dataset.from_dict({"translation": [{"en": "the small dog", "de": "der kleine Hund"}]})
+    model_args = ModelArguments(tokenizer_name_or_path=str(tmp_path / "tokenizer"))
+    data = DataArguments(source_lang="en", target_lang="de")
+    tokenizer = training._tokenizer(model_args, data, training_args(tmp_path / "run"), text, 64)
+    assert tokenizer.get_vocab() == word_tokenizer().get_vocab()
