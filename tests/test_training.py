@@ -1590,3 +1590,22 @@ def test_a_given_tokenizer_is_checked_on_the_first_pair_even_of_a_one_pair_corpu
     data = DataArguments(source_lang="en", target_lang="de")
     tokenizer = training._tokenizer(model_args, data, training_args(tmp_path / "run"), text, 64)
     assert tokenizer.get_vocab() == word_tokenizer().get_vocab()
+
+
+def test_a_requeue_records_the_batches_of_its_checkpoint_where_it_adopts_them(tmp_path, datasets_cache):
+    """training_args.json, which the card shows, must say how the run trains: with tokens_per_update, the resumed
+    checkpoint's batches per update (here, as if trained by 2 processes), not those derived for this launch."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    settings = {"save_steps": 1, "tokens_per_update": 200, "max_tokens_per_device": 1000}
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=1, **settings))
+    first = json.loads((run / "training_args.json").read_text())
+    assert (first["gradient_accumulation_steps"], first["max_tokens_per_device"]) == (1, 345)
+    marker = run / "checkpoint-1" / "checkpoint_complete.json"
+    record = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**record, "batching": {**record["batching"], "processes": 2}}))
+    resumed = tiny_run_args(run, max_steps=2, resume_from_checkpoint="last", **settings)
+    train(ModelArguments(preset="tiny", **TINY), data, resumed)
+    records = json.loads((run / "training_args.json").read_text())
+    assert (records["gradient_accumulation_steps"], records["max_tokens_per_device"]) == (2, 345)
