@@ -1609,3 +1609,22 @@ def test_a_requeue_records_the_batches_of_its_checkpoint_where_it_adopts_them(tm
     train(ModelArguments(preset="tiny", **TINY), data, resumed)
     records = json.loads((run / "training_args.json").read_text())
     assert (records["gradient_accumulation_steps"], records["max_tokens_per_device"]) == (2, 345)
+
+
+def test_a_bpe_whose_save_stops_midway_leaves_no_tokenizer_json_for_the_requeue_to_take_for_whole(
+    tmp_path, monkeypatch
+):
+    """tokenizer.json is what tells a requeue that the BPE is there: it is moved into output_dir last."""
+    text = datasets.Dataset.from_dict({"translation": [{"en": "the small dog", "de": "der kleine Hund"}] * 4})
+    replace = os.replace
+
+    def stopped_at_the_config(source, target):
+        if Path(target).name == "tokenizer_config.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(files_module.os, "replace", stopped_at_the_config)
+    data = DataArguments(source_lang="en", target_lang="de")
+    with pytest.raises(OSError):
+        training._tokenizer(ModelArguments(), data, training_args(tmp_path / "run"), text, 64)
+    assert not (tmp_path / "run" / "tokenizer.json").exists()
