@@ -29,7 +29,7 @@ from typing import Any
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
-from transformers import GenerationConfig, TrainingArguments
+from transformers import GenerationConfig, Seq2SeqTrainingArguments
 
 from .averaging import AVERAGING_RECORD_NAME
 from .checkpoints import (
@@ -63,8 +63,8 @@ FAIRSEQ_PUBLISHED_BLEU = (
 )
 
 
-# Training hyperparameters worth a reader's attention, in display order; keys that are not TrainingArguments
-# fields (project extras such as a token budget) are always shown after them.
+# Training hyperparameters worth a reader's attention, in display order; keys that are not the trainer's fields
+# (project extras such as a token budget) are shown after them.
 SHOWN_TRAINING_ARGS = (
     "learning_rate",
     "lr_scheduler_type",
@@ -86,7 +86,10 @@ SHOWN_TRAINING_ARGS = (
     "bf16",
     "fp16",
 )
-_TRAINING_ARGUMENT_FIELDS = {field.name for field in dataclasses.fields(TrainingArguments)}
+# The trainer's own fields, Seq2SeqTrainingArguments' among them (the validation's decoding, a sampler that token
+# batching replaces), and the project's --overwrite_output_dir: not shown as extras, they say nothing of how the
+# weights were trained.
+_TRAINER_FIELDS = {field.name for field in dataclasses.fields(Seq2SeqTrainingArguments)} | {"overwrite_output_dir"}
 
 # Shown as "Architecture" from config.json, with the paper's name for each setting.
 ARCHITECTURE_FIELDS = (
@@ -389,7 +392,9 @@ def _shown_training_args(training_args: dict[str, Any] | None) -> dict[str, Any]
     max_steps = shown.get("max_steps")
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
         shown.pop("num_train_epochs", None)
-    extras = {k: v for k, v in training_args.items() if k not in _TRAINING_ARGUMENT_FIELDS}
+    extras = {  # an extra left unset (None) is no setting: "tokens_per_update None" only puzzled a reader
+        key: value for key, value in training_args.items() if key not in _TRAINER_FIELDS and value is not None
+    }
     return {**shown, **_flatten(extras)}
 
 

@@ -22,6 +22,7 @@ from huggingface_hub import ModelCard
 from transformers import GenerationConfig
 
 from modeling import export, generation_transformer, model_card
+from modeling.arguments import TranslationTrainingArguments
 from modeling.checkpoints import weights_record
 from modeling.files import write_json
 from modeling.model_card import (
@@ -880,6 +881,30 @@ def test_the_hyperparameter_table_shows_the_recipe_in_its_order_then_the_project
     table = card.text.split("| hyperparameter | value |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
     rows = [line.strip("| ").split(" | ") for line in table.splitlines()]
     assert rows == [[key, str(value)] for key, value in recipe.items()] + [["tokens_per_update", "25000"]]
+
+
+def test_the_hyperparameter_table_leaves_out_the_trainers_plumbing_and_unset_extras():
+    """training_args.json holds every field of the run's arguments: Seq2SeqTrainingArguments' own (the validation's
+    decoding, a sampler token batching replaces) and --overwrite_output_dir are no recipe, and an extra left unset
+    is none either (the example cards showed "generation_config | None", "tokens_per_update | None")."""
+    arguments = TranslationTrainingArguments(
+        output_dir="/x", predict_with_generate=True, max_train_minutes=90.0, average_last_checkpoints=5
+    )
+    recorded = arguments.to_dict() | {"preset": "tiny", "model_name_or_path": None, "world_size": 1}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, training_args=recorded)
+    table = card.text.split("| hyperparameter | value |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    extras = [line.strip("| ").split(" | ")[0] for line in table.splitlines()][-6:]
+    assert extras == [
+        "max_tokens_per_device",
+        "paper_schedule",
+        "max_train_minutes",
+        "average_last_checkpoints",
+        "preset",
+        "world_size",
+    ]
+    assert "| None |" not in table
+    for plumbing in ("predict_with_generate", "sortish_sampler", "generation_", "overwrite_output_dir"):
+        assert plumbing not in table
 
 
 def test_a_data_seed_is_shown_beside_the_seed_where_it_set_the_batch_order():
