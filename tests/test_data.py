@@ -39,6 +39,7 @@ from modeling import data as data_module
 from modeling.batching import TokenBudgetBatchSampler, sequence_lengths
 from modeling.data import (
     PAIRS_PER_TOKENISATION_WORKER,
+    ParallelFiles,
     clean_parallel_dataset,
     discover_parallel_files,
     load_parallel_dataset,
@@ -392,6 +393,20 @@ def test_ambiguous_split_is_rejected(tmp_path):
     write_lines(tmp_path / "train.tsv", ["a\tb"])
     with pytest.raises(ValueError, match="split 'train' is ambiguous"):
         discover_parallel_files(tmp_path, "en", "de")
+
+
+def test_found_files_say_their_format(tmp_path):
+    """Each split's kind, paths and columns: scripts/evaluate.py names "the source file" and "the reference file"
+    of a text pair only, "the data file" of a TSV or JSONL."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "valid.de-en.tsv", ["ein hund .\ta dog ."])
+    write_lines(tmp_path / "test.jsonl", [json.dumps({"translation": {"en": "a dog .", "de": "ein hund ."}})])
+    assert discover_parallel_files(tmp_path, "en", "de") == {
+        "test": ParallelFiles("jsonl", (str(tmp_path / "test.jsonl"),)),
+        "train": ParallelFiles("text", (str(tmp_path / "train.en"), str(tmp_path / "train.de"))),
+        "valid": ParallelFiles("tsv", (str(tmp_path / "valid.de-en.tsv"),), ("de", "en")),
+    }
 
 
 def test_argument_errors(tmp_path):
