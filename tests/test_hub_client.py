@@ -1,6 +1,7 @@
 """Tests of modeling/hub_client.py: the timeouts every Hub request gets (pushes and loads: tests/test_hub.py,
 tests/test_translation.py), the settings that change them, and which failures a Hub call retries."""
 
+import json
 import logging
 import re
 import socket
@@ -8,7 +9,7 @@ import time
 
 import pytest
 from helpers import push_translation_dataset, stalled_endpoint, synthetic_pairs
-from huggingface_hub import get_session, set_client_factory, snapshot_download
+from huggingface_hub import constants, get_session, set_client_factory, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._http import default_client_factory
@@ -17,6 +18,7 @@ from modeling import hub_client
 from modeling.hub_client import (  # httpx2: httpx under huggingface_hub 1.x
     HUB_ATTEMPTS_ENV,
     HUB_TIMEOUT_ENV,
+    MODEL_REPO_FILES,
     HubError,
     cached_commit,
     cached_snapshot,
@@ -25,6 +27,9 @@ from modeling.hub_client import (  # httpx2: httpx under huggingface_hub 1.x
     hub_attempts,
     hub_call,
     hub_timeout,
+    looks_like_local_path,
+    offline_cache_error,
+    pinned_commit,
     use_hub_timeouts,
 )
 
@@ -189,6 +194,7 @@ def test_the_commit_of_a_revision_is_asked_of_the_hub_else_read_from_the_hub_cac
     commit = push_translation_dataset(hub_here[0], "tester/pinned", {"test": synthetic_pairs(2)})
     assert current_commit("tester/pinned", None, repo_type="dataset") == commit
     assert current_commit("tester/absent", "v1", repo_type="dataset") == "v1"
+    assert current_commit("tester/pinned", "no-such-branch", repo_type="dataset") == "no-such-branch", "not main's"
     assert cached_commit("tester/pinned", None, repo_type="dataset") is None  # nothing downloaded yet
     snapshot_download("tester/pinned", repo_type="dataset")
     with socket.socket() as closed:  # a port that refuses connections
@@ -199,3 +205,93 @@ def test_the_commit_of_a_revision_is_asked_of_the_hub_else_read_from_the_hub_cac
     assert cached_commit("tester/pinned", None, repo_type="dataset") == commit
     assert cached_snapshot("tester/pinned", None, repo_type="dataset").name == commit
     assert current_commit("tester/pinned", commit, repo_type="dataset") == commit  # a commit: nothing to ask
+
+
+def test_a_setting_left_unset_or_empty_takes_its_default(monkeypatch):
+    monkeypatch.delenv(HUB_TIMEOUT_ENV, raising=False)
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "")  # `VAR= python train.py`: unset, not refused
+    assert hub_timeout() == 60.0 and hub_attempts() == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "local"),
+    [
+        ("owner/model", False),
+        ("model", False),
+        ("./model", True),
+        ("../runs/model", True),
+        ("~/runs/model", True),
+        ("/abs/model", True),
+        ("runs/en-de/model", True),  # no Hub id has two slashes
+        ("runs\\model", True),  # a Windows path
+    ],
+)
+def test_a_name_that_cannot_be_a_hub_repo_id_is_taken_as_a_local_path(name, local):
+    assert looks_like_local_path(name) is local
+
+
+def test_pinning_a_revision_offline_keeps_it_as_given_without_asking(monkeypatch):
+    """Offline, the revision asked for (a branch, a tag) is what the load reads from the cache; None stays main's."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_client, "hf_hub_download", lambda *args, **kwargs: pytest.fail("asked the Hub"))
+    assert pinned_commit("someorg/somemodel", "v1") == "v1"
+    assert pinned_commit("someorg/somemodel", None) is None
+
+
+def test_offline_the_commit_of_a_revision_is_not_asked_of_the_hub(monkeypatch, caplog):
+    """None (read the Hub cache's record), quietly: offline is no failure to warn of; a commit is its own."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_client, "HfApi", lambda *args, **kwargs: pytest.fail("asked the Hub"))
+    with caplog.at_level(logging.WARNING, logger="modeling.hub_client"):
+        assert current_commit("tester/pinned", None, repo_type="dataset") is None
+        assert current_commit("tester/pinned", "c" * 40, repo_type="dataset") == "c" * 40
+    assert caplog.text == ""
+
+
+def _cache_snapshot(cache, repo_id: str, commit: str, files: dict[str, str], main: bool = True):
+    """A Hub cache entry as `hf download` leaves it: the files of `commit`, and refs/main naming it if `main`."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    for name, text in files.items():
+        (repo / "snapshots" / commit / name).write_text(text)
+    if main:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+def test_offline_a_sharded_model_in_the_cache_counts_only_with_all_its_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = json.dumps({"metadata": {}, "weight_map": {"a.weight": shards[0], "b.weight": shards[1]}})
+    files = {"config.json": "{}", "model.safetensors.index.json": index, "tokenizer.json": "{}"}
+    snapshot = _cache_snapshot(tmp_path, "owner/sharded", "a" * 40, {**files, **dict.fromkeys(shards, "")})
+    assert offline_cache_error("owner/sharded", None, MODEL_REPO_FILES) is None
+    (snapshot / shards[1]).unlink()
+    assert str(offline_cache_error("owner/sharded", None, MODEL_REPO_FILES)) == (
+        f"The Hub cache {tmp_path} holds 'owner/sharded' without model.safetensors or model.safetensors.index.json, "
+        "and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: download it where the Hub can be reached, into the "
+        "same HF_HOME (hf download owner/sharded)"
+    )
+
+
+def test_offline_a_model_cached_at_other_revisions_only_is_named_with_them(tmp_path, monkeypatch):
+    """`hf download --revision` leaves no main: the error names the revisions there, and how to name one."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    files = {"config.json": "{}", "model.safetensors": "", "tokenizer.json": "{}"}
+    for commit in ("b" * 40, "a" * 40):
+        _cache_snapshot(tmp_path, "owner/pinned", commit, files, main=False)
+    assert offline_cache_error("owner/pinned", "a" * 40, MODEL_REPO_FILES) is None
+    assert str(offline_cache_error("owner/pinned", None, MODEL_REPO_FILES)) == (
+        f"The Hub cache {tmp_path} holds 'owner/pinned' at the revisions {'a' * 40}, {'b' * 40} only, not its main, "
+        "and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: name one as the revision (--revision; train.py: "
+        "--model_revision), or download it where the Hub can be reached, into the same HF_HOME (hf download "
+        "owner/pinned)"
+    )
+    assert str(offline_cache_error("owner/pinned", "v2", MODEL_REPO_FILES)) == (
+        f"'owner/pinned' at revision 'v2' is not in the Hub cache {tmp_path}, and offline mode (HF_HUB_OFFLINE) keeps "
+        "it from the Hub: download it where the Hub can be reached, into the same HF_HOME (hf download owner/pinned "
+        "--revision v2)"
+    )
