@@ -120,7 +120,9 @@ def _missing_shards(model_dir: Path) -> list[str]:
         return []
     try:
         shards = index_shards(index)
-    except ValueError:  # JSON that does not parse, or maps no tensors to file names
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:  # cut short, or not a text file
+        raise ValueError(f"{index} is not UTF-8 JSON ({error}): refusing to push it.") from None
+    except ValueError:  # parses, but maps no tensors to file names
         raise ValueError(f"{index} has no weight_map of tensor names to shard files: refusing to push it.") from None
     return [f"{name} (named by {index.name})" for name in shards if not (model_dir / name).is_file()]
 
