@@ -144,64 +144,63 @@ def test_leaving_the_process_group_without_one_does_nothing():
     assert not torch.distributed.is_initialized()
 
 
+def run_python(script: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `source` (dedented) as `script` in a fresh interpreter that imports this checkout, its output captured."""
+    script.write_text(textwrap.dedent(source))
+    command = [sys.executable, str(script), *args]
+    return subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+
+
 def test_two_processes_decide_together(tmp_path):
     """Saving and stopping lead to collectives, so every process must decide the same: rank 0's clock decides, and a
     signal that reached one process only stops both."""
-    script = tmp_path / "ranks.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import signal, sys, time
-            from types import SimpleNamespace
-            import torch, torch.distributed as dist, torch.multiprocessing as mp
-            from transformers import TrainerControl
-            from modeling.callbacks import (
-                PreemptionCallback, SaveEveryMinutesCallback, StopAfterMinutesCallback, any_rank,
-                leave_process_group, lowest_and_highest_over_ranks, max_over_ranks,
-            )
-
-            def decisions(rank, late_rank):  # the callbacks' decisions, where only late_rank's clock says it is time
-                args, control = SimpleNamespace(device=torch.device("cpu")), TrainerControl()
-                saving, stopping = SaveEveryMinutesCallback(minutes=1), StopAfterMinutesCallback(minutes=1)
-                if rank == late_rank:
-                    saving.last_save, stopping.start = time.monotonic() - 120, time.monotonic() - 120
-                saving.on_step_end(args, None, control)
-                saved = control.should_save
-                control = TrainerControl()
-                stopping.on_step_end(args, SimpleNamespace(global_step=3), control)
-                return saved, control.should_training_stop
-
-            def run(rank, store):
-                dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-                cpu = torch.device("cpu")
-                preemption, control = PreemptionCallback(), TrainerControl()
-                if rank == 1:
-                    preemption.requested = signal.SIGUSR1  # the scheduler's signal reached this process only
-                preemption.on_step_end(SimpleNamespace(device=cpu), SimpleNamespace(global_step=4), control)
-                outcome = [
-                    max_over_ranks(3 + rank, cpu),
-                    lowest_and_highest_over_ranks(3 + 4 * rank, cpu),
-                    any_rank(rank == 1, cpu),
-                    decisions(rank, late_rank=0),
-                    decisions(rank, late_rank=1),
-                    (preemption.preempted, control.should_training_stop),
-                ]
-                leave_process_group()
-                with open(f"{store}.rank{rank}", "w") as out:  # one file each: two prints to one pipe can interleave
-                    out.write(f"{outcome} {dist.is_initialized()}")
-
-            if __name__ == "__main__":
-                mp.start_processes(run, args=(sys.argv[1],), nprocs=2, start_method="fork")
-            """
-        )
-    )
     store = tmp_path / "store"
-    done = subprocess.run(
-        [sys.executable, str(script), str(store)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_python(
+        tmp_path / "ranks.py",
+        """
+        import signal, sys, time
+        from types import SimpleNamespace
+        import torch, torch.distributed as dist, torch.multiprocessing as mp
+        from transformers import TrainerControl
+        from modeling.callbacks import (
+            PreemptionCallback, SaveEveryMinutesCallback, StopAfterMinutesCallback, any_rank,
+            leave_process_group, lowest_and_highest_over_ranks, max_over_ranks,
+        )
+
+        def decisions(rank, late_rank):  # the callbacks' decisions, where only late_rank's clock says it is time
+            args, control = SimpleNamespace(device=torch.device("cpu")), TrainerControl()
+            saving, stopping = SaveEveryMinutesCallback(minutes=1), StopAfterMinutesCallback(minutes=1)
+            if rank == late_rank:
+                saving.last_save, stopping.start = time.monotonic() - 120, time.monotonic() - 120
+            saving.on_step_end(args, None, control)
+            saved = control.should_save
+            control = TrainerControl()
+            stopping.on_step_end(args, SimpleNamespace(global_step=3), control)
+            return saved, control.should_training_stop
+
+        def run(rank, store):
+            dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+            cpu = torch.device("cpu")
+            preemption, control = PreemptionCallback(), TrainerControl()
+            if rank == 1:
+                preemption.requested = signal.SIGUSR1  # the scheduler's signal reached this process only
+            preemption.on_step_end(SimpleNamespace(device=cpu), SimpleNamespace(global_step=4), control)
+            outcome = [
+                max_over_ranks(3 + rank, cpu),
+                lowest_and_highest_over_ranks(3 + 4 * rank, cpu),
+                any_rank(rank == 1, cpu),
+                decisions(rank, late_rank=0),
+                decisions(rank, late_rank=1),
+                (preemption.preempted, control.should_training_stop),
+            ]
+            leave_process_group()
+            with open(f"{store}.rank{rank}", "w") as out:  # one file each: two prints to one pipe can interleave
+                out.write(f"{outcome} {dist.is_initialized()}")
+
+        if __name__ == "__main__":
+            mp.start_processes(run, args=(sys.argv[1],), nprocs=2, start_method="fork")
+        """,
+        str(store),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     agreed = "[4, (3, 7), True, (True, True), (False, False), ({'signal': 'SIGUSR1', 'step': 4}, True)] False"
@@ -318,21 +317,18 @@ def test_a_signal_before_the_data_is_prepared_raises_as_the_preparation_begins()
 
 def test_a_fresh_process_ignores_the_preemption_signals_from_its_exit_on(tmp_path):
     """The run is over at exit: a signal's default action there would replace the exit code the run chose."""
-    script = tmp_path / "exit.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import atexit, signal
-            from modeling.callbacks import PREEMPTION_SIGNALS, ignore_signals_at_exit
+    done = run_python(
+        tmp_path / "exit.py",
+        """
+        import atexit, signal
+        from modeling.callbacks import PREEMPTION_SIGNALS, ignore_signals_at_exit
 
-            ignored = lambda: all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS)
-            atexit.register(lambda: print("ignored at exit:", ignored()))  # registered first, run last
-            ignore_signals_at_exit()
-            print("ignored before:", ignored())
-            """
-        )
+        ignored = lambda: all(signal.getsignal(sig) is signal.SIG_IGN for sig in PREEMPTION_SIGNALS)
+        atexit.register(lambda: print("ignored at exit:", ignored()))  # registered first, run last
+        ignore_signals_at_exit()
+        print("ignored before:", ignored())
+        """,
     )
-    done = subprocess.run([sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["ignored before: False", "ignored at exit: True"]
 
@@ -419,29 +415,24 @@ def test_a_worker_forked_while_the_data_is_prepared_dies_of_a_signal_in_the_inst
     as it starts: caught there by the parent's handler (a copy, whose signal is already received: a duplicate),
     before the previous handlers were back, it was lost, and the parent waited for the worker forever (4 launches of
     10 hung after a SIGHUP to the job while 2 processes tokenised)."""
-    script = tmp_path / "fork.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, signal, time
+    done = run_python(
+        tmp_path / "fork.py",
+        """
+        import os, signal, time
 
-            # Registered first, so run first in the child: the pool's SIGTERM as the worker starts.
-            os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
-            from modeling.callbacks import PreemptionCallback
+        # Registered first, so run first in the child: the pool's SIGTERM as the worker starts.
+        os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        from modeling.callbacks import PreemptionCallback
 
-            callback = PreemptionCallback(signals=(signal.SIGTERM,))
-            with callback.handling(), callback.stopping_at_once():
-                worker = os.fork()
-                if worker == 0:
-                    time.sleep(30)  # a bound: it is ended at once, or lives on
-                    os._exit(0)
-                _, status = os.waitpid(worker, 0)
-            print(os.WIFSIGNALED(status) and signal.Signals(os.WTERMSIG(status)).name)
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+        callback = PreemptionCallback(signals=(signal.SIGTERM,))
+        with callback.handling(), callback.stopping_at_once():
+            worker = os.fork()
+            if worker == 0:
+                time.sleep(30)  # a bound: it is ended at once, or lives on
+                os._exit(0)
+            _, status = os.waitpid(worker, 0)
+        print(os.WIFSIGNALED(status) and signal.Signals(os.WTERMSIG(status)).name)
+        """,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "SIGTERM"
@@ -460,28 +451,23 @@ def _alive(pid: int) -> bool:
 def test_a_worker_forked_while_the_data_is_prepared_ends_when_the_parent_is_killed(tmp_path):
     """A parent killed outright (the OOM killer, kill -9) while its pool tokenised left the workers waiting on the
     pool's pipes forever, each holding the job's output and a copy of its memory."""
-    script = tmp_path / "killed.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, signal, time
-            from modeling.callbacks import PreemptionCallback
+    done = run_python(
+        tmp_path / "killed.py",
+        """
+        import os, signal, time
+        from modeling.callbacks import PreemptionCallback
 
-            callback = PreemptionCallback(signals=(signal.SIGTERM,))
-            with callback.handling(), callback.stopping_at_once():
-                worker = os.fork()
-                if worker == 0:
-                    null = os.open(os.devnull, os.O_WRONLY)
-                    os.dup2(null, 1), os.dup2(null, 2)  # so that the test reads the parent's output to its end
-                    time.sleep(600)
-                    os._exit(0)
-                print(worker, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+        callback = PreemptionCallback(signals=(signal.SIGTERM,))
+        with callback.handling(), callback.stopping_at_once():
+            worker = os.fork()
+            if worker == 0:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1), os.dup2(null, 2)  # so that the test reads the parent's output to its end
+                time.sleep(600)
+                os._exit(0)
+            print(worker, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     worker = int(done.stdout)
@@ -501,39 +487,34 @@ def test_a_worker_forked_by_another_thread_outlives_that_thread(tmp_path):
     """The kernel's parent-death signal follows the thread that forked: a worker forked by a pool's own thread (a
     replacement for a dead one) was killed as that thread ended with the pool's termination, holding the pool's
     queue lock, and the parent waited for the lock forever."""
-    script = tmp_path / "thread.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, signal, threading
-            from modeling.callbacks import PreemptionCallback
+    done = run_python(
+        tmp_path / "thread.py",
+        """
+        import os, signal, threading
+        from modeling.callbacks import PreemptionCallback
 
-            callback = PreemptionCallback(signals=(signal.SIGTERM,))
-            with callback.handling(), callback.stopping_at_once():
-                readable, writable = os.pipe()
-                started_reader, started_writer = os.pipe()
-                workers = []
+        callback = PreemptionCallback(signals=(signal.SIGTERM,))
+        with callback.handling(), callback.stopping_at_once():
+            readable, writable = os.pipe()
+            started_reader, started_writer = os.pipe()
+            workers = []
 
-                def fork():
-                    worker = os.fork()
-                    if worker == 0:  # started, waits until the thread that forked it has ended
-                        os.write(started_writer, b"x")
-                        os.read(readable, 1)
-                        os._exit(0)
-                    os.read(started_reader, 1)
-                    workers.append(worker)
+            def fork():
+                worker = os.fork()
+                if worker == 0:  # started, waits until the thread that forked it has ended
+                    os.write(started_writer, b"x")
+                    os.read(readable, 1)
+                    os._exit(0)
+                os.read(started_reader, 1)
+                workers.append(worker)
 
-                forking = threading.Thread(target=fork)
-                forking.start()
-                forking.join()
-                os.write(writable, b"x")
-                _, status = os.waitpid(workers[0], 0)
-            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+            forking = threading.Thread(target=fork)
+            forking.start()
+            forking.join()
+            os.write(writable, b"x")
+            _, status = os.waitpid(workers[0], 0)
+        print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+        """,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "0"
@@ -542,38 +523,33 @@ def test_a_worker_forked_by_another_thread_outlives_that_thread(tmp_path):
 def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_it_forked(tmp_path):
     """datasets' tokenising workers, forked with the parent's handlers, could not be ended by the pool's SIGTERM
     once the parent stopped: it waited for them forever. In a process of its own, so that a hang fails the test."""
-    script = tmp_path / "prepare.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, signal, threading, time
-            import datasets
-            from modeling.callbacks import PreemptionCallback, SignalledBeforeTraining
+    done = run_python(
+        tmp_path / "prepare.py",
+        """
+        import os, signal, threading, time
+        import datasets
+        from modeling.callbacks import PreemptionCallback, SignalledBeforeTraining
 
-            def slow(batch):
-                time.sleep(0.5)
-                return batch
+        def slow(batch):
+            time.sleep(0.5)
+            return batch
 
-            callback = PreemptionCallback(signals=(signal.SIGTERM,))
-            rows = datasets.Dataset.from_dict({"x": list(range(40))})
-            with callback.handling():
-                threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-                try:
-                    with callback.stopping_at_once():
-                        rows.map(slow, batched=True, batch_size=1, num_proc=2, keep_in_memory=True)
-                except Exception:  # SignalledBeforeTraining, or what datasets' pool made of it
+        callback = PreemptionCallback(signals=(signal.SIGTERM,))
+        rows = datasets.Dataset.from_dict({"x": list(range(40))})
+        with callback.handling():
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            try:
+                with callback.stopping_at_once():
+                    rows.map(slow, batched=True, batch_size=1, num_proc=2, keep_in_memory=True)
+            except Exception:  # SignalledBeforeTraining, or what datasets' pool made of it
+                pass
+            print("requested:", callback.requested.name)
+            try:
+                with callback.stopping_at_once():
                     pass
-                print("requested:", callback.requested.name)
-                try:
-                    with callback.stopping_at_once():
-                        pass
-                except SignalledBeforeTraining:
-                    print("the next block stops at once too")
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+            except SignalledBeforeTraining:
+                print("the next block stops at once too")
+        """,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["requested: SIGTERM", "the next block stops at once too"]
@@ -582,29 +558,24 @@ def test_a_signal_while_the_data_is_prepared_stops_at_once_and_ends_the_workers_
 def test_a_process_a_forked_worker_forks_in_turn_lives(tmp_path):
     """A tokenising worker that starts a process of its own: only the worker is tied to the preparing process, its
     own child (whose parent the worker is) runs to its end."""
-    script = tmp_path / "grandchild.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, signal
-            from modeling.callbacks import PreemptionCallback
+    done = run_python(
+        tmp_path / "grandchild.py",
+        """
+        import os, signal
+        from modeling.callbacks import PreemptionCallback
 
-            callback = PreemptionCallback(signals=(signal.SIGUSR1,))
-            with callback.handling(), callback.stopping_at_once():
-                worker = os.fork()
-                if worker == 0:
-                    helper = os.fork()
-                    if helper == 0:
-                        os._exit(7)
-                    _, status = os.waitpid(helper, 0)
-                    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 100 + os.WTERMSIG(status))
-                _, status = os.waitpid(worker, 0)
-            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+        callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+        with callback.handling(), callback.stopping_at_once():
+            worker = os.fork()
+            if worker == 0:
+                helper = os.fork()
+                if helper == 0:
+                    os._exit(7)
+                _, status = os.waitpid(helper, 0)
+                os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 100 + os.WTERMSIG(status))
+            _, status = os.waitpid(worker, 0)
+        print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+        """,
     )
     assert (done.returncode, done.stdout.strip()) == (0, "7"), done.stderr[-2000:]
 
@@ -612,23 +583,18 @@ def test_a_process_a_forked_worker_forks_in_turn_lives(tmp_path):
 def test_a_process_forked_outside_the_data_preparation_starts_quietly(tmp_path):
     """The fork hooks run at every fork of the process (DataLoader's workers, a tokenizer's pool), not only within
     `stopping_at_once`: there they have nothing to do, and must not fail in parent and child alike."""
-    script = tmp_path / "quiet.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os
-            import modeling.callbacks
+    done = run_python(
+        tmp_path / "quiet.py",
+        """
+        import os
+        import modeling.callbacks
 
-            worker = os.fork()
-            if worker == 0:
-                os._exit(0)
-            _, status = os.waitpid(worker, 0)
-            print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=subprocess_env(), capture_output=True, text=True, timeout=120
+        worker = os.fork()
+        if worker == 0:
+            os._exit(0)
+        _, status = os.waitpid(worker, 0)
+        print(os.WIFEXITED(status) and os.WEXITSTATUS(status))
+        """,
     )
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "0", "")
 
