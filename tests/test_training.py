@@ -219,6 +219,24 @@ def test_fine_tuning_with_an_extended_tokenizer_grows_the_vocabulary_and_a_forei
 REPO_ID = "user/tiny"
 
 
+def write_run_records(
+    args: TranslationTrainingArguments,
+    data_args: DataArguments | None = None,
+    *,
+    train_pairs: int = 0,
+    max_tokens_limit: int | None = None,
+    **kwargs,
+) -> None:
+    """`_write_run_records` of a tiny preset's run by a trainer of `args` (a 64-token vocabulary), into its
+    output_dir; `max_tokens_limit`: the batch size given, where tokens_per_update made `args`' smaller."""
+    limit = args.max_tokens_per_device if max_tokens_limit is None else max_tokens_limit
+    trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=limit)
+    data_args = data_args or DataArguments(data_dir="d")
+    _write_run_records(
+        trainer, ModelArguments(preset="tiny"), data_args, {"train": [None] * train_pairs}, {}, {}, **kwargs
+    )
+
+
 def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     """`--hub_token` puts the token in the arguments: training_args.json masks it, the Trainer never gets it."""
     args = TranslationTrainingArguments(
@@ -233,9 +251,7 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     assert HUB_TOKEN not in str(args)
 
     # the token-holding original: to_dict masks
-    trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
-    model_args, data_args = ModelArguments(preset="tiny"), DataArguments(data_dir="d")
-    _write_run_records(trainer, model_args, data_args, {"train": [None] * 3}, {}, {}, hub_model_id=REPO_ID)
+    write_run_records(args, train_pairs=3, hub_model_id=REPO_ID)
     text = (tmp_path / "training_args.json").read_text()
     assert HUB_TOKEN not in text
     records = json.loads(text)
@@ -246,8 +262,7 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
 def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batches_smaller(tmp_path):
     given = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     derived = dataclasses.replace(given, max_tokens_per_device=3323)
-    trainer = SimpleNamespace(args=derived, processing_class=[None] * 64, max_tokens_limit=4096)
-    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
+    write_run_records(derived, max_tokens_limit=4096)
     records = json.loads((tmp_path / "training_args.json").read_text())
     assert (records["max_tokens_per_device"], records["max_tokens_per_device_given"]) == (3323, 4096)
 
@@ -255,9 +270,7 @@ def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batc
 def test_the_records_name_the_library_versions_that_made_the_weights(tmp_path):
     """The same seed gives other weights under another torch (initialisation, kernels), numpy (the data order)
     or tokenizers (the BPE): a reviewer reproducing a run needs them."""
-    args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
-    _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
+    write_run_records(TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True))
     versions = json.loads((tmp_path / "training_args.json").read_text())["library_versions"]
     assert (versions["torch"], versions["transformers"]) == (torch.__version__, transformers.__version__)
     assert (versions["numpy"], versions["python"]) == (numpy.__version__, platform.python_version())
@@ -1503,8 +1516,7 @@ def test_the_records_of_a_paper_schedule_run_name_its_schedule_not_the_trainers(
         args = TranslationTrainingArguments(
             output_dir=str(tmp_path / str(paper)), report_to="none", use_cpu=True, paper_schedule=paper
         )
-        trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
-        _write_run_records(trainer, ModelArguments(preset="tiny"), DataArguments(data_dir="d"), {"train": []}, {}, {})
+        write_run_records(args)
     paper = json.loads((tmp_path / "True" / "training_args.json").read_text())
     assert "lr_scheduler_type" not in paper and "warmup^-1.5" in paper["learning_rate_schedule"]
     linear = json.loads((tmp_path / "False" / "training_args.json").read_text())
@@ -1549,8 +1561,7 @@ def test_the_data_stats_name_the_corpus_a_local_directory_or_a_hub_dataset(tmp_p
     hub = DataArguments(dataset="wmt/wmt14", language_pair="de-en")
     for data_args, directory in ((local, tmp_path / "local"), (hub, tmp_path / "hub")):
         args = TranslationTrainingArguments(output_dir=str(directory), report_to="none", use_cpu=True)
-        trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=args.max_tokens_per_device)
-        _write_run_records(trainer, ModelArguments(preset="tiny"), data_args, {"train": [None] * 3}, {}, {})
+        write_run_records(args, data_args, train_pairs=3)
     assert json.loads((tmp_path / "local" / "data_stats.json").read_text())["dataset"] == "corpus/wmt14"
     assert json.loads((tmp_path / "hub" / "data_stats.json").read_text())["dataset"] == "wmt/wmt14"
 
