@@ -318,6 +318,19 @@ TINY_RUN_SETTINGS = {
 }
 
 
+def hub_cache_snapshot(cache: Path, repo_id: str, commit: str, files: dict[str, str], main: bool = True) -> Path:
+    """A model's entry in the Hub cache `cache` as `hf download` leaves it: the files of `commit` (name: text), and
+    refs/main naming the commit if `main`. Returns the snapshot's directory."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    for name, text in files.items():
+        (repo / "snapshots" / commit / name).write_text(text)
+    if main:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
 def push_translation_dataset(endpoint: str, repo_id: str, splits: dict[str, list[tuple[str, str]]]) -> str:
     """Push (English, German) pairs by split to the loopback Hub's dataset `repo_id`, created if new, as wmt/wmt14
     lays them out (parquet files of its `de-en` configuration); the commit's sha."""

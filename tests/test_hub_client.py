@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from helpers import push_translation_dataset, stalled_endpoint, synthetic_pairs
+from helpers import hub_cache_snapshot, push_translation_dataset, stalled_endpoint, synthetic_pairs
 from huggingface_hub import constants, get_session, set_client_factory, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
@@ -259,25 +259,13 @@ def test_offline_the_commit_of_a_revision_is_not_asked_of_the_hub(monkeypatch, c
     assert caplog.text == ""
 
 
-def _cache_snapshot(cache, repo_id: str, commit: str, files: dict[str, str], main: bool = True):
-    """A Hub cache entry as `hf download` leaves it: the files of `commit`, and refs/main naming it if `main`."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    for name, text in files.items():
-        (repo / "snapshots" / commit / name).write_text(text)
-    if main:
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text(commit)
-    return repo / "snapshots" / commit
-
-
 def test_offline_a_sharded_model_in_the_cache_counts_only_with_all_its_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     index = json.dumps({"metadata": {}, "weight_map": {"a.weight": shards[0], "b.weight": shards[1]}})
     files = {"config.json": "{}", "model.safetensors.index.json": index, "tokenizer.json": "{}"}
-    snapshot = _cache_snapshot(tmp_path, "owner/sharded", "a" * 40, {**files, **dict.fromkeys(shards, "")})
+    snapshot = hub_cache_snapshot(tmp_path, "owner/sharded", "a" * 40, {**files, **dict.fromkeys(shards, "")})
     assert offline_cache_error("owner/sharded", None, MODEL_REPO_FILES) is None
     (snapshot / shards[1]).unlink()
     assert str(offline_cache_error("owner/sharded", None, MODEL_REPO_FILES)) == (
@@ -293,7 +281,7 @@ def test_offline_a_model_cached_at_other_revisions_only_is_named_with_them(tmp_p
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     files = {"config.json": "{}", "model.safetensors": "", "tokenizer.json": "{}"}
     for commit in ("b" * 40, "a" * 40):
-        _cache_snapshot(tmp_path, "owner/pinned", commit, files, main=False)
+        hub_cache_snapshot(tmp_path, "owner/pinned", commit, files, main=False)
     assert offline_cache_error("owner/pinned", "a" * 40, MODEL_REPO_FILES) is None
     assert str(offline_cache_error("owner/pinned", None, MODEL_REPO_FILES)) == (
         f"The Hub cache {tmp_path} holds 'owner/pinned' at the revisions {'a' * 40}, {'b' * 40} only, not its main, "
@@ -310,7 +298,7 @@ def test_offline_a_model_cached_at_other_revisions_only_is_named_with_them(tmp_p
 
 def test_the_hub_cache_gives_the_commit_of_the_revision_asked_for_not_mains(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    _cache_snapshot(tmp_path, "owner/tagged", "a" * 40, {"config.json": "{}"})
+    hub_cache_snapshot(tmp_path, "owner/tagged", "a" * 40, {"config.json": "{}"})
     (tmp_path / "models--owner--tagged" / "refs" / "v1").write_text("b" * 40)  # `hf download --revision v1`
     assert cached_commit("owner/tagged", None, repo_type="model") == "a" * 40
     assert cached_commit("owner/tagged", "v1", repo_type="model") == "b" * 40

@@ -27,6 +27,7 @@ from helpers import (
     HUB_TOKEN,
     convert_fairseq_fixture,
     copy_dataset,
+    hub_cache_snapshot,
     losses,
     make_trainer,
     push_translation_dataset,
@@ -1242,11 +1243,7 @@ def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs
         "from the Hub: download it where the Hub can be reached, into the same HF_HOME (hf download owner/absent)"
     )
     # A download that left out the weights (its main is there): named as such, not as a cache of other revisions.
-    snapshot = tmp_path / "hub" / "models--owner--partial" / "snapshots" / "abc123"
-    snapshot.mkdir(parents=True)
-    tiny_config().save_pretrained(snapshot)
-    (snapshot.parent.parent / "refs").mkdir()
-    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    tiny_config().save_pretrained(hub_cache_snapshot(tmp_path / "hub", "owner/partial", "abc123", {}))
     with pytest.raises(FileNotFoundError) as error:
         check_fine_tuning_source(ModelArguments(model_name_or_path="owner/partial"))
     assert str(error.value).startswith(
@@ -1270,12 +1267,9 @@ def test_the_conversion_record_of_a_hub_model_is_read_at_the_revision_fine_tuned
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    repo = tmp_path / "hub" / "models--owner--converted"
-    for commit, checkpoint in (("a" * 40, "model_v1.pt"), ("b" * 40, "model_v2.pt")):
-        (repo / "snapshots" / commit).mkdir(parents=True)
-        write_json(repo / "snapshots" / commit / "fairseq_conversion.json", {"checkpoint": checkpoint})
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("b" * 40)
+    for commit, checkpoint, main in (("a" * 40, "model_v1.pt", False), ("b" * 40, "model_v2.pt", True)):
+        record = json.dumps({"checkpoint": checkpoint})
+        hub_cache_snapshot(tmp_path / "hub", "owner/converted", commit, {"fairseq_conversion.json": record}, main)
     pinned = ModelArguments(model_name_or_path="owner/converted", model_revision="a" * 40)
     assert _conversion_record(pinned) == {"checkpoint": "model_v1.pt"}
     assert _conversion_record(ModelArguments(model_name_or_path="owner/converted")) == {"checkpoint": "model_v2.pt"}
