@@ -1017,16 +1017,6 @@ def _special_token_ids(
 _SENTENCE_BOUNDARY_IDS = ("eos_token_id", "decoder_start_token_id")
 
 
-def _recorded_config(output_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
-    """The model config recorded by the run resumed from `checkpoint`, or in `output_dir` (as `_check_same_run`
-    reads them); None for a new run."""
-    for source in ([Path(checkpoint)] if checkpoint else []) + [output_dir]:
-        recorded = read_run_identity(source)
-        if recorded is not None:
-            return recorded.get("config")
-    return None
-
-
 def bleu_sample(dataset: datasets.Dataset, size: int) -> datasets.Dataset:
     """A fixed random sample of `size` examples (the whole dataset if smaller), the same for every run."""
     if size >= len(dataset):
@@ -1328,7 +1318,8 @@ def _prepare_run(
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no", revision=commit)
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)
-    model = _model(model_args, preset, tokenizer, source_type, _recorded_config(output_dir, checkpoint))
+    resumed_config = (_recorded_identity(output_dir, checkpoint)[1] or {}).get("config")  # None for a new run
+    model = _model(model_args, preset, tokenizer, source_type, resumed_config)
     _match_vocabulary(model, tokenizer, model_args)
     # The BPE saved and its identity not yet: no sha256 of the corpus here, or a signal in between would leave a
     # BPE that the requeue trains again to check it (English-French: 20-33 minutes).
