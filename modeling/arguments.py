@@ -30,10 +30,13 @@ def _home_expanded(path: str | None) -> str | None:
     return os.path.expanduser(path) if path is not None and path.startswith("~") else path
 
 
-def _node_count() -> int:
-    """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one."""
+def _node_count() -> int | None:
+    """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one; None for
+    a launcher that sets the world size (above 1) alone, which does not say how many machines it spans."""
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
-    return int(world) // int(local) if world and local else 1
+    if world and local:
+        return int(world) // int(local)
+    return None if world and int(world) > 1 else 1
 
 
 # The float settings that must be finite numbers.
@@ -168,7 +171,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def _check_combinations(self) -> None:
         """Settings that contradict one another, or how this project's checkpoints work."""
-        if self.save_on_each_node and _node_count() > 1:  # on one node it changes nothing
+        if self.save_on_each_node and _node_count() != 1:  # on one node it changes nothing
             raise ValueError(
                 "save_on_each_node is not supported: rank 0 writes each checkpoint, with every rank's RNG state, and "
                 "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes "

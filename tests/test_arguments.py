@@ -122,7 +122,8 @@ def test_a_dataset_revision_is_taken_with_its_dataset_only():
     [
         ("16", "8", 2),  # torchrun on 2 machines of 8 GPUs
         (None, "8", 1),
-        ("16", None, 1),  # a launcher that sets the world size only: nothing tells the nodes, no crash either
+        ("16", None, None),  # a launcher that sets the world size only: nothing tells the nodes
+        ("1", None, 1),
         (None, None, 1),  # no launcher
     ],
 )

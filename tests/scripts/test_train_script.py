@@ -321,9 +321,10 @@ def test_save_on_each_node_is_refused_across_nodes_only(tmp_path, monkeypatch):
     assert arguments._node_count() == 2
     monkeypatch.delenv("WORLD_SIZE")  # the arguments themselves must stay one process here
     assert arguments._node_count() == 1, "without the world size, one machine"
-    monkeypatch.setattr(arguments, "_node_count", lambda: 2)
-    with pytest.raises(ValueError, match=r"^save_on_each_node is not supported: rank 0 writes each checkpoint"):
-        load_train_script().parse(flags)
+    for nodes in (2, None):  # None: a launcher that sets the world size alone, which may span machines
+        monkeypatch.setattr(arguments, "_node_count", lambda nodes=nodes: nodes)
+        with pytest.raises(ValueError, match=r"^save_on_each_node is not supported: rank 0 writes each checkpoint"):
+            load_train_script().parse(flags)
 
 
 def test_a_config_file_without_settings_is_taken_when_flags_follow_it(tmp_path):
