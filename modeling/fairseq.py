@@ -250,7 +250,7 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
         if overwrite:
             line = line[: -len(" #fairseq:overwrite")]
         token, _, count = line.rpartition(" ")
-        if not token or not count.lstrip("-").isdigit():
+        if not token or not _is_int(count):  # what fairseq's `int(count)` reads
             raise FairseqConversionError(f"{path}, line {number}: expected 'token count', got {line!r}.")
         if token in seen:
             # fairseq refuses a duplicate; with #fairseq:overwrite it gives the token a second id (encoding with the
@@ -260,6 +260,14 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
         seen.add(token)
         symbols.append(token)
     return symbols
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def tokenizer_vocabulary(symbols: list[str]) -> dict[str, int]:

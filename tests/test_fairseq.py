@@ -565,7 +565,7 @@ def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_fil
         read_fairseq_dictionary(tmp_path / "dict.txt")
     with pytest.raises(FileNotFoundError, match=f"^BPE codes {re.escape(str(tmp_path / 'codes'))} do not exist"):
         read_bpe_merges(tmp_path / "codes")
-    for line in ("5", "word many"):  # no token; no count
+    for line in ("5", "word many", "word --5", "word ²"):  # no token; no count; counts fairseq's int() refuses
         (tmp_path / "dict.txt").write_text(f"a 5\n{line}\nc 2\n", encoding="utf-8")
         with pytest.raises(FairseqConversionError, match=f"dict.txt, line 2: expected 'token count', got '{line}'"):
             read_fairseq_dictionary(tmp_path / "dict.txt")
