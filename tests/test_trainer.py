@@ -704,6 +704,18 @@ def test_a_checkpoints_optimizer_state_is_read_as_tensors_only_never_run(tmp_pat
     assert not ran.exists()
 
 
+def test_a_checkpoints_scheduler_state_is_read_as_tensors_only_never_run(tmp_path):
+    """scheduler.pt is a pickle too, read before the Trainer's own loading to compare the learning rate and warmup:
+    read with weights_only, one holding code is refused before the code runs."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    scheduler, ran = tmp_path / "checkpoint-3" / "scheduler.pt", tmp_path / "ran"
+    torch.save({**torch.load(scheduler, weights_only=True), "extra": RunsWhenUnpickled(ran)}, scheduler)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert not ran.exists()
+
+
 @pytest.mark.parametrize(
     ("changed", "refusal"),
     [
