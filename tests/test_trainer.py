@@ -1025,6 +1025,26 @@ def test_a_marker_with_part_of_a_batching_record_resumes_as_one_without(tmp_path
     assert "other batches" not in caplog.text and "same batches per update" not in caplog.text
 
 
+def test_a_checkpoint_whose_batching_reads_nowhere_resumes_with_the_batches_asked(tmp_path, caplog):
+    """A checkpoint saved before markers recorded the batching (2026-12-03) whose training_args.bin does not read
+    either (torch's legacy format) holds no batching to compare: the resume goes on with the batches the arguments
+    ask for, with nothing to warn of."""
+    checkpoint = tmp_path / "checkpoint-3"
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    marker = checkpoint / "checkpoint_complete.json"
+    record = json.loads(marker.read_text())
+    del record["batching"]
+    record.pop("batching_asked", None)
+    marker.write_text(json.dumps(record))
+    pickled = checkpoint / "training_args.bin"
+    torch.save(torch.load(pickled, weights_only=False), pickled, _use_new_zipfile_serialization=False)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=4)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+    assert "other batches" not in caplog.text and "same batches per update" not in caplog.text
+
+
 def test_a_requeue_on_another_number_of_processes_splits_the_checkpoints_batches_over_them(tmp_path, caplog):
     """With tokens_per_update, the checkpoint's batches per update, split over the processes there are now; before,
     derived anew, with the warning that part of the epoch is skipped or seen twice."""
