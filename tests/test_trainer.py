@@ -1575,6 +1575,15 @@ def test_rotation_deletes_only_the_checkpoints_beyond_the_limit(tmp_path):
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
 
 
+def test_a_resume_with_a_lower_save_total_limit_deletes_every_checkpoint_beyond_it_at_its_first_save(tmp_path):
+    """A run requeued with a lower `save_total_limit` (the disk filling up) brings its checkpoints down to the limit at
+    the next save, however many are beyond it, the newest kept."""
+    resumable_run(tmp_path, max_steps=4, save_strategy="steps", save_steps=1).train()
+    resumed = resumable_run(tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-5"]
+
+
 def diverging_from_update(update: int, trainer: TokenBudgetSeq2SeqTrainer) -> TokenBudgetSeq2SeqTrainer:
     """`trainer`, its loss (and so its gradients) NaN from `update` on."""
     compute_loss = trainer.compute_loss
