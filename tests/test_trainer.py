@@ -1821,6 +1821,20 @@ def test_a_final_model_whose_directory_cannot_be_made_is_one_line(tmp_path, monk
     assert not (output_dir / ".final-model.partial").exists()
 
 
+def test_a_final_model_save_publishes_nothing_that_a_killed_earlier_save_left_in_staging(tmp_path):
+    """A save killed midway leaves `.final-model.partial` behind; the next save starts it afresh, so that a file of
+    the killed one that the new model does not write over never reaches output_dir beside the new model."""
+    output_dir = tmp_path / "run"
+    trainer = resumable_run(output_dir, max_steps=1)
+    staging = output_dir / ".final-model.partial"
+    staging.mkdir(parents=True)
+    (staging / "stale-leftover.json").write_text("{}")
+    assert trainer.save_final_model() == output_dir
+    assert (output_dir / "config.json").is_file() and (output_dir / "model.safetensors").is_file()
+    assert not (output_dir / "stale-leftover.json").exists()
+    assert not staging.exists()
+
+
 @pytest.mark.parametrize("setting", [{"split_batches": True}, {"dispatch_batches": True}, {"even_batches": False}])
 def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_refused_on_several_processes(
     tmp_path, setting
