@@ -1848,6 +1848,22 @@ def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_r
         check_sharding(args, 2)
 
 
+@pytest.mark.parametrize("loader", ["train", "eval"])
+def test_the_trainers_loaders_refuse_accelerate_settings_that_shard_batches_unevenly_on_several_processes(
+    tmp_path, monkeypatch, loader
+):
+    """`check_sharding` is asked by both loaders, with the processes of the run: one process stands in for two."""
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    args = training_args(tmp_path, accelerator_config={"even_batches": False})
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)))
+    make_loader = trainer.get_train_dataloader if loader == "train" else lambda: trainer.get_eval_dataloader(dataset)
+    make_loader()  # one process: nothing is shared out
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, the same number to every"):
+        make_loader()
+
+
 @pytest.mark.parametrize(("max_tokens", "micro_batches"), [(24, 2), (24, 3), (1000, 4)])
 def test_the_number_of_updates_a_resume_is_checked_against_is_the_number_the_trainer_runs(
     tmp_path, max_tokens, micro_batches
