@@ -2001,3 +2001,19 @@ def test_loader_workers_prefetch_as_many_batches_as_asked(tmp_path):
         settings = {"dataloader_num_workers": workers, "dataloader_prefetch_factor": 4 if workers else None}
         trainer = make_trainer(training_args(tmp_path, **settings), dataset, tokenizer, tiny_model(len(tokenizer)))
         assert trainer.get_train_dataloader().prefetch_factor == prefetched
+
+
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_loader_memory_is_pinned_only_when_asked_and_a_gpu_is_there(tmp_path, monkeypatch, pin_memory):
+    """`dataloader_pin_memory` as the Trainer takes it: the loaders handed to accelerate pin their batches where CUDA
+    is available and it is set, not where it is turned off (page-locked memory a host may not spare), nor without
+    CUDA."""
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    trainer = make_trainer(training_args(tmp_path), dataset, tokenizer, tiny_model(len(tokenizer)))
+    trainer.args.dataloader_pin_memory = pin_memory  # as a GPU run's arguments hold it (use_cpu turns it off)
+    monkeypatch.setattr(trainer.accelerator, "prepare", lambda loader: loader)  # the loader as built here
+    assert trainer.get_train_dataloader().pin_memory is False  # the CPU run of these tests
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert trainer.get_train_dataloader().pin_memory is pin_memory
+    assert trainer.get_eval_dataloader(dataset).pin_memory is pin_memory
