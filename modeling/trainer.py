@@ -243,9 +243,10 @@ def _describe_batching(batching: dict[str, int]) -> str:
 
 
 def check_sharding(args: TranslationTrainingArguments, num_processes: int) -> None:
-    """Token-budget batches go whole to the processes, the same number to each: accelerate must not split them."""
+    """Token-budget batches go whole to the processes, the same number to each: accelerate must not split them. Its
+    split_batches fails on one process too, naming no setting: it divides a batch size, which these batches lack."""
     config = args.accelerator_config
-    if num_processes > 1 and (config.split_batches or config.dispatch_batches or not config.even_batches):
+    if config.split_batches or (num_processes > 1 and (config.dispatch_batches or not config.even_batches)):
         raise ValueError(
             "Token-budget batches are sharded whole, the same number to every process: keep accelerate's "
             "split_batches=False, dispatch_batches=False and even_batches=True."

@@ -1835,7 +1835,7 @@ def test_a_final_model_save_publishes_nothing_that_a_killed_earlier_save_left_in
     assert not staging.exists()
 
 
-@pytest.mark.parametrize("setting", [{"split_batches": True}, {"dispatch_batches": True}, {"even_batches": False}])
+@pytest.mark.parametrize("setting", [{"dispatch_batches": True}, {"even_batches": False}])
 def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_refused_on_several_processes(
     tmp_path, setting
 ):
@@ -1846,6 +1846,20 @@ def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_r
     check_sharding(args, 1)  # one process: nothing is shared out
     with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, the same number to every"):
         check_sharding(args, 2)
+
+
+@pytest.mark.parametrize("loader", ["train", "eval"])
+def test_accelerates_split_batches_is_refused_in_one_line_on_one_process_too(tmp_path, loader):
+    """accelerate divides a batch size, which token-budget batches lack: on one process it failed in the loader with
+    its own message ("you must have a `batch_size` attribute ..."), naming no setting to change."""
+    args = training_args(tmp_path, accelerator_config={"split_batches": True})
+    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, .* split_batches=False"):
+        check_sharding(args, 1)
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)))
+    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole"):
+        trainer.get_train_dataloader() if loader == "train" else trainer.get_eval_dataloader(dataset)
 
 
 @pytest.mark.parametrize("loader", ["train", "eval"])
