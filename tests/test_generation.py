@@ -32,7 +32,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.utils import logging as transformers_logging
 
-from modeling import TransformerForConditionalGeneration
+from modeling import TransformerForConditionalGeneration, generation_transformer
 from modeling.generation_transformer import (
     EndOfSentenceBlockedLogitsProcessor,
     PerSentenceMaxLengthLogitsProcessor,
@@ -778,3 +778,9 @@ def test_generate_warns_of_nothing(settings, decoding):
             logger.removeHandler(handler)
     assert [str(warning.message) for warning in caught] == []
     assert [record.getMessage() for record in records] == []
+
+
+def test_every_name_the_module_exports_exists():
+    """`from modeling.generation_transformer import *` fails on a name of `__all__` that the module does not hold."""
+    names = generation_transformer.__all__
+    assert [name for name in names if not hasattr(generation_transformer, name)] == []
