@@ -139,6 +139,15 @@ def test_a_saved_tokenizer_has_the_fingerprint_of_the_loaded_one(make_tokenizer,
     assert saved_vocabulary_fingerprint(tmp_path / "nowhere") is None
 
 
+def test_a_tokenizer_json_whose_model_lists_no_vocabulary_fingerprints_its_added_tokens(tmp_path):
+    """Another tool's tokenizer.json, or one edited by hand, whose model has no `vocab` (or a null one): a
+    fingerprint of what it holds, not a TypeError that stops the run recording its identity."""
+    added = [{"content": "<pad>", "id": 0}]
+    for model in [{"type": "WordLevel"}, {"type": "WordLevel", "vocab": None}]:
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": added}))
+        assert saved_vocabulary_fingerprint(tmp_path) == vocabulary_fingerprint({"<pad>": 0})
+
+
 def test_a_config_field_only_one_side_has_is_no_difference():
     """A newer transformers may add a field to every config: that alone does not make another run."""
     recorded = {"config": {"d_model": 32}, "seed": 0}
@@ -326,6 +335,9 @@ def test_identity_fields_recorded_later_or_changing_kind_are_named():
     )
     betas = describe_differences({"betas": [0.9, 0.98]}, {"betas": [0.9, 0.997]}, ["betas"])
     assert betas == "betas: [0.9, 0.98] vs [0.9, 0.997]", "a list of numbers is no list of files"
+    # a list of records without names (not files): shown whole, not a KeyError in the middle of a refusal's message
+    unnamed = describe_differences({"steps": [{"lr": 1}]}, {"steps": [{"lr": 2}]}, ["steps"])
+    assert unnamed == 'steps: [{"lr": 1}] vs [{"lr": 2}]'
     shown_whole, cut = "ü" * 78, "x" * 79  # 80 and 81 characters as JSON
     assert describe_differences({"a": shown_whole}, {"a": cut}, ["a"]) == f'a: "{shown_whole}" vs "{"x" * 76}...'
 
@@ -374,6 +386,8 @@ def test_paths_given_as_strings_are_read_as_paths(tmp_path):
     checkpoint = tmp_path / "checkpoint-10"
     save_trainer_checkpoint(checkpoint, seed=0)
     assert weight_files(str(checkpoint)) == [checkpoint / "model.safetensors"]
+    assert safetensors_problem(str(checkpoint / "model.safetensors")) is None
+    assert safetensors_problem(str(tmp_path / "nowhere.safetensors")) == "nowhere.safetensors is missing"
     assert checkpoint_problems(str(checkpoint)) == [] and saved_update(str(checkpoint)) == 0
     assert write_completeness_marker(str(checkpoint)) == checkpoint / COMPLETE_MARKER
     assert checkpoint_problems(str(checkpoint)) == []
@@ -407,6 +421,14 @@ def test_records_read_back_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_
     tokenizer = {"model": {"vocab": {"grün": 0, "a": 1}}, "added_tokens": [{"content": "<ß>", "id": 2}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
     assert saved_vocabulary_fingerprint(tmp_path) == vocabulary_fingerprint({"grün": 0, "a": 1, "<ß>": 2})
+    # a sharded model's index with a non-ASCII tensor name, a marker with a non-ASCII note: read, not "cannot be read"
+    index = {"weight_map": {"encoder.grün": "model-00001-of-00001.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index, ensure_ascii=False), encoding="utf-8")
+    assert weight_files(tmp_path) == [tmp_path / "model-00001-of-00001.safetensors"]
+    checkpoint = tmp_path / "checkpoint-10"
+    save_trainer_checkpoint(checkpoint, seed=0)
+    write_completeness_marker(checkpoint, note="grün")
+    assert checkpoint_problems(checkpoint) == []
 
 
 @pytest.mark.parametrize("name", ["vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model"])
