@@ -1,6 +1,8 @@
 """Fixtures shared by the test files; the plain helpers they build on are in `helpers.py`."""
 
+import locale
 import signal
+import sys
 from pathlib import Path
 
 import datasets
@@ -179,3 +181,18 @@ def quick_hub(monkeypatch):
 
     yield use
     set_client_factory(default_client_factory)  # no 0.3 s client left behind for later tests
+
+
+@pytest.fixture
+def ascii_locale():
+    """The locale of a job started under LANG=C with PYTHONUTF8=0: `open` without an encoding reads ASCII."""
+    if sys.flags.utf8_mode:
+        pytest.skip("UTF-8 mode reads UTF-8 whatever the locale")
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+            pytest.skip("the C locale's encoding is UTF-8 here")
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)

@@ -2,9 +2,7 @@
 identifies a run."""
 
 import json
-import locale
 import logging
-import sys
 
 import pytest
 import tokenizers
@@ -393,21 +391,6 @@ def test_paths_given_as_strings_are_read_as_paths(tmp_path):
     assert checkpoint_problems(str(checkpoint)) == []
     assert latest_complete_checkpoint(str(tmp_path)) == checkpoint
     assert require_complete_checkpoint(str(checkpoint)) == checkpoint
-
-
-@pytest.fixture
-def ascii_locale():
-    """The locale of a job started under LANG=C with PYTHONUTF8=0: `open` without an encoding reads ASCII."""
-    if sys.flags.utf8_mode:
-        pytest.skip("UTF-8 mode reads UTF-8 whatever the locale")
-    before = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
-            pytest.skip("the C locale's encoding is UTF-8 here")
-        yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, before)
 
 
 def test_records_read_back_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
