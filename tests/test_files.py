@@ -795,6 +795,8 @@ def test_a_file_whose_lines_end_in_carriage_returns_alone_is_refused(tmp_path):
     assert list(iter_lines(path)) == ["eins", "zwei"]
     path.write_bytes(b"one sentence with a stray \r in it")  # one line, no newline: a stray character, kept
     assert list(iter_lines(path)) == ["one sentence with a stray \r in it"]
+    path.write_bytes(b"one sentence\r")  # one line ended by one \r: that line, whichever way lines end
+    assert list(iter_lines(path)) == ["one sentence"]
 
 
 def test_standard_input_with_carriage_returns_alone_is_refused_with_a_command_that_runs(monkeypatch):
@@ -1152,3 +1154,64 @@ def test_a_full_disk_error_tells_its_path(tmp_path):
     """For a caller that cleans up where the write failed."""
     error = DiskFullError(tmp_path / "optimizer.pt", free=0)
     assert error.path == str(tmp_path / "optimizer.pt") and error.errno == errno.ENOSPC
+
+
+def test_compressed_data_through_a_pipe_is_read_decompressed(tmp_path):
+    """`<(cat train.de.gz)` or `/dev/stdin` fed by a pipe: no seek back over the bytes that tell the compression,
+    which are peeked at instead; read as text, they were "not valid UTF-8" on the first line."""
+    for compress in (gzip.compress, lzma.compress, bz2.compress):
+        read_end, write_end = os.pipe()
+        os.write(write_end, compress("über\nfünf\n".encode()))  # far below a pipe's buffer: no reader needed yet
+        os.close(write_end)
+        try:
+            assert list(iter_lines(f"/dev/fd/{read_end}")) == ["über", "fünf"]
+        finally:
+            os.close(read_end)
+
+
+def test_a_full_disk_names_a_path_given_as_a_string(tmp_path):
+    """A caller's destination from the command line is a `str`: the error names it, not an AttributeError raised
+    while handling the full disk."""
+    full = disk_full_error(OSError(errno.ENOSPC, "No space left on device"), str(tmp_path / "out.de"))
+    assert isinstance(full, DiskFullError)
+    assert str(full).startswith(f"No space left on device while writing {tmp_path / 'out.de'}")
+    assert re.search(r"\(\d+\.\d MiB free\)$", str(full)), "the free space of the directory it was to be written in"
+
+
+def test_a_link_to_a_directory_is_deletable_whatever_its_target_holds(tmp_path, monkeypatch):
+    """Replacing or rotating a link removes the link, not what it leads to: another user's files there do not
+    block it."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "listed").mkdir()
+        (staging / "listed" / "theirs.bin").write_text("")
+    (target / "listed").chmod(0o1777)
+    (tmp_path / "link").symlink_to(target, target_is_directory=True)
+    monkeypatch.setattr(files_module.os, "geteuid", lambda: 4242)
+    assert undeletable(target) == target / "listed", "the directory itself is blocked"
+    assert undeletable(tmp_path / "link") is None
+
+
+def test_a_savers_files_move_into_the_directory_config_last_by_default(tmp_path, monkeypatch):
+    """`save_pretrained`'s files: a write killed while they move in leaves no config.json beside weights of
+    another model (the loader reads config.json first)."""
+    order = []
+    replace = os.replace
+    monkeypatch.setattr(files_module.os, "replace", lambda a, b: order.append(os.path.basename(b)) or replace(a, b))
+
+    def saver(staging):
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            (staging / name).write_text(name)
+
+    write_files_into(tmp_path / "model", saver)
+    assert order[-1] == "config.json" and sorted(order) == ["config.json", "model.safetensors", "tokenizer.json"]
+
+
+def test_records_are_written_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
+    """A job started under LANG=C writes its records in UTF-8, as every reader reads them (it failed in
+    UnicodeEncodeError on a non-ASCII note or path)."""
+    path = write_json(tmp_path / "record.json", {"data": "grün"})
+    assert path.read_bytes() == '{\n  "data": "grün"\n}\n'.encode()
+    with atomic_write(tmp_path / "hypotheses.de") as handle:
+        handle.write("Grüße\n")
+    assert (tmp_path / "hypotheses.de").read_bytes() == "Grüße\n".encode()
