@@ -327,6 +327,7 @@ def test_identity_fields_recorded_later_or_changing_kind_are_named():
     assert identity_differences({"model_revision": "abc"}, {"model_revision": "def"}) == ["model_revision"]
     assert identity_differences({"data": {"a": 1}}, {"data": {"a": 1, "b": 2}}) == ["data.b"], "only config is lenient"
     assert identity_differences({"data": {"files": []}}, {"data": None}) == ["data"]
+    assert identity_differences({"data": None}, {"data": {"files": []}}) == ["data"], "either way round"
     files = [{"name": "train.en"}]
     assert (
         describe_differences({"files": files}, {"files": None}, ["files"]) == 'files: [{"name": "train.en"}] vs null'
