@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -1007,6 +1008,10 @@ def test_reads_once_tells_pipes_from_files(tmp_path):
     os.mkfifo(fifo)
     assert reads_once("-") and reads_once(fifo)
     assert not reads_once(plain) and not reads_once(tmp_path / "missing")
+    # standard input a service manager or ssh connected to a socket: `/dev/stdin` leads to it
+    first, second = socket.socketpair()
+    with first, second:
+        assert reads_once(f"/dev/fd/{first.fileno()}")
 
 
 def test_file_states_change_when_a_file_is_rewritten_and_sha256_reads_every_chunk(tmp_path):
