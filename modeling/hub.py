@@ -49,8 +49,9 @@ AUTO_MAP_CODE_FILES = ("configuration_transformer.py", "modeling_transformer.py"
 # Files a repo needs so that `from_pretrained(repo_id, trust_remote_code=True)` works without this package.
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", *AUTO_MAP_CODE_FILES)
 # What a push uploads: the top-level weights, configs, code, tokenizer, card and figures; never pickles,
-# optimizer states or checkpoint subdirectories (fnmatch's "*" also matches "/", hence the ignore pattern).
-UPLOAD_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.md", "*.png", "*.txt", "*.model")
+# optimizer states or checkpoint subdirectories (fnmatch's "*" also matches "/", hence the ignore pattern). "*.spm":
+# a MarianTokenizer's source.spm and target.spm (a fine-tuned MarianMT model keeps its tokenizer).
+UPLOAD_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.md", "*.png", "*.txt", "*.model", "*.spm")
 IGNORE_PATTERNS = ("*/*",)
 
 

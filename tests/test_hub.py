@@ -21,6 +21,7 @@ from huggingface_hub import metadata_load
 import modeling.hub as hub_module
 from modeling import TransformerForConditionalGeneration
 from modeling.arguments import TranslationTrainingArguments
+from modeling.checkpoints import VOCABULARY_FILES
 from modeling.export import to_ctranslate2
 from modeling.files import write_json
 from modeling.hub import (
@@ -513,3 +514,17 @@ def test_weights_that_safetensors_cannot_read_are_refused_though_their_header_ad
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     with pytest.raises(ValueError, match=r": model\.safetensors cannot be read \(.+\): refusing to push it\."):
         verify_model_files(tmp_path)
+
+
+def test_a_push_uploads_every_vocabulary_file_a_tokenizer_saves(hub_here, tmp_path):
+    """A MarianMT model fine-tuned here keeps its MarianTokenizer, saved as source.spm and target.spm beside
+    vocab.json: left out of the upload (no pattern took `.spm`), the repo's tokenizer did not load, though the
+    directory's did. Every vocabulary file that a push deletes from a repo as a model file it also uploads."""
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    for name in VOCABULARY_FILES:
+        if not (model_dir / name).exists():
+            (model_dir / name).write_text("{}" if name.endswith(".json") else "vocabulary", encoding="utf-8")
+    push_model_dir(model_dir, "tester/vocabularies", token=HUB_TOKEN)
+    stored = hub_here[1] / "tester/vocabularies"
+    assert [name for name in VOCABULARY_FILES if not (stored / name).is_file()] == []
