@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -162,12 +163,15 @@ def test_card_has_model_index_bleu_of_the_pushed_weights_only(tmp_path, monkeypa
     os.utime(fresh, (weights_time, weights_time))  # written within the same tick as the weights: theirs
     pushed = []
     monkeypatch.setattr(
-        hub_module, "push_model_dir", lambda *args, **kwargs: pushed.append((*args, kwargs["private"])) or "url"
+        hub_module,
+        "push_model_dir",
+        lambda *args, **kwargs: pushed.append((*args, kwargs["token"], kwargs["private"])) or "url",
     )
 
     with caplog.at_level(logging.WARNING, logger="modeling.hub"):
         url = push_trained_model(HubTarget(REPO_ID, HUB_TOKEN), model_dir, run, "the averaged model", private=None)
-    assert pushed == [(model_dir, REPO_ID, False)] and url == "url"  # private=None (the Trainer's default): public
+    # the token checked before training; private=None (the Trainer's default): public
+    assert pushed == [(model_dir, REPO_ID, HUB_TOKEN, False)] and url == "url"
     assert "| sentence_pairs.train | 40 |" in (model_dir / "README.md").read_text(), "the run's records, staged"
     values = [
         metric["value"]
@@ -358,6 +362,10 @@ def test_check_model_dir_refuses_the_weights_of_two_saves(tmp_path):
         "which from_pretrained loads model.safetensors only. Delete the earlier save's weights (the newer file is "
         "model.safetensors.index.json), then push again."
     )
+    later = (tmp_path / "model.safetensors.index.json").stat().st_mtime + 60
+    os.utime(tmp_path / "model.safetensors", (later, later))  # the single file saved last: it is named the newer
+    with pytest.raises(ValueError, match=r"\(the newer file is model\.safetensors\)"):
+        check_model_dir(tmp_path)
 
 
 def test_a_text_file_that_is_not_utf8_is_scanned_for_the_token(tmp_path, monkeypatch):
@@ -367,6 +375,17 @@ def test_a_text_file_that_is_not_utf8_is_scanned_for_the_token(tmp_path, monkeyp
     monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
     (tmp_path / "NOTES.txt").write_bytes(b"caf\xe9 " + HUB_TOKEN.encode())
     with pytest.raises(ValueError, match=r"NOTES\.txt contains the Hugging Face token"):
+        push_model_dir(tmp_path, REPO_ID, token=HUB_TOKEN)
+
+
+@pytest.mark.parametrize("name", ["README.md", "example.py", "notes.json"])
+def test_the_token_in_a_card_code_or_json_file_is_refused(tmp_path, monkeypatch, name):
+    """A card, code or JSON file that a push would publish, holding the token (pasted into an example, or a record
+    of the run's arguments), is refused before any request."""
+    save_tiny_checkpoint(tmp_path)
+    monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
+    (tmp_path / name).write_text(json.dumps({"hub_token": HUB_TOKEN}), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{re.escape(name)} contains the Hugging Face token"):
         push_model_dir(tmp_path, REPO_ID, token=HUB_TOKEN)
 
 
@@ -458,6 +477,10 @@ def test_curves_the_card_does_not_show_are_left_out_of_the_push(hub_here, tmp_pa
     (model_dir / "README.md").write_text("# A model\n\n![curves](training_curves.png)\n", encoding="utf-8")
     push_model_dir(model_dir, "tester/curves", token=HUB_TOKEN)
     assert (stored / "training_curves.png").read_bytes() == b"\x89PNG curves"
+    # A card that no longer shows them: the repo's copy, an earlier card's, is deleted with the push.
+    (model_dir / "README.md").write_text("# A model\n\nNo curves here.\n", encoding="utf-8")
+    push_model_dir(model_dir, "tester/curves", token=HUB_TOKEN)
+    assert not (stored / "training_curves.png").exists()
 
 
 def test_a_private_push_creates_its_repo_private_before_training(hub_here, tmp_path):
@@ -528,3 +551,44 @@ def test_a_push_uploads_every_vocabulary_file_a_tokenizer_saves(hub_here, tmp_pa
     push_model_dir(model_dir, "tester/vocabularies", token=HUB_TOKEN)
     stored = hub_here[1] / "tester/vocabularies"
     assert [name for name in VOCABULARY_FILES if not (stored / name).is_file()] == []
+
+
+def test_a_push_uploads_neither_pickles_nor_subdirectories(hub_here, tmp_path):
+    """An output_dir pushed as it is holds the Trainer's pickles and its checkpoints: none of them is the model the
+    repo serves, and a checkpoint's optimizer state is large."""
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    # The Trainer's pickled arguments hold hub_token: not uploaded, so not refused for it either.
+    (model_dir / "training_args.bin").write_bytes(b"a pickle of " + HUB_TOKEN.encode())
+    (model_dir / "checkpoint-2").mkdir()
+    (model_dir / "checkpoint-2" / "config.json").write_text((model_dir / "config.json").read_text())
+    (model_dir / "checkpoint-2" / "optimizer.pt").write_bytes(b"a pickle")
+    push_model_dir(model_dir, "tester/pickles", token=HUB_TOKEN)
+    stored = hub_here[1] / "tester/pickles"
+    assert not (stored / "training_args.bin").exists() and not (stored / "checkpoint-2").exists()
+    assert (stored / "model.safetensors").is_file()
+
+
+def test_a_private_push_makes_a_private_repo(hub_here, tmp_path):
+    """`scripts/push_to_hub.py --private`: a repo the push creates is private, one it creates without is public."""
+    from huggingface_hub import HfApi
+
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+    push_model_dir(model_dir, "tester/private-push", token=HUB_TOKEN, private=True)
+    push_model_dir(model_dir, "tester/public-push", token=HUB_TOKEN)
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    assert api.model_info("tester/private-push").private and not api.model_info("tester/public-push").private
+
+
+def test_nothing_is_asked_of_the_hub_without_push_to_hub_or_off_the_main_process(tmp_path, monkeypatch):
+    """Without push_to_hub there is no push; with it, only the main process pushes: the others neither need a token
+    nor create the repo (each asking the Hub at once, before training)."""
+    monkeypatch.setattr(hub_module, "resolve_token", lambda *args: pytest.fail("no token may be asked for"))
+    args = TranslationTrainingArguments(output_dir=str(tmp_path / "run"), report_to="none", use_cpu=True)
+    assert prepare_push(args) is None
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path / "run"), push_to_hub=True, hub_token=HUB_TOKEN, report_to="none", use_cpu=True
+    )
+    monkeypatch.setattr(TranslationTrainingArguments, "process_index", property(lambda self: 1))
+    assert prepare_push(args) is None
