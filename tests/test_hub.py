@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from huggingface_hub import metadata_load
 import modeling.hub as hub_module
 from modeling import TransformerForConditionalGeneration
 from modeling.arguments import TranslationTrainingArguments
-from modeling.checkpoints import VOCABULARY_FILES
+from modeling.checkpoints import CURVES_FILE, VOCABULARY_FILES
 from modeling.export import to_ctranslate2
 from modeling.files import write_json
 from modeling.hub import (
@@ -551,6 +552,14 @@ def test_a_push_uploads_every_vocabulary_file_a_tokenizer_saves(hub_here, tmp_pa
     push_model_dir(model_dir, "tester/vocabularies", token=HUB_TOKEN)
     stored = hub_here[1] / "tester/vocabularies"
     assert [name for name in VOCABULARY_FILES if not (stored / name).is_file()] == []
+
+
+def test_every_kind_of_file_a_push_deletes_as_the_models_it_also_uploads():
+    """The kinds a push uploads (`UPLOAD_PATTERNS`) and those it deletes from the repo as an earlier model's
+    (`_is_model_file`) are two lists: drifted apart, a push deleted a repo's source.spm and uploaded none."""
+    names = [*VOCABULARY_FILES, *hub_module.REMOTE_CODE_MODULES, CURVES_FILE, "model.safetensors", "config.json"]
+    assert all(hub_module._is_model_file(name) for name in names)
+    assert [name for name in names if not any(fnmatch(name, kind) for kind in hub_module.UPLOAD_PATTERNS)] == []
 
 
 def test_a_push_uploads_neither_pickles_nor_subdirectories(hub_here, tmp_path):
