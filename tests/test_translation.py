@@ -191,6 +191,15 @@ def test_the_token_budget_counts_every_beam(tokenizer):
     assert all(call["input_ids"].numel() <= 60 for call in model.calls) and len(model.calls) > 1
 
 
+def test_a_generation_config_that_sets_no_beam_count_decodes_as_one_beam(tokenizer):
+    """transformers 5's GenerationConfig() leaves num_beams None (generate() then takes 1): the budget counts one."""
+    sentences = [en for en, _ in synthetic_pairs(12, seed=3)]
+    model = EchoModel()
+    model.generation_config = GenerationConfig()
+    assert translate(model, tokenizer, sentences, max_tokens=4096) == [s.strip() for s in sentences]
+    assert len(model.calls) == 1, "every sentence in one batch of a 4096 budget"
+
+
 class SideBySideEchoModel(EchoModel):
     """An `EchoModel` whose calls wait for one another: it records how many run at once, on how many of torch's
     threads, and fails at call `fail_at`."""
