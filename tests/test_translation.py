@@ -435,6 +435,36 @@ def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch
     assert model.training and torch.get_num_threads() == 2, "the model's mode and torch's threads given back"
 
 
+def test_workers_stopped_early_never_decode_the_batches_read_but_not_begun(two_torch_threads, monkeypatch):
+    """A reader that stops (an error on a batch's result, a closed generator) stops the workers: the batches read
+    ahead that no worker has begun are dropped, not decoded while the error waits for the pool."""
+    release, held, begun = threading.Event(), threading.Semaphore(0), []
+
+    class HeldEchoModel(EchoModel):
+        def generate(self, input_ids, attention_mask, **kwargs):
+            begun.append(input_ids.item())
+            if input_ids.item() > 0:  # both workers busy until the pool is shut down
+                held.release()
+                assert release.wait(10)
+            return super().generate(input_ids, attention_mask, **kwargs)
+
+    class ReleasingPool(translation.ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait=False, cancel_futures=cancel_futures)  # what is cancelled is cancelled now
+            release.set()
+            super().shutdown(wait=wait)
+
+    monkeypatch.setattr(translation, "ThreadPoolExecutor", ReleasingPool)
+    batches = (
+        {"input_ids": torch.tensor([[i]]), "attention_mask": torch.ones(1, 1, dtype=torch.long)} for i in range(10)
+    )
+    generated = generate_batches(HeldEchoModel().eval(), batches, workers=2)
+    assert next(generated).tolist() == [[0]]  # 4 read ahead: 0 done, 1 and 2 begun, 3 waiting for a worker
+    assert held.acquire(timeout=10) and held.acquire(timeout=10)
+    generated.close()
+    assert sorted(begun) == [0, 1, 2], "batch 3, read but not begun, is never decoded"
+
+
 @pytest.mark.parametrize("setting", [{"num_return_sequences": 2}, {"return_dict_in_generate": True}])
 def test_settings_that_would_not_give_one_translation_per_line_are_refused_before_any_work(
     tokenizer, tmp_path, setting
