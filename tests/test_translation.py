@@ -535,6 +535,16 @@ def test_a_checkpoint_loads_with_the_attention_asked_for(tiny_checkpoint):
     assert not eager.training and eager.device.type == "cpu"
 
 
+def test_a_checkpoint_loads_onto_the_device_asked_for(tiny_checkpoint, monkeypatch):
+    """A device given is used; none given, CUDA where there is one, else the CPU."""
+    directory = str(tiny_checkpoint[0])
+    model, _ = load_model_and_tokenizer(directory, device="meta")  # meta: a device other than the default, anywhere
+    assert model.device.type == "meta"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model, _ = load_model_and_tokenizer(directory)
+    assert model.device.type == "cpu"
+
+
 def test_truncated_weights_are_named_before_loading(tmp_path):
     save_tiny_checkpoint(tmp_path)
     weights = tmp_path / "model.safetensors"
