@@ -854,6 +854,8 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sizes == [3, 3]
     assert destination.read_text() == "an earlier translation\n", "replaced only when complete"
     assert partial_translation_path(destination).read_text().split("\n")[:-1] == expected[:6]
+    record = json.loads((tmp_path / f".{destination.name}.partial.json").read_text())
+    assert (record["source"], record["lines"]) == (str(source), 6), "the record says what it is a translation of"
 
     sizes = counting_translate(monkeypatch)
     resumed = translate_file(model, tokenizer, source, destination, chunk_lines=3, workers=workers, **SETTINGS)
