@@ -865,6 +865,34 @@ def test_a_killed_translation_resumes_after_its_last_chunk(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
 
 
+def test_a_translation_killed_after_a_chunk_of_one_line_resumes(file_to_translate, tokenizer, tmp_path, monkeypatch):
+    """The fewest a record can count: one line, in as many bytes as its translation and "\n" take."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    counting_translate(monkeypatch, interrupt_at=1)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=1, **SETTINGS)
+    sizes = counting_translate(monkeypatch)
+    assert translate_file(model, tokenizer, source, destination, chunk_lines=1, **SETTINGS) == len(lines)
+    assert sum(sizes) == len(lines) - 1, "the line done is not translated again"
+    assert destination.read_text().split("\n")[:-1] == expected
+
+
+def test_a_rerun_giving_the_same_generate_keywords_in_another_order_resumes(tokenizer, tmp_path, monkeypatch):
+    """The decoding is known by its settings, not by the order a caller passes them in (`**vars(args)`)."""
+    monkeypatch.setattr(translation, "model_fingerprint", lambda model: "an echo")  # an echo holds no weights
+    lines = [en for en, _ in synthetic_pairs(6, seed=2)]
+    source, destination = tmp_path / "news.en", tmp_path / "news.de"
+    source.write_text("".join(line + "\n" for line in lines))
+    counting_translate(monkeypatch, interrupt_at=1)
+    with pytest.raises(Interrupt):  # two generate() keywords that are not fields of the generation config
+        translate_file(EchoModel(), tokenizer, source, destination, chunk_lines=2, synced_gpus=False, streamer=None)
+    sizes = counting_translate(monkeypatch)
+    translate_file(EchoModel(), tokenizer, source, destination, chunk_lines=2, streamer=None, synced_gpus=False)
+    assert sizes == [2, 2], "resumed after the chunk done"
+    assert destination.read_text() == "".join(line.strip() + "\n" for line in lines)
+
+
 def test_a_translation_started_over_for_another_text_resumes_after_a_second_kill(
     file_to_translate, tokenizer, tmp_path, monkeypatch
 ):
