@@ -715,6 +715,28 @@ def test_weights_cut_short_in_the_hub_cache_are_named_in_one_line(hub_here, tiny
     )
 
 
+def test_weights_cut_short_at_the_revision_asked_for_are_named_though_mains_are_whole(
+    hub_here, tiny_checkpoint, tmp_path
+):
+    """The cache is checked at the commit loaded, not at main's: an older revision cut short is named too."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    endpoint, _ = hub_here
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo("tester/older")
+    first = api.upload_folder(folder_path=tiny_checkpoint[0], repo_id="tester/older").oid
+    tiny_translator(len(tiny_checkpoint[2]), seed=1).save_pretrained(tmp_path / "retrained")
+    api.upload_folder(folder_path=tmp_path / "retrained", repo_id="tester/older")  # main: other weights
+    snapshot_download("tester/older")  # main's, whole
+    weights = Path(snapshot_download("tester/older", revision=first)) / "model.safetensors"
+    content = weights.resolve().read_bytes()
+    weights.resolve().chmod(0o644)
+    weights.resolve().write_bytes(content[: len(content) // 2])
+    with pytest.raises(ValueError, match=r"^The Hub cache holds 'tester/older' with incomplete weights in ") as error:
+        load_model_and_tokenizer("tester/older", revision=first, device="cpu")
+    assert f"in {weights.parent}: model.safetensors is truncated" in str(error.value)
+
+
 def test_a_hub_model_pushed_without_its_tokenizer_is_named(hub_here, tmp_path):
     """transformers would fall back to the tokenizer class registered for the model type, whose error is about
     its languages."""
