@@ -692,24 +692,14 @@ class RunsWhenUnpickled:
         return os.mkdir, (str(self.path),)
 
 
-def test_a_checkpoints_optimizer_state_is_read_as_tensors_only_never_run(tmp_path):
-    """optimizer.pt is a pickle, read before the Trainer's own loading to compare its settings: read with
-    weights_only, one holding code (a checkpoint from elsewhere) is refused before the code runs."""
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
+def test_a_checkpoints_optimizer_and_scheduler_states_are_read_as_tensors_only_never_run(tmp_path, name):
+    """optimizer.pt and scheduler.pt are pickles, read before the Trainer's own loading to compare their settings
+    (Adam's, the learning rate and warmup): read with weights_only, one holding code (a checkpoint from elsewhere)
+    is refused before the code runs."""
     resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
-    optimizer, ran = tmp_path / "checkpoint-3" / "optimizer.pt", tmp_path / "ran"
-    torch.save({**torch.load(optimizer, weights_only=True), "extra": RunsWhenUnpickled(ran)}, optimizer)
-    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    assert not ran.exists()
-
-
-def test_a_checkpoints_scheduler_state_is_read_as_tensors_only_never_run(tmp_path):
-    """scheduler.pt is a pickle too, read before the Trainer's own loading to compare the learning rate and warmup:
-    read with weights_only, one holding code is refused before the code runs."""
-    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
-    scheduler, ran = tmp_path / "checkpoint-3" / "scheduler.pt", tmp_path / "ran"
-    torch.save({**torch.load(scheduler, weights_only=True), "extra": RunsWhenUnpickled(ran)}, scheduler)
+    state, ran = tmp_path / "checkpoint-3" / name, tmp_path / "ran"
+    torch.save({**torch.load(state, weights_only=True), "extra": RunsWhenUnpickled(ran)}, state)
     resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
