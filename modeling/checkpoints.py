@@ -370,8 +370,11 @@ def saved_vocabulary_fingerprint(directory: str | os.PathLike) -> str | None:
     directory = Path(directory)
     path = directory / "tokenizer.json"
     if path.is_file():
-        state = json.loads(path.read_text(encoding="utf-8"))
-        vocab = state.get("model", {}).get("vocab") or {}
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as error:  # a copy cut short: averaging named no file
+            raise ValueError(f"{path} is not UTF-8 JSON ({error})") from None
+        vocab = (state.get("model") or {}).get("vocab") or {}
         if isinstance(vocab, list):  # Unigram: [piece, score] pairs, the id being the position
             vocab = {piece: index for index, (piece, _) in enumerate(vocab)}
         vocab = {**vocab, **{token["content"]: token["id"] for token in state.get("added_tokens", [])}}

@@ -3,6 +3,7 @@ identifies a run."""
 
 import json
 import logging
+import re
 
 import pytest
 import tokenizers
@@ -138,12 +139,20 @@ def test_a_saved_tokenizer_has_the_fingerprint_of_the_loaded_one(make_tokenizer,
 
 
 def test_a_tokenizer_json_whose_model_lists_no_vocabulary_fingerprints_its_added_tokens(tmp_path):
-    """Another tool's tokenizer.json, or one edited by hand, whose model has no `vocab` (or a null one): a
-    fingerprint of what it holds, not a TypeError that stops the run recording its identity."""
+    """Another tool's tokenizer.json, or one edited by hand, whose model has no `vocab` (or a null one, or is null):
+    a fingerprint of what it holds, not a TypeError that stops the run recording its identity."""
     added = [{"content": "<pad>", "id": 0}]
-    for model in [{"type": "WordLevel"}, {"type": "WordLevel", "vocab": None}]:
+    for model in [{"type": "WordLevel"}, {"type": "WordLevel", "vocab": None}, None]:
         (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": added}))
         assert saved_vocabulary_fingerprint(tmp_path) == vocabulary_fingerprint({"<pad>": 0})
+
+
+def test_a_tokenizer_json_cut_short_is_named(tmp_path):
+    """A checkpoint copied in part: comparing checkpoints' tokenizers (averaging) named no file."""
+    (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a"', encoding="utf-8")
+    expected = f"^{re.escape(str(tmp_path / 'tokenizer.json'))} is not UTF-8 JSON \\(Expecting"
+    with pytest.raises(ValueError, match=expected):
+        saved_vocabulary_fingerprint(tmp_path)
 
 
 def test_a_config_field_only_one_side_has_is_no_difference():
