@@ -370,10 +370,7 @@ def saved_vocabulary_fingerprint(directory: str | os.PathLike) -> str | None:
     directory = Path(directory)
     path = directory / "tokenizer.json"
     if path.is_file():
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as error:  # a copy cut short: averaging named no file
-            raise ValueError(f"{path} is not UTF-8 JSON ({error})") from None
+        state = _parsed_json(path)  # a copy cut short: averaging named no file
         vocab = (state.get("model") or {}).get("vocab") or {}
         if isinstance(vocab, list):  # Unigram: [piece, score] pairs, the id being the position
             vocab = {piece: index for index, (piece, _) in enumerate(vocab)}
@@ -405,6 +402,11 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(directory) / RUN_IDENTITY_FILE
     if not path.is_file():
         return None
+    return _parsed_json(path)
+
+
+def _parsed_json(path: Path) -> Any:
+    """The JSON `path` holds; one that does not parse (cut short, not UTF-8) as one line naming it."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
