@@ -891,9 +891,7 @@ def test_a_translation_killed_after_a_chunk_of_one_line_resumes(file_to_translat
     """The fewest a record can count: one line, in as many bytes as its translation and "\n" take."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
-    counting_translate(monkeypatch, interrupt_at=1)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=1, **SETTINGS)
+    killed_translation(file_to_translate, tokenizer, destination, monkeypatch, chunk_lines=1, chunks=1)
     sizes = counting_translate(monkeypatch)
     assert translate_file(model, tokenizer, source, destination, chunk_lines=1, **SETTINGS) == len(lines)
     assert sum(sizes) == len(lines) - 1, "the line done is not translated again"
@@ -955,12 +953,14 @@ def test_each_chunk_is_in_the_file_before_the_record_vouches_for_it(
     assert len(sizes) == 4 and all(in_the_file == recorded for in_the_file, recorded in sizes)
 
 
-def killed_translation(file_to_translate, tokenizer, destination, monkeypatch) -> Path:
-    """The partial translation a `translate_file` into `destination` killed after its second chunk leaves."""
+def killed_translation(
+    file_to_translate, tokenizer, destination, monkeypatch, *, chunk_lines: int = 3, chunks: int = 2
+) -> Path:
+    """The partial translation a `translate_file` into `destination` killed after `chunks` chunks leaves."""
     source, _, model, _ = file_to_translate
-    counting_translate(monkeypatch, interrupt_at=2)
+    counting_translate(monkeypatch, interrupt_at=chunks)
     with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+        translate_file(model, tokenizer, source, destination, chunk_lines=chunk_lines, **SETTINGS)
     return partial_translation_path(destination)
 
 
@@ -1036,9 +1036,7 @@ def test_a_pipe_is_read_once_from_its_start_and_resumed_if_it_carries_the_same_t
     A killed piped translation was started over, all it had written lost."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):  # a record of the first 6 lines
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    killed_translation(file_to_translate, tokenizer, destination, monkeypatch)  # a record of the first 6 lines
     piped = lines if same_text else [f"{line} again" for line in lines]
     given = []
     sizes = counting_translate(monkeypatch, given=given)
@@ -1066,10 +1064,8 @@ def test_a_chunk_written_after_the_last_record_is_written_again(file_to_translat
     """Killed between appending a chunk and recording it: the partial file holds more than its record says."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
-    with open(partial_translation_path(destination), "a", encoding="utf-8") as handle:
+    partial = killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
+    with open(partial, "a", encoding="utf-8") as handle:
         # written by the earlier rule, which kept line breaks: cut off unread, it cannot make the rest start over
         handle.write("a\n" + "line\rbreak " * 10 + "\n")
         handle.write("a chunk the record does not know, longer than what is left to translate " * 100 + "\n")
@@ -1110,9 +1106,7 @@ def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp
     """A requeued job that sees its data elsewhere (another mount, a copy, gzipped): the lines decide, not the path."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
-    counting_translate(monkeypatch, interrupt_at=2)
-    with pytest.raises(Interrupt):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    killed_translation(file_to_translate, tokenizer, destination, monkeypatch)
     elsewhere = tmp_path / "mounted elsewhere" / "news.en.gz"
     elsewhere.parent.mkdir()
     with gzip.open(elsewhere, "wt", encoding="utf-8") as handle:
