@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import file_sha256, require_directory, write_json
+from .files import file_sha256, read_json, require_directory, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ def saved_vocabulary_fingerprint(directory: str | os.PathLike) -> str | None:
     directory = Path(directory)
     path = directory / "tokenizer.json"
     if path.is_file():
-        state = _parsed_json(path)  # a copy cut short: averaging named no file
+        state = read_json(path)  # a copy cut short: averaging named no file
         vocab = (state.get("model") or {}).get("vocab") or {}
         if isinstance(vocab, list):  # Unigram: [piece, score] pairs, the id being the position
             vocab = {piece: index for index, (piece, _) in enumerate(vocab)}
@@ -402,15 +402,7 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(directory) / RUN_IDENTITY_FILE
     if not path.is_file():
         return None
-    return _parsed_json(path)
-
-
-def _parsed_json(path: Path) -> Any:
-    """The JSON `path` holds; one that does not parse (cut short, not UTF-8) as one line naming it."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise ValueError(f"{path} does not parse: {error}") from error
+    return read_json(path)
 
 
 # Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`, `model_weights`,

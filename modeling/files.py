@@ -288,6 +288,14 @@ def write_json(path: str | Path, data: dict[str, Any], **dumps: Any) -> Path:
     return write_text(path, json.dumps(data, **settings) + "\n")
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON `path` holds; one that does not parse (cut short, not UTF-8) as a ValueError naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError or UnicodeDecodeError
+        raise ValueError(f"{path} does not parse ({error})") from error
+
+
 def require_directory(path: str | os.PathLike, role: str) -> Path:
     """`path`, a directory, as a Path; else one line naming it by its `role` ("Checkpoint directory") and what is
     there instead: a file (a weight or corpus file given for the directory that holds it), or nothing."""

@@ -35,9 +35,9 @@ from .checkpoints import (
     safetensors_problem,
 )
 from .export.common import refuse_an_export
-from .files import require_directory, sole_writer
+from .files import read_json, require_directory, sole_writer
 from .hub_client import hub_call
-from .model_card import EVAL_RESULTS_GLOB, read_json, write_model_card
+from .model_card import EVAL_RESULTS_GLOB, write_model_card
 from .tokenization import missing_tokenizer_files
 
 logger = logging.getLogger(__name__)
@@ -122,9 +122,9 @@ def _missing_shards(model_dir: Path) -> list[str]:
     try:
         shards = index_shards(index)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:  # cut short, or not a text file
-        raise ValueError(f"{index} is not UTF-8 JSON ({error}): refusing to push it.") from None
-    except ValueError:  # parses, but maps no tensors to file names
-        raise ValueError(f"{index} has no weight_map of tensor names to shard files: refusing to push it.") from None
+        raise ValueError(f"{index} does not parse ({error}): refusing to push it.") from None
+    except ValueError as error:  # parses, but maps no tensors to file names
+        raise ValueError(f"{error}: refusing to push it.") from None
     return [f"{name} (named by {index.name})" for name in shards if not (model_dir / name).is_file()]
 
 
@@ -197,9 +197,9 @@ def verify_model_files(model_dir: str | Path) -> None:
             raise ValueError(f"{model_dir}: {problem}: refusing to push it. Save the model again.")
     for path in sorted(model_dir.glob("*.json")):
         try:
-            json.loads(path.read_text(encoding="utf-8"))
+            read_json(path)
         except ValueError as error:
-            raise ValueError(f"{path} does not parse ({error}): refusing to push it.") from None
+            raise ValueError(f"{error}: refusing to push it.") from None
 
 
 def _check_token_not_in_files(model_dir: Path, token: str) -> None:

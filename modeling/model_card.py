@@ -19,7 +19,6 @@ the model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the c
 """
 
 import dataclasses
-import json
 import math
 import shutil
 from collections.abc import Iterable, Sequence
@@ -49,7 +48,7 @@ from .checkpoints import (
     weights_record,
 )
 from .evaluation import DECODING_SETTINGS
-from .files import atomic_path, remove_tree, require_directory, write_text
+from .files import atomic_path, read_json, remove_tree, require_directory, write_text
 from .generation_transformer import set_paper_decoding, unset_decoding_defaults
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -130,13 +129,6 @@ _EXAMPLE_SENTENCES = {
 
 
 # --- reading what earlier steps wrote -------------------------------------------------------------------------
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
 
 
 def collect_card_inputs(directories: Iterable[str | Path], model_dir: str | Path | None = None) -> dict[str, Any]:

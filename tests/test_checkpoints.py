@@ -150,7 +150,7 @@ def test_a_tokenizer_json_whose_model_lists_no_vocabulary_fingerprints_its_added
 def test_a_tokenizer_json_cut_short_is_named(tmp_path):
     """A checkpoint copied in part: comparing checkpoints' tokenizers (averaging) named no file."""
     (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a"', encoding="utf-8")
-    expected = f"^{re.escape(str(tmp_path / 'tokenizer.json'))} does not parse: Expecting"
+    expected = f"^{re.escape(str(tmp_path / 'tokenizer.json'))} does not parse \\(Expecting"
     with pytest.raises(ValueError, match=expected):
         saved_vocabulary_fingerprint(tmp_path)
 

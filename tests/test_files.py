@@ -34,6 +34,7 @@ from modeling.files import (
     file_sha256,
     file_states,
     iter_lines,
+    read_json,
     reads_once,
     replace_files,
     replacing_directory,
@@ -49,6 +50,21 @@ from modeling.files import (
 
 def leftovers(directory) -> list[str]:
     return sorted(path.name for path in directory.iterdir() if path.name.startswith("."))
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(b'{"bleu": 27.', "Expecting"), (b'{"bleu": "\xff"}', "'utf-8' codec can't decode byte 0xff")],
+    ids=["cut short", "not UTF-8"],
+)
+def test_json_that_does_not_parse_is_one_line_naming_the_file(tmp_path, content, reason):
+    path = tmp_path / "record.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as caught:
+        read_json(path)
+    assert str(caught.value).startswith(f"{path} does not parse ({reason}")
+    assert "\n" not in str(caught.value)
+    assert read_json(write_json(path, {"bleu": 27.3})) == {"bleu": 27.3}
 
 
 def test_write_replaces_whole_files_with_the_umasks_permissions(tmp_path):

@@ -562,7 +562,7 @@ def test_an_evaluation_json_without_a_score_shows_it_as_not_measured(tmp_path, e
 
 def test_an_evaluation_json_cut_short_is_refused_naming_it(tmp_path, eval_result):
     (tmp_path / "eval_results_test.json").write_text(json.dumps(eval_result)[:-10])
-    with pytest.raises(ValueError, match=r"eval_results_test\.json is not valid JSON: "):
+    with pytest.raises(ValueError, match=r"eval_results_test\.json does not parse \("):
         collect_card_inputs([tmp_path])
 
 
