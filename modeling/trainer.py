@@ -85,6 +85,7 @@ from .checkpoints import (
 )
 from .files import (
     publish_tree,
+    read_json,
     remove_tree,
     replace_files,
     swap_directory,
@@ -830,7 +831,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         write_json(output_dir / f"{split}_results.json", metrics, indent=4, sort_keys=True)
         if combined:
             path = output_dir / "all_results.json"
-            combined_metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            combined_metrics = read_json(path) if path.is_file() else {}
             write_json(path, {**combined_metrics, **metrics}, indent=4, sort_keys=True)
 
     def save_final_model(self) -> Path:

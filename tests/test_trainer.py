@@ -1919,6 +1919,9 @@ def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_pat
     assert json.loads((tmp_path / "train_results.json").read_text()) == {"train_loss": 2.5}
     assert json.loads((tmp_path / "test_results.json").read_text()) == {"test_bleu": 1.0}
     assert json.loads((tmp_path / "all_results.json").read_text()) == {"train_loss": 2.5, "eval_loss": 3.0}
+    (tmp_path / "all_results.json").write_text('{"train_loss": 2.')  # edited by hand, cut short
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'all_results.json'))} does not parse"):
+        trainer.save_metrics("eval", {"eval_loss": 3.0})
 
 
 def test_resuming_a_run_of_the_trainers_own_schedule_with_the_papers_takes_the_papers(tmp_path):
