@@ -247,10 +247,15 @@ def check_sharding(args: TranslationTrainingArguments, num_processes: int) -> No
     """Token-budget batches go whole to the processes, the same number to each: accelerate must not split them. Its
     split_batches fails on one process too, naming no setting: it divides a batch size, which these batches lack."""
     config = args.accelerator_config
-    if config.split_batches or (num_processes > 1 and (config.dispatch_batches or not config.even_batches)):
+    refused = ["split_batches=True"] if config.split_batches else []
+    if num_processes > 1:  # one process: nothing is dispatched or left uneven
+        refused += ["dispatch_batches=True"] if config.dispatch_batches else []
+        refused += [] if config.even_batches else ["even_batches=False"]
+    if refused:
         raise ValueError(
-            "Token-budget batches are sharded whole, the same number to every process: keep accelerate's "
-            "split_batches=False, dispatch_batches=False and even_batches=True."
+            f"accelerator_config {', '.join(refused)}: token-budget batches are sharded whole (accelerate cannot "
+            "split them), the same number to every process; keep split_batches=False, dispatch_batches=False and "
+            "even_batches=True."
         )
 
 

@@ -1834,7 +1834,8 @@ def test_accelerate_settings_that_would_split_or_drop_token_budget_batches_are_r
     check_sharding(training_args(tmp_path), 2)
     args = training_args(tmp_path, accelerator_config=setting)
     check_sharding(args, 1)  # one process: nothing is shared out
-    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, the same number to every"):
+    refused = "dispatch_batches=True" if "dispatch_batches" in setting else "even_batches=False"
+    with pytest.raises(ValueError, match=rf"^accelerator_config {refused}: token-budget batches are sharded whole"):
         check_sharding(args, 2)
 
 
@@ -1843,12 +1844,12 @@ def test_accelerates_split_batches_is_refused_in_one_line_on_one_process_too(tmp
     """accelerate divides a batch size, which token-budget batches lack: on one process it failed in the loader with
     its own message ("you must have a `batch_size` attribute ..."), naming no setting to change."""
     args = training_args(tmp_path, accelerator_config={"split_batches": True})
-    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, .* split_batches=False"):
+    with pytest.raises(ValueError, match=r"^accelerator_config split_batches=True: .* keep split_batches=False"):
         check_sharding(args, 1)
     tokenizer = word_tokenizer()
     dataset = equal_length_halves(len(tokenizer))
     trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)))
-    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole"):
+    with pytest.raises(ValueError, match=r"^accelerator_config split_batches=True: token-budget batches"):
         trainer.get_train_dataloader() if loader == "train" else trainer.get_eval_dataloader(dataset)
 
 
@@ -1864,7 +1865,7 @@ def test_the_trainers_loaders_refuse_accelerate_settings_that_shard_batches_unev
     make_loader = trainer.get_train_dataloader if loader == "train" else lambda: trainer.get_eval_dataloader(dataset)
     make_loader()  # one process: nothing is shared out
     monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
-    with pytest.raises(ValueError, match=r"^Token-budget batches are sharded whole, the same number to every"):
+    with pytest.raises(ValueError, match=r"^accelerator_config even_batches=False: token-budget batches are sharded"):
         make_loader()
 
 
