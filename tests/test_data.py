@@ -650,6 +650,9 @@ def test_a_hub_dataset_read_whole_is_read_at_the_revision_asked_for(hub_here, tm
         revision=first,
     )
     assert pairs(ds["train"]) == synthetic_pairs(4) and pairs(ds["test"]) == synthetic_pairs(2, seed=1)
+    # Written in the cache asked for, not in the user's datasets cache
+    assert ds["train"].cache_files
+    assert all(Path(file["filename"]).is_relative_to(tmp_path / "datasets") for file in ds["train"].cache_files)
 
 
 def test_a_hub_dataset_that_neither_cache_holds_offline_raises_datasets_error(hub_here, tmp_path, monkeypatch):
@@ -755,6 +758,32 @@ def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_thi
     assert pinned_dataset_commit("tester/corpus", "fr-en", cache_dir=str(root)) is None  # nothing cached, no revision
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root))  # no cache_dir: datasets' own
     assert pinned_dataset_commit("tester/corpus", "de-en") == ours
+
+
+def test_offline_the_pinned_commit_is_the_one_of_the_latest_copy_written_not_the_last_by_name(tmp_path, monkeypatch):
+    """Copies are taken oldest written first, so a commit's time is that of its latest copy: taken in the order of
+    their directories' names, a commit read again today would count as old as its first copy, and an older one win."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    root = tmp_path / "datasets"
+    again, between = "a" * 40, "b" * 40
+    info = {"config_name": "de-en", "splits": {"test": {}}}
+    write_cached_copy(root, "de-en-ffffffffffffffff", again, info, 1_000)  # last by name, first written
+    write_cached_copy(root, "de-en-5555555555555555", between, info, 2_000)
+    write_cached_copy(root, "de-en-0000000000000000", again, info, 3_000)  # first by name, read again last
+    assert pinned_dataset_commit("tester/corpus", "de-en", cache_dir=str(root)) == again
+
+
+def test_the_pinned_commit_is_the_revision_as_given_where_nothing_says_which_commit_it_is(tmp_path, monkeypatch):
+    """Offline with neither cache knowing it, a tag or branch asked for is what a run records (and loads with), not
+    None, nor the commit of a copy of main."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    root = tmp_path / "datasets"
+    write_cached_copy(root, "de-en", "a" * 40, {"config_name": "de-en", "splits": {"test": {}}}, 1_000)
+    assert pinned_dataset_commit("tester/corpus", "de-en", revision="v1", cache_dir=str(root)) == "v1"
+    assert pinned_dataset_commit("tester/corpus", "fr-en", revision="v1", cache_dir=str(root)) == "v1"
+    assert pinned_dataset_commit(str(tmp_path), "de-en", revision="v1", cache_dir=str(root)) is None  # a folder
 
 
 def test_a_hub_dataset_read_split_by_split_keeps_its_configurations_options(tmp_path):
