@@ -835,6 +835,8 @@ def test_an_empty_split_is_refused_naming_where_it_comes_from(tmp_path):
     write_lines(tmp_path / "val.en", [])
     write_lines(tmp_path / "val.de", [])
     empty = load(tmp_path)["val"]
+    wmt_schema = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    assert empty.features == wmt_schema  # as every split's, empty or not: no column typed null
     where = split_source("validation", source_lang="en", target_lang="de", data_dir=tmp_path)
     assert where == f"{tmp_path / 'val.en'} + {tmp_path / 'val.de'}"
     with pytest.raises(ValueError, match=rf"^split 'val' is empty: {re.escape(where)} hold\(s\) no sentence pairs$"):
@@ -1095,6 +1097,18 @@ def test_the_tightest_cleaning_limits_keep_pairs_of_one_word_each():
     counts = clean_parallel_dataset(corpus, "en", "de", max_length=1, max_ratio=1)[1]["train"]
     assert counts == {"total": 3, "empty": 0, "too_long": 2, "ratio": 0, "kept": 1}
     assert clean_parallel_dataset(corpus, "en", "de", max_length=None, max_ratio=1)[1]["train"]["ratio"] == 1
+
+
+def test_cleaning_caches_the_rejection_codes_alone_not_a_second_copy_of_the_corpus(tmp_path):
+    """The cleaning's cache file holds one small column per pair: with the text beside it, WMT's 4.5M pairs would be
+    written to the cache a second time."""
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", DE)
+    ds = load(tmp_path)
+    before = set((tmp_path / ".cache").rglob("*.arrow"))
+    clean_parallel_dataset(ds, "en", "de")
+    written = set((tmp_path / ".cache").rglob("*.arrow")) - before
+    assert written and [datasets.Dataset.from_file(str(path)).column_names for path in written] == [["reject"]]
 
 
 def test_cleaning_an_empty_split_leaves_it_empty_for_its_user_to_refuse():
