@@ -633,7 +633,7 @@ def test_a_hub_dataset_hf_download_put_in_the_hub_cache_loads_where_the_hub_cann
         read("validation")  # the dataset has none, and the datasets cache holds no copy of it
 
 
-def test_a_hub_dataset_read_whole_is_read_at_the_revision_asked_for(hub_here, tmp_path):
+def test_a_hub_dataset_read_whole_or_split_by_split_is_read_at_the_revision_asked_for(hub_here, tmp_path):
     """Every split, at the commit asked for (the one a run recorded), not the latest."""
     first = push_translation_dataset(
         hub_here[0], "tester/revised", {"train": synthetic_pairs(4), "test": synthetic_pairs(2, seed=1)}
@@ -653,6 +653,17 @@ def test_a_hub_dataset_read_whole_is_read_at_the_revision_asked_for(hub_here, tm
     # Written in the cache asked for, not in the user's datasets cache
     assert ds["train"].cache_files
     assert all(Path(file["filename"]).is_relative_to(tmp_path / "datasets") for file in ds["train"].cache_files)
+    # Split by split too: the configuration's files are those of that commit, not of main's latest
+    test = load_parallel_dataset(
+        source_lang="en",
+        target_lang="de",
+        dataset="tester/revised",
+        language_pair="de-en",
+        splits=["test"],
+        cache_dir=tmp_path / "split_by_split",
+        revision=first,
+    )
+    assert pairs(test["test"]) == synthetic_pairs(2, seed=1)
 
 
 def test_a_hub_dataset_that_neither_cache_holds_offline_raises_datasets_error(hub_here, tmp_path, monkeypatch):
