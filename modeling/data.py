@@ -208,7 +208,7 @@ def pinned_dataset_commit(
     if commit is None:  # the Hub cannot be asked: datasets falls back to its cache, and so does this
         commit = cached_commit(dataset, revision, repo_type="dataset")
     if commit is None and revision is None:
-        copies = _arrow_copies(dataset, language_pair, cache_dir)
+        _, copies = _arrow_copies(dataset, language_pair, cache_dir)
         commit = max(copies, key=lambda commit: copies[commit][1], default=None)
     return commit or revision
 
@@ -261,8 +261,7 @@ def _splits_the_caches_hold(
     """The splits at `commit`, for a Hub that cannot be asked (a compute node without internet): as an earlier load
     left them in the datasets cache, else from the dataset's files in the Hub cache (`hf download`). None where
     neither cache holds this configuration; a ValueError naming what they hold where they lack a split."""
-    config_name = language_pair or "default"
-    copies = _arrow_copies(dataset, language_pair, cache_dir)
+    config_name, copies = _arrow_copies(dataset, language_pair, cache_dir)
     held = copies.get(commit, ({}, 0.0))[0] if commit is not None else {}
     try:
         names = [resolve_split(held, split) for split in splits]
@@ -318,13 +317,14 @@ def _arrow_root(dataset: str, cache_dir: str | None) -> Path:
 
 def _arrow_copies(
     dataset: str, language_pair: str | None, cache_dir: str | None
-) -> dict[str, tuple[dict[str, Path], float]]:
-    """By commit, the splits of the configuration `language_pair` that the datasets cache holds of the Hub dataset
-    `dataset` (each split's latest copy: its directory), and when the latest of them was written."""
-    config_name = language_pair or "default"
-    pattern = f"{glob.escape(config_name)}*/*/*/dataset_info.json"
+) -> tuple[str, dict[str, tuple[dict[str, Path], float]]]:
+    """The configuration `language_pair` names, and by commit the splits of it that the datasets cache holds of the
+    Hub dataset `dataset` (each split's latest copy: its directory) and when the latest of them was written. With no
+    `language_pair`, the configuration datasets takes: "default", else the only one cached (a dataset of one named
+    configuration, which datasets reads online without its name)."""
+    pattern = f"{glob.escape(language_pair or '')}*/*/*/dataset_info.json"
     written = {info_file: info_file.stat().st_mtime for info_file in _arrow_root(dataset, cache_dir).glob(pattern)}
-    copies: dict[str, tuple[dict[str, Path], float]] = {}
+    by_configuration: dict[str, dict[str, tuple[dict[str, Path], float]]] = {}
     for info_file in sorted(written, key=written.get):  # oldest first: a later copy of a split replaces it
         commit = info_file.parent.name
         if commit.endswith(".incomplete"):  # a read killed before datasets renamed it
@@ -334,11 +334,15 @@ def _arrow_copies(
         except (OSError, ValueError) as error:  # cut short (a disk lost with it), or not datasets'
             logger.warning("Not reading the cached copy %s: %s", info_file.parent, error)
             continue
-        if not isinstance(info, dict) or info.get("config_name") != config_name:  # another configuration's
+        if not isinstance(info, dict) or not isinstance(info.get("config_name"), str):  # not datasets'
             continue
+        copies = by_configuration.setdefault(info["config_name"], {})
         held = copies.get(commit, ({}, 0.0))[0] | dict.fromkeys(info.get("splits") or {}, info_file.parent)
         copies[commit] = (held, written[info_file])
-    return copies
+    config_name = language_pair or "default"
+    if language_pair is None and len(by_configuration) == 1:
+        config_name = next(iter(by_configuration))
+    return config_name, by_configuration.get(config_name, {})
 
 
 def normalize_translation_dataset(

@@ -715,6 +715,28 @@ def test_a_hub_dataset_without_configurations_loads_from_the_datasets_cache_offl
     assert "tester/plain (default): split 'test' from the datasets cache" in caplog.text
 
 
+def test_offline_a_dataset_of_one_named_configuration_read_without_naming_it_loads_from_the_datasets_cache(
+    hub_here, tmp_path, monkeypatch, caplog
+):
+    """No language pair named, as online, where datasets takes a dataset's only configuration ("de-en" here): the
+    split read online is read from the datasets cache offline, as datasets' own cache takes the only configuration
+    it holds (it looked under "default" alone: datasets' "Couldn't find cache ... Available configs")."""
+    commit = push_translation_dataset(hub_here[0], "tester/unnamed", {"test": synthetic_pairs(3, seed=1)})
+
+    def read() -> list[tuple[str, str]]:
+        ds = load_parallel_dataset(
+            source_lang="en", target_lang="de", dataset="tester/unnamed", splits=["test"], cache_dir=tmp_path / "ds"
+        )
+        return pairs(ds["test"])
+
+    assert read() == synthetic_pairs(3, seed=1)
+    go_offline(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="modeling.data"):
+        assert read() == synthetic_pairs(3, seed=1)
+    assert "tester/unnamed (de-en): split 'test' from the datasets cache" in caplog.text
+    assert pinned_dataset_commit("tester/unnamed", cache_dir=str(tmp_path / "ds")) == commit
+
+
 def test_offline_a_dataset_read_whole_gives_the_splits_of_the_commit_asked_for(hub_here, tmp_path, monkeypatch):
     """Offline, datasets' own copies of a dataset read whole at two commits: the splits asked for are resolved among
     those of the commit asked for ("valid" at the first), not of the latest copy ("validation")."""
