@@ -147,7 +147,9 @@ def test_conversion_settings(converted_fairseq):
         2,
     )
     generation = model.generation_config
-    assert (generation.num_beams, generation.length_penalty, generation.max_length_b) == (4, 0.6, 200)
+    # fairseq-interactive's --beam 4 --lenpen 0.6 and its defaults --max-len-a 0 --max-len-b 200
+    assert (generation.num_beams, generation.length_penalty) == (4, 0.6)
+    assert (generation.max_length_a, generation.max_length_b) == (0, 200)
     assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()
     assert model.model.shared.weight[PAD].norm() > 0.1  # fairseq's padding row is trained, and kept
     assert convert.from_fairseq is from_fairseq and len(tokenizer) == config.vocab_size
