@@ -562,6 +562,12 @@ def test_an_output_directory_it_may_not_replace_is_refused_before_the_checkpoint
         )
 
 
+def test_a_missing_checkpoint_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "model.pt"
+    with pytest.raises(FileNotFoundError, match=f"^{_re(f'fairseq checkpoint {path} does not exist.')}$"):
+        load_fairseq_checkpoint(path)
+
+
 def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"^fairseq dictionary {re.escape(str(tmp_path / 'dict.txt'))} does"):
         read_fairseq_dictionary(tmp_path / "dict.txt")
