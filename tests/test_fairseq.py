@@ -783,6 +783,8 @@ def test_languages_and_lengths_kept_only_in_the_task_config_are_read(tmp_path):
     assert (model.config.max_position_embeddings, tokenizer.model_max_length) == (512, 256)
     with pytest.raises(FairseqConversionError, match="trained with target_lang='de', not 'fr'"):
         converting(checkpoint, tmp_path, target_lang="fr", data_bin=_french_data_bin(tmp_path))
+    with pytest.raises(FairseqConversionError, match="trained with source_lang='en', not 'fr'"):
+        converting(checkpoint, tmp_path, source_lang="fr", data_bin=_french_data_bin(tmp_path, other="de"))
 
 
 def test_a_checkpoint_without_the_length_fields_takes_fairseqs_defaults(tmp_path):
