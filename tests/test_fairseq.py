@@ -772,6 +772,10 @@ def test_a_dataclass_configs_nested_encoder_and_decoder_fields_are_read(converte
     nested["encoder"]["normalize_before"] = True
     with pytest.raises(FairseqConversionError, match=re.escape("encoder_normalize_before=True (pre-LayerNorm")):
         converting(checkpoint, tmp_path)
+    nested["encoder"]["normalize_before"] = False
+    nested["quant_noise"]["pq"] = 0.1  # `quant_noise.pq` is the flat `quant_noise_pq`
+    with pytest.raises(FairseqConversionError, match=re.escape("quant_noise_pq=0.1 (quantization noise)")):
+        converting(checkpoint, tmp_path)
 
 
 def test_languages_and_lengths_kept_only_in_the_task_config_are_read(tmp_path):
