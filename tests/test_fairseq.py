@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 import zipfile
 
 import numpy as np
@@ -518,6 +519,28 @@ def test_numpy_metrics_pickled_by_numpy_1_load_too(tmp_path):
     (tmp_path / "model.pt").write_bytes(numpy_1)
     loaded = load_fairseq_checkpoint(tmp_path / "model.pt")["extra_state"]
     assert loaded["counts"].tolist() == [1, 2] and loaded["score"] == 2.5
+
+
+def test_reading_numpy_metrics_touches_no_deprecated_numpy_module(tmp_path):
+    # numpy 2 deprecates numpy.core (to be removed): where numpy._core exists, its functions are the ones allowed
+    torch.save({"model": {"w": torch.zeros(2)}, "extra_state": {"score": np.float64(2.5)}}, tmp_path / "model.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert load_fairseq_checkpoint(tmp_path / "model.pt")["extra_state"]["score"] == 2.5
+
+
+def test_a_checkpoint_saved_from_the_gpu_converts_on_a_machine_without_one(tmp_path, monkeypatch):
+    """fairseq saves the tensors training held on the GPU: storages recorded on cuda:0 are read onto the CPU."""
+    buffer = io.BytesIO()
+    torch.save(fixture_checkpoint(), buffer, _use_new_zipfile_serialization=False)  # one pickle: locations editable
+    on_gpu = buffer.getvalue().replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+    assert on_gpu != buffer.getvalue()
+    (tmp_path / "model.pt").write_bytes(on_gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a machine with one
+    arguments = {"source_lang": "en", "target_lang": "de", "bpe_codes": FAIRSEQ_FIXTURES / "bpecodes"}
+    converted, _ = from_fairseq(tmp_path / "model.pt", FAIRSEQ_FIXTURES, **arguments)
+    expected = convert_fairseq_fixture(FAIRSEQ_MODELS[0])[0].state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in converted.state_dict().items())
 
 
 def test_no_scale_embedding_is_converted_as_unscaled_embeddings(tmp_path):
