@@ -550,7 +550,7 @@ def _bpe_codes_to_use(data_bin: Path, bpe_codes: str | Path | None, pretokenized
     )
 
 
-def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes, pretokenized: bool = False):
+def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes, pretokenized: bool):
     data_bin = Path(data_bin)
     if source_lang == target_lang:
         raise FairseqConversionError(f"source and target language are both {source_lang!r}.")
