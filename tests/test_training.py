@@ -599,8 +599,8 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
     before = sorted(path.name for path in run.iterdir())
     # The first run, still going (a job requeued while it runs): its lock, held through another open file, which
-    # flock treats as another process would be.
-    with open(run / TRAINING_LOCK_FILE, "a+") as first_run:
+    # flock treats as another process would be, at the path README names (a run of another version locks it too).
+    with open(run / ".training.lock", "a+") as first_run:
         fcntl.flock(first_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         first_run.truncate(0)  # as a run taking the lock does
         first_run.write("pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n")
@@ -1113,9 +1113,11 @@ def test_overwrite_output_dir_removes_the_earlier_runs_logs_and_leaves_what_is_n
     earlier_logs.mkdir(parents=True)
     (earlier_logs / "events.out.tfevents.1.host").write_bytes(b"")
     (run / "runs" / "notes").mkdir()
+    (run / "training_curves.png").write_bytes(b"\x89PNG")  # rendered with the earlier run's card: its curves
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, overwrite_output_dir=True))
     assert (run / "averaged" / "notes.txt").read_text() == "mine"
     assert not earlier_logs.exists() and (run / "runs" / "notes").is_dir()
+    assert not (run / "training_curves.png").exists()
 
 
 @pytest.mark.parametrize(("name", "value"), [("max_train_samples", 0), ("max_train_samples", -3), ("max_length", 1)])
@@ -1227,6 +1229,8 @@ def test_an_averaged_directory_that_cannot_be_replaced_is_refused_before_trainin
         with pytest.raises(FileExistsError, match=rf"^{run / 'averaged'} exists and is not an average of checkpoints"):
             train(ModelArguments(preset="tiny", **TINY), data, args)
         assert (run / "averaged" / "notes.txt").is_file() and (run / "run_identity.json").is_file()
+    # A run that averages nothing (1 checkpoint is no average) leaves it alone.
+    assert prepare_output_dir(tiny_run_args(run, average_last_checkpoints=1, resume_from_checkpoint="last")) is None
 
 
 def test_fine_tuning_offline_names_what_the_hub_cache_lacks_and_a_revision_needs_a_hub_repo(tmp_path, monkeypatch):
