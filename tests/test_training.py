@@ -260,6 +260,13 @@ def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
     assert "max_tokens_per_device_given" not in records
 
 
+def test_the_trainer_never_pushes_on_its_own_with_the_token_of_the_environment(tmp_path):
+    """--push_to_hub without --hub_token (the token from HF_TOKEN or `hf auth login`): the Trainer's copy does not
+    push either (its card has no translation task and drops BLEU); this run pushes at the end."""
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), push_to_hub=True, report_to="none", use_cpu=True)
+    assert (_without_hub_push(args).push_to_hub, args.push_to_hub) == (False, True)
+
+
 def test_the_records_keep_the_batch_size_given_where_tokens_per_update_made_batches_smaller(tmp_path):
     given = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     derived = dataclasses.replace(given, max_tokens_per_device=3323)
@@ -418,6 +425,21 @@ def test_with_load_best_model_at_end_the_average_is_of_the_newest_checkpoints_no
     # average_checkpoints.py --last 4 on this run would take the best in place of the deleted checkpoint-3.
     with pytest.raises(ValueError, match="checkpoint-1 is not one of the last 4 saves"):
         last_checkpoints(run, 4)
+
+
+def test_the_average_leaves_out_a_checkpoint_of_another_run(tmp_path, datasets_cache):
+    """A checkpoint among the last whose run identity is another run's is not averaged into this run's model."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4))
+    path = run / "checkpoint-2" / "run_identity.json"
+    assert '"seed": 0,' in path.read_text()
+    path.write_text(path.read_text().replace('"seed": 0,', '"seed": 1,'))  # another run's, of the same size
+    args = tiny_run_args(run, max_steps=4, average_last_checkpoints=2, resume_from_checkpoint="last")
+    train(ModelArguments(preset="tiny", **TINY), data, args)  # training done: the final save and the average
+    averaged = json.loads((run / "averaged" / AVERAGING_RECORD_NAME).read_text())["checkpoints"]
+    assert [Path(path).name for path in averaged] == ["checkpoint-4"]
 
 
 def test_the_preemption_record_says_when_in_iso_8601_with_its_utc_offset(tmp_path):
@@ -700,6 +722,30 @@ def test_another_users_training_lock_in_a_sticky_directory_is_held_read_only(tmp
             with open(lock) as third, pytest.raises(BlockingIOError):
                 fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert f"Locking {lock} read-only: another user's, in a sticky directory" in caplog.text
+
+
+def test_a_lock_file_removed_between_its_opening_and_its_locking_is_not_taken_for_the_lock(tmp_path, monkeypatch):
+    """Another user's lock file, removed by a third run taking its place while this one opened it: a lock on the
+    removed file guards nothing (the next run creates and locks a file of its own at the path), so the one at the
+    path is opened and locked instead."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+    opened = []
+    open_lock_file = training.open_lock_file
+
+    def removed_once_opened(path, mode="a"):
+        handle = open_lock_file(path, mode)
+        if not opened:
+            path.unlink()  # the third run, meanwhile
+        opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(training, "open_lock_file", removed_once_opened)
+    with training.training_lock(tiny_run_args(run)):
+        assert len(opened) == 2 and lock.read_text().startswith(f"pid {os.getpid()} on ")
+        with open(lock) as another_run, pytest.raises(BlockingIOError):
+            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
@@ -1064,6 +1110,19 @@ def test_a_tokenizer_that_pads_on_the_left_trains_as_one_that_pads_on_the_right(
         state = json.loads((Path(train(model_args, data, args)) / "trainer_state.json").read_text())
         curves.append(list(losses(state["log_history"]).values()))
     assert curves[0] == curves[1]
+
+
+def test_a_run_with_a_given_tokenizer_is_resumed_whatever_vocab_size_says(tmp_path, datasets_cache):
+    """--vocab_size sizes the BPE a run trains: a run with a given tokenizer trains none, and its requeue with another
+    --vocab_size (a config file shared with runs that train one) is the same run."""
+    word_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    run = tmp_path / "run"
+    for vocab_size, max_steps in ((64, 2), (128, 4)):
+        data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=vocab_size)
+        train(model_args, data, tiny_run_args(run, max_steps=max_steps, resume_from_checkpoint="last"))
+    assert sorted(path.name for path in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_overwrite_output_dir_refuses_to_delete_the_model_or_tokenizer_the_run_starts_from(tmp_path):
@@ -1589,6 +1648,52 @@ def test_a_push_to_a_private_repo_stays_private(save_strategy, tmp_path, dataset
     )
     train(ModelArguments(preset="tiny", **TINY), data, args)
     assert pushes == [{"private": True}]
+
+
+def test_a_push_after_averaging_uploads_the_average(tmp_path, datasets_cache, monkeypatch):
+    """The model of Sec. 6.1 is the average of the last checkpoints: --push_to_hub uploads it, not the final model."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    monkeypatch.setattr(hub_module, "prepare_push", lambda training_args: hub_module.HubTarget(REPO_ID, HUB_TOKEN))
+    pushes = []
+    monkeypatch.setattr(
+        hub_module,
+        "push_trained_model",
+        lambda target, model_dir, output_dir, what, **kw: pushes.append((model_dir, what)),
+    )
+    run = tmp_path / "run"
+    args = tiny_run_args(run, max_steps=4, average_last_checkpoints=2, push_to_hub=True, hub_token=HUB_TOKEN)
+    train(ModelArguments(preset="tiny", **TINY), data, args)
+    assert [(Path(model_dir), what) for model_dir, what in pushes] == [(run / "averaged", "the averaged model")]
+
+
+def test_without_a_checkpoint_of_the_last_update_a_signal_during_the_push_is_the_callers(
+    tmp_path, datasets_cache, monkeypatch
+):
+    """Stopped there, the requeue would train every update again (no checkpoint holds them) to push: the push goes
+    on under the handlers from before the run, and the run ends as finished."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    monkeypatch.setattr(hub_module, "prepare_push", lambda training_args: hub_module.HubTarget(REPO_ID, HUB_TOKEN))
+    pushed, received = [], []
+
+    def signalled_while_pushing(target, model_dir, *arguments, **kwargs):
+        signal.raise_signal(signal.SIGUSR1)
+        pushed.append(model_dir)  # the rest of the upload
+
+    monkeypatch.setattr(hub_module, "push_trained_model", signalled_while_pushing)
+    run = tmp_path / "run"
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))  # the caller's handler
+    try:
+        train(
+            ModelArguments(preset="tiny", **TINY),
+            data,
+            tiny_run_args(run, save_strategy="no", push_to_hub=True, hub_token=HUB_TOKEN),
+        )
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert received == [signal.SIGUSR1] and pushed == [run]
+    assert not (run / "preempted.json").exists()
 
 
 def test_a_given_tokenizer_is_checked_on_the_first_pair_even_of_a_one_pair_corpus(tmp_path):
