@@ -1,5 +1,6 @@
 """Tests of modeling/training.py: `train()` end to end, learning, fine-tuning, and what a run records."""
 
+import copy
 import dataclasses
 import errno
 import fcntl
@@ -315,6 +316,17 @@ def test_a_run_leaves_the_callers_random_generators_as_they_were(tmp_path, datas
     assert draws() == expected
 
 
+def test_cudas_random_generators_are_put_back_where_cuda_was_started_before_the_run(monkeypatch):
+    """A run seeds every device's generator too (`set_seed`): a notebook's later draws on the GPU repeated."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["the caller's states"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    with training._callers_random_state():
+        pass
+    assert restored == [["the caller's states"]]
+
+
 def test_a_run_with_full_determinism_leaves_the_callers_settings_as_they_were(tmp_path, datasets_cache, monkeypatch):
     """`full_determinism` (transformers' `enable_full_determinism`) switched torch's deterministic algorithms on and
     set CUDA_LAUNCH_BLOCKING=1 and four other variables, for the rest of the caller's process: a notebook's later
@@ -342,6 +354,18 @@ def test_a_run_with_full_determinism_leaves_the_callers_settings_as_they_were(tm
     finally:
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+
+
+def test_a_callers_deterministic_algorithms_that_only_warn_are_put_back_warning_only():
+    """A notebook that asked torch to warn of nondeterministic operations, not to raise: `full_determinism` makes
+    them raise, and the run put back "deterministic" without "warn only", so that its later work raised."""
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with training._callers_determinism():
+            torch.use_deterministic_algorithms(True)  # what full_determinism sets
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
@@ -949,6 +973,19 @@ def test_fine_tuning_a_converted_fairseq_model_on_another_pair_tokenises_by_the_
         fine_tuned.add_tokens(["Zebrastreifen"])
 
 
+def test_a_converted_fairseq_tokenizer_with_a_dictionary_for_each_side_keeps_its_own_pair_only(converted_fairseq):
+    """Two dictionaries belong to their sides: fine-tuning on the pair they were made for goes on, another pair is
+    refused in one line naming the model."""
+    tokenizer = copy.deepcopy(converted_fairseq["transformer_wmt_en_de"][1])
+    # The target dictionary with two ids swapped: another than the source's.
+    first, second = list(tokenizer.decoder)[4:6]
+    tokenizer.decoder[first], tokenizer.decoder[second] = tokenizer.decoder[second], tokenizer.decoder[first]
+    training._take_the_run_languages(tokenizer, "converted", SimpleNamespace(source_lang="en", target_lang="de"))
+    assert [tokenizer.src_lang, tokenizer.tgt_lang] == ["en", "de"]
+    with pytest.raises(ValueError, match=r"^converted: its tokenizer is for en-de with a dictionary for each side; "):
+        training._take_the_run_languages(tokenizer, "converted", SimpleNamespace(source_lang="en", target_lang="fr"))
+
+
 def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tmp_path, datasets_cache):
     data_dir = write_corpus(tmp_path / "data", 10, word_for_word)
     (data_dir / "val.en").write_text("")
@@ -1246,6 +1283,17 @@ def test_bleu_a_target_language_cannot_have_is_refused_before_any_work(tmp_path,
     with pytest.raises(ValueError, match=refusal):
         train(ModelArguments(preset="tiny", **TINY), data, run_args)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="MeCab is installed")
+def test_a_run_into_japanese_that_scores_no_bleu_needs_no_mecab(tmp_path):
+    """The refusal of BLEU into Japanese without MeCab offers --bleu_sample_size 0: that run, the loss alone, is
+    taken."""
+    data = DataArguments(
+        data_dir=str(tmp_path / "data"), source_lang="en", target_lang="ja", vocab_size=64, bleu_sample_size=0
+    )
+    run_args = tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2)
+    training._check_run_arguments(ModelArguments(preset="tiny", **TINY), data, run_args)
 
 
 @pytest.mark.parametrize("factor", [1.5, -0.5])
@@ -1742,3 +1790,15 @@ def test_a_bpe_whose_save_stops_midway_leaves_no_tokenizer_json_for_the_requeue_
     with pytest.raises(OSError):
         training._tokenizer(ModelArguments(), data, training_args(tmp_path / "run"), text, 64)
     assert not (tmp_path / "run" / "tokenizer.json").exists()
+
+
+def test_the_bleu_sample_is_the_same_sorted_subset_whatever_the_seed():
+    """Every run, whatever its seed, scores BLEU on the same validation sentences, in the split's order; a sample as
+    large as the split is the split."""
+    validation = datasets.Dataset.from_dict({"row": list(range(20))})
+    samples = []
+    for seed in (0, 1):
+        transformers.set_seed(seed)  # the run's seed, set before the sample is drawn
+        samples.append(training.bleu_sample(validation, 5)["row"])
+    assert samples[0] == samples[1] == sorted(set(samples[0])) and len(samples[0]) == 5
+    assert training.bleu_sample(validation, 20) is validation
