@@ -1078,6 +1078,27 @@ def test_a_new_model_takes_the_special_token_ids_of_the_given_tokenizer(tmp_path
     assert model.model.shared.padding_idx == 0
 
 
+def test_a_new_model_with_a_given_tokenizer_loads_that_tokenizer_alone(tmp_path, datasets_cache, monkeypatch):
+    """No model is fine-tuned, so there is no vocabulary of its own to compare the tokenizer with: a request for one
+    (of a Hub repo named None) waits on the Hub's timeouts offline."""
+    word_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    load, loaded = AutoTokenizer.from_pretrained, []
+
+    def recorded(cls, name, *args, **kwargs):
+        loaded.append(name)
+        if name is None:
+            raise OSError("None is not a Hub repo")  # what the Hub answers, after its timeouts offline
+        return load(name, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(recorded))
+    data = DataArguments(
+        data_dir=str(write_corpus(tmp_path / "data", 40, word_for_word)), source_lang="en", target_lang="de"
+    )
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    train(model_args, data, tiny_run_args(tmp_path / "run", save_strategy="no"))
+    assert loaded == [str(tmp_path / "tokenizer")]
+
+
 def test_a_run_begun_before_new_models_took_the_tokenizers_pad_and_bos_resumes(tmp_path, datasets_cache):
     """A run with fairseq's order (<s>, <pad>, </s>) begun before recorded pad 0 and no bos, whatever the tokenizer,
     and ended sentences at its </s> as now: it was refused ('config.bos_token_id: null vs 0; config.pad_token_id: 0
