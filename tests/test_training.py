@@ -180,6 +180,13 @@ def test_fine_tuning_a_model_directory_with_cut_short_weights_is_refused_before_
     )
 
 
+def test_fine_tuning_a_model_directory_whose_config_does_not_load_is_refused_in_one_line(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{not json")  # a copy cut short, or edited by hand
+    with pytest.raises(ValueError, match=rf"^Cannot fine-tune {tmp_path / 'model'}: its config does not load \("):
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(tmp_path / "model")))
+
+
 def test_a_dropout_the_model_refuses_is_refused_before_the_data_is_read_when_fine_tuning(tmp_path):
     """The config refused it as the model loaded, once the training text had been read and cleaned."""
     pretrained = saved_tiny_model(tmp_path / "pretrained")
