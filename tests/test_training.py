@@ -68,6 +68,7 @@ from modeling.training import (
     TRAINING_LOCK_FILE,
     OutputDirectoryInUseError,
     TrainingPreempted,
+    _check_earlier_bpe,
     _earlier_run_paths,
     _model,
     _without_hub_push,
@@ -1026,6 +1027,16 @@ def test_a_bpe_larger_than_vocab_size_resumes_and_a_foreign_one_is_refused(tmp_p
     word_tokenizer().save_pretrained(run)  # not the BPE this run recorded, and larger than --vocab_size 16 allows
     with pytest.raises(ValueError, match=rf"^{run / 'tokenizer.json'} has 64 tokens, more than --vocab_size 16"):
         train(model_args, data, tiny_run_args(run, max_steps=6, resume_from_checkpoint="last"))
+
+
+@pytest.mark.parametrize("vocab_size", [57, 64])
+def test_a_foreign_tokenizer_as_large_as_the_padded_vocab_size_is_taken(tmp_path, vocab_size):
+    """The embedding is --vocab_size rounded up to a multiple of 8: a tokenizer that fills it fits, one more token
+    does not."""
+    tokenizer = word_tokenizer()  # 64 tokens, no run identity beside it
+    _check_earlier_bpe(tokenizer, tmp_path / "tokenizer.json", vocab_size)
+    with pytest.raises(ValueError, match=f"has 64 tokens, more than --vocab_size {vocab_size - 8} allows"):
+        _check_earlier_bpe(tokenizer, tmp_path / "tokenizer.json", vocab_size - 8)
 
 
 def test_a_tokenizer_left_without_a_run_identity_is_not_reused_for_other_data(
