@@ -302,3 +302,43 @@ def test_the_hub_cache_gives_the_commit_of_the_revision_asked_for_not_mains(tmp_
     (tmp_path / "models--owner--tagged" / "refs" / "v1").write_text("b" * 40)  # `hf download --revision v1`
     assert cached_commit("owner/tagged", None, repo_type="model") == "a" * 40
     assert cached_commit("owner/tagged", "v1", repo_type="model") == "b" * 40
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            httpx2.ReadTimeout("timed out", request=COMMIT),
+            "no answer within 0.3 s (2 attempts); a slow network may need a larger VASWANI_HUB_TIMEOUT (seconds)",
+        ),
+        (
+            httpx2.ConnectError("[Errno 111] Connection refused", request=COMMIT),
+            "cannot connect ([Errno 111] Connection refused) (2 attempts)",
+        ),
+    ],
+)
+def test_a_hub_call_that_times_out_or_cannot_connect_is_retried_then_says_which(
+    error, message, quick_hub, monkeypatch
+):
+    """A timeout names the limit and the setting that raises it, not "cannot connect": the network is slow, not
+    down."""
+    waits = []
+    monkeypatch.setattr(hub_client.time, "sleep", waits.append)
+    call = _failing(error, error)
+    with pytest.raises(HubError, match=f"^POST {re.escape(str(COMMIT.url))}: {re.escape(message)}$"):
+        hub_call(call)
+    assert call.calls == 2 and waits == [0.1]
+
+
+def test_the_bound_keeps_a_shorter_limit_a_request_asks_for_and_connects_within_10_s(monkeypatch):
+    """Each limit is the smaller of the request's and ours; connecting takes at most 10 s of the 60 (a host that
+    does not answer is down, not slow), or all of a bound shorter than that."""
+    monkeypatch.delenv(HUB_TIMEOUT_ENV, raising=False)
+    client = hub_client._bounding_timeouts(httpx2.Client(), hub_timeout())
+    request = client.build_request("GET", "http://hub.test/api/models/me/model", timeout=httpx2.Timeout(None, read=5))
+    client.event_hooks["request"][-1](request)
+    assert request.extensions["timeout"] == {"connect": 10.0, "read": 5.0, "write": 60.0, "pool": 60.0}
+    client = hub_client._bounding_timeouts(httpx2.Client(), 0.3)
+    request = client.build_request("GET", "http://hub.test/api/models/me/model", timeout=None)
+    client.event_hooks["request"][-1](request)
+    assert request.extensions["timeout"] == dict.fromkeys(("connect", "read", "write", "pool"), 0.3)
