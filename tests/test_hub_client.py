@@ -342,3 +342,29 @@ def test_the_bound_keeps_a_shorter_limit_a_request_asks_for_and_connects_within_
     request = client.build_request("GET", "http://hub.test/api/models/me/model", timeout=None)
     client.event_hooks["request"][-1](request)
     assert request.extensions["timeout"] == dict.fromkeys(("connect", "read", "write", "pool"), 0.3)
+
+
+def test_a_failed_connection_behind_a_load_error_is_named_in_one_line_and_other_errors_pass(monkeypatch):
+    """transformers wraps a refused connection in an OSError that says neither; the cause may hang on the error
+    as its `__cause__` or, raised while handling it, as its `__context__`. An OSError with no failed connection
+    behind it (a missing file) passes unchanged."""
+
+    def refused_load():
+        try:
+            try:
+                raise httpx2.ConnectError("[Errno 111] Connection refused")
+            except httpx2.ConnectError:
+                raise RuntimeError("huggingface_hub gave up")  # noqa: B904 - chained implicitly, as some code does
+        except RuntimeError as error:
+            raise OSError("We couldn't connect to 'https://huggingface.co' to load the files") from error
+
+    with pytest.raises(HubError) as raised, hub_client.naming_hub_failures("Could not load 'owner/model'"):
+        refused_load()
+    assert str(raised.value) == (
+        "Could not load 'owner/model': the Hub: cannot connect ([Errno 111] Connection refused) (without internet, "
+        "set HF_HUB_OFFLINE=1 to load from the cache)"
+    )
+    missing = FileNotFoundError("owner/model does not appear to have a file named config.json")
+    with pytest.raises(FileNotFoundError) as raised, hub_client.naming_hub_failures("Could not load 'owner/model'"):
+        raise missing
+    assert raised.value is missing
