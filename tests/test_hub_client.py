@@ -368,3 +368,38 @@ def test_a_failed_connection_behind_a_load_error_is_named_in_one_line_and_other_
     with pytest.raises(FileNotFoundError) as raised, hub_client.naming_hub_failures("Could not load 'owner/model'"):
         raise missing
     assert raised.value is missing
+
+
+def test_a_tokenizer_is_either_of_its_files(tmp_path):
+    """A tokenizer saved as tokenizer_config.json alone (a slow tokenizer's) counts, as does tokenizer.json alone."""
+    assert not hub_client.holds_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    assert hub_client.holds_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert hub_client.holds_tokenizer(tmp_path)
+
+
+def test_offline_a_commit_cached_without_a_file_is_named_as_held_without_it(tmp_path, monkeypatch):
+    """A commit whose snapshot is in the cache is "held without" the missing file, not "not in the Hub cache";
+    a commit the cache has no snapshot of is not its own record there."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    files = {"config.json": "{}", "model.safetensors": ""}
+    hub_cache_snapshot(tmp_path, "owner/pinned", "a" * 40, files, main=False)
+    assert cached_commit("owner/pinned", "a" * 40, repo_type="model") == "a" * 40
+    assert cached_commit("owner/pinned", "b" * 40, repo_type="model") is None
+    assert str(offline_cache_error("owner/pinned", "a" * 40, MODEL_REPO_FILES)) == (
+        f"The Hub cache {tmp_path} holds 'owner/pinned' at revision '{'a' * 40}' without tokenizer.json or "
+        "tokenizer_config.json, and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: download it where the Hub "
+        f"can be reached, into the same HF_HOME (hf download owner/pinned --revision {'a' * 40})"
+    )
+
+
+def test_offline_a_file_not_in_the_cache_is_missing_without_asking_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hub_client, "file_exists", lambda *args, **kwargs: pytest.fail("asked the Hub"))
+    hub_cache_snapshot(tmp_path, "owner/model", "a" * 40, {"config.json": "{}", "tokenizer.json": "{}"})
+    assert not hub_client.has_any_file("owner/model", None, ("tokenizer_config.json",))
+    assert hub_client.has_any_file("owner/model", None, hub_client.TOKENIZER_FILES)
