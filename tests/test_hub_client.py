@@ -8,8 +8,15 @@ import socket
 import time
 
 import pytest
-from helpers import hub_cache_snapshot, push_translation_dataset, stalled_endpoint, synthetic_pairs
-from huggingface_hub import constants, get_session, set_client_factory, snapshot_download
+from helpers import HUB_TOKEN, hub_cache_snapshot, push_translation_dataset, stalled_endpoint, synthetic_pairs
+from huggingface_hub import (
+    CommitOperationAdd,
+    HfApi,
+    constants,
+    get_session,
+    set_client_factory,
+    snapshot_download,
+)
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
 from huggingface_hub.utils._http import default_client_factory
@@ -394,6 +401,33 @@ def test_offline_a_commit_cached_without_a_file_is_named_as_held_without_it(tmp_
         "tokenizer_config.json, and offline mode (HF_HUB_OFFLINE) keeps it from the Hub: download it where the Hub "
         f"can be reached, into the same HF_HOME (hf download owner/pinned --revision {'a' * 40})"
     )
+
+
+def _push_model_commits(endpoint: str, repo_id: str, *commits: dict[str, str]) -> list[str]:
+    """Push each {name: text} in turn to the loopback Hub's model `repo_id` (created); the commits' shas."""
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo(repo_id, exist_ok=True)
+    return [
+        api.create_commit(
+            repo_id, [CommitOperationAdd(name, text.encode()) for name, text in files.items()], commit_message="m"
+        ).oid
+        for files in commits
+    ]
+
+
+def test_pinning_and_looking_for_a_file_read_the_revision_asked_for_not_mains(hub_here):
+    """A load pinned to an older commit reads that commit's files; whether it holds a tokenizer is asked of it
+    too, not of main, which may have gained one since."""
+    first, second = _push_model_commits(
+        hub_here[0],
+        "tester/revisions",
+        {"config.json": "{}"},
+        {"config.json": '{"d_model": 8}', "tokenizer.json": "{}"},
+    )
+    assert pinned_commit("tester/revisions", first) == first
+    assert pinned_commit("tester/revisions", None) == second
+    assert not hub_client.has_any_file("tester/revisions", first, hub_client.TOKENIZER_FILES)
+    assert hub_client.has_any_file("tester/revisions", None, hub_client.TOKENIZER_FILES)
 
 
 def test_offline_a_file_not_in_the_cache_is_missing_without_asking_the_hub(tmp_path, monkeypatch):
