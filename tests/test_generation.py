@@ -161,6 +161,18 @@ def test_the_loop_dropping_finished_sentences_equals_transformers_loop_in_bfloat
     assert removals, "sentences should have left the batch"
 
 
+def test_the_loop_takes_the_first_steps_log_probabilities_in_float32_as_transformers_loop(decoder_steps):
+    # transformers' loop takes every step's log-softmax in float32; taken in bfloat16 at the first step, the scores
+    # were rounded and one of these 6 translations changed.
+    torch.manual_seed(1)
+    model = TransformerForConditionalGeneration(tiny_config(20)).to(torch.bfloat16).eval()
+    inputs = random_sources(6, seed=3, vocab_size=20)
+    dropping = model.generate(**inputs)
+    assert decoder_steps[:2] == [6, 24], "the loop that drops finished sentences ran"
+    library = model.generate(**inputs, return_dict_in_generate=True).sequences
+    assert dropping.tolist() == library.tolist()
+
+
 def sequence_log_probability(model, inputs, sequence: torch.Tensor, max_length: int) -> float:
     """log P(sequence | source) by teacher forcing, as beam search scores it: `sequence` starts with the decoder
     start token, and an end-of-sentence forced at the length limit has probability one."""
