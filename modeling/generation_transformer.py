@@ -421,7 +421,7 @@ class TransformerGenerationMixin(GenerationMixin):
         if generation_config is None and pretrained_model_name_or_path is not None:
             directory = Path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
             path = directory / GENERATION_CONFIG_NAME
-            if os.path.isdir(directory) and path.is_file():
+            if path.is_file():
                 try:
                     json.loads(path.read_text(encoding="utf-8"))
                 except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
