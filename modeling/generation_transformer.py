@@ -507,11 +507,11 @@ class TransformerGenerationMixin(GenerationMixin):
 
     @staticmethod
     def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
-        """ValueError for an input without tokens: 0 rows or columns, or a row of the attention mask without a 1."""
+        """ValueError for an input without tokens: input ids of 0 rows or columns (unread beside encoder outputs), or
+        a row of the attention mask without a 1 (whatever the source: ids, embeddings or encoder outputs)."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if kwargs.get("encoder_outputs") is not None or input_ids is None or input_ids.dim() != 2:
-            return
-        if 0 in input_ids.shape:  # else an error inside the length limit or attention, naming no input
+        ids_read = kwargs.get("encoder_outputs") is None and input_ids is not None and input_ids.dim() == 2
+        if ids_read and 0 in input_ids.shape:  # else an error inside the length limit or attention, naming no input
             raise ValueError(
                 f"generate() got input_ids of shape {tuple(input_ids.shape)}: no source token to translate (an empty "
                 "batch, or sources of length 0)."

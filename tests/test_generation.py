@@ -495,6 +495,24 @@ def test_generation_refuses_a_source_without_tokens_naming_the_row():
         model.generate(**inputs)
 
 
+@pytest.mark.parametrize("given", ["input_ids and encoder_outputs", "encoder_outputs", "inputs_embeds"])
+def test_an_attention_mask_row_of_zeros_is_refused_beside_encoder_states_or_embeddings(given):
+    # Beside encoder outputs or embeddings the row went unchecked: generate() silently decoded a translation of
+    # nothing, or (given longer to run) failed inside with an IndexError naming no input.
+    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    sources = {
+        "input_ids and encoder_outputs": {
+            "input_ids": inputs["input_ids"],
+            "encoder_outputs": model.get_encoder()(**inputs),
+        },
+        "encoder_outputs": {"encoder_outputs": model.get_encoder()(**inputs)},
+        "inputs_embeds": {"inputs_embeds": model.get_input_embeddings()(inputs["input_ids"])},
+    }
+    inputs["attention_mask"][1] = 0  # the second source is all padding
+    with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
+        model.generate(**sources[given], attention_mask=inputs["attention_mask"], max_new_tokens=3)
+
+
 def test_padded_input_ids_without_an_attention_mask_decode_as_with_it():
     """transformers 5 infers the mask from padding for decoder-only models only: the encoder attended to the pads
     of the shorter sources, and 11 of 12 Multi30k translations changed, silently."""
