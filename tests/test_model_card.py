@@ -286,6 +286,7 @@ def test_card_without_measurements_says_so_and_invents_nothing():
     card = render_model_card(model_name="tiny", repo_id=REPO_ID)
     assert "model-index" not in str(card)
     assert card.data.eval_results is None
+    assert "language:" not in str(card), "no languages known: none listed, not an empty list"
     for sentence in ("Not measured", "Hyperparameters: not recorded", "Data statistics: not recorded"):
         assert sentence in card.text
     assert "Training curves: not recorded" in card.text
@@ -345,6 +346,7 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "(`wmt14.en-fr.joined-dict.transformer.tar.bz2`, en-fr): 43.2 tokenised BLEU, 41.4 sacreBLEU" in card
     assert "GNMT length penalty 0.6, max length source + 50" not in card and "- fairseq" in card
     assert "| positional encoding frequencies | tensor2tensor |" in card
+    assert f"| parameters | {count_parameters(model_dir):,} |" in card, "counted from the model's safetensors"
     paper = str(render_model_card(model_name="tiny", repo_id=REPO_ID))
     assert "fairseq" not in paper and "GNMT length penalty 0.6, max length source + 50" in paper
 
@@ -479,10 +481,11 @@ def test_a_card_shows_local_paths_by_their_last_component_only(eval_result):
             repo_id=REPO_ID,
             eval_results=[local],
             training_args={"model_name_or_path": "/home/alice/runs/base/averaged", "learning_rate": 1.0},
-            data_stats={"dataset": "/home/alice/corpora/multi30k", "vocab_size": 64},
+            data_stats={"dataset": "/home/alice/corpora/multi30k", "vocab_size": 64, "bpe": "~/corpora/bpe.codes"},
         )
     )
-    assert "/home/alice" not in card and card_metadata_errors(card) == []
+    assert "/home/alice" not in card and "~/" not in card and card_metadata_errors(card) == []
+    assert "| bpe | bpe.codes |" in card, "a path from the home directory, by its last component"
     assert "| model_name_or_path | averaged |" in card and "| dataset | multi30k |" in card
     assert "**multi30k" in card, "the evaluation's dataset, named"
 
@@ -722,7 +725,7 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
     )
     assert "`checkpoint-5`, `checkpoint-10`" in (average / "README.md").read_text()
     assert "average of" not in (checkpoint / "README.md").read_text()
-    for edited in ([], ["../checkpoint-5", 10]):  # edited by hand
+    for edited in ([], ["../checkpoint-5", 10], "../checkpoint-10"):  # edited by hand
         write_json(average / "checkpoint_averaging.json", {"checkpoints": edited})
         with pytest.raises(ValueError, match=r"checkpoint_averaging\.json does not list the checkpoints averaged\.$"):
             model_card.write_model_card(average, repo_id=REPO_ID, card_from=[card_dir])
@@ -745,6 +748,7 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         ("trainer_state.json", {"log_history": {"loss": 1}}, r"'log_history' is a JSON dict, not a list of log"),
         ("trainer_state.json", {"log_history": [3]}, r"log_history\[0\] is a JSON int, not an object\.$"),
         ("trainer_state.json", {"log_history": [{"loss": "1.5", "step": 1}]}, r"\['loss'\] is '1\.5', not a number"),
+        ("trainer_state.json", {"log_history": [{"train_runtime": "9 s"}]}, r"\['train_runtime'\] is '9 s', not a"),
         ("generation_config.json", [], r"generation_config\.json holds a JSON list, not an object\.$"),
     ],
 )
