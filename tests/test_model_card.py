@@ -945,3 +945,83 @@ def test_the_card_of_a_run_that_loaded_its_best_checkpoint_describes_that_checkp
     write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "best")})  # edited by hand
     card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
     assert "- steps: 20\n" in card and "best checkpoint" not in card, "no checkpoint's update to tell"
+
+
+def test_a_model_fine_tuned_from_a_converted_one_gets_the_conversions_card(converted_fairseq_dir, tmp_path):
+    """A fine-tune of a converted fairseq model holds no fairseq_conversion.json: its training record carries the
+    conversion, and the card says where the weights come from, under fairseq's license."""
+    model_dir = shutil.copytree(converted_fairseq_dir, tmp_path / "model")
+    conversion = json.loads((model_dir / "fairseq_conversion.json").read_text())
+    (model_dir / "fairseq_conversion.json").unlink()
+    record = {"model_name_or_path": "/runs/converted", "learning_rate": 1e-4, "fairseq_conversion": conversion}
+    write_json(tmp_path / "run" / "training_args.json", record)
+    text = model_card.write_model_card(model_dir, repo_id=REPO_ID, card_from=[tmp_path / "run"]).read_text()
+    assert "## Converted from fairseq" in text and f"`{conversion['arch']}`" in text
+    assert "This model was fine-tuned from `converted`, which comes from weights trained with" in text
+    assert ModelCard(text).data.license == "mit" and "- fairseq" in text
+    assert "| fairseq_conversion |" not in text, "the record, not a hyperparameter"
+
+
+def test_the_curves_of_a_log_with_bleu_but_no_loss_have_the_bleu_panel(tmp_path, monkeypatch):
+    """Only losses counted as something to plot: a log of eval BLEU alone was refused as holding nothing."""
+    from matplotlib.figure import Figure
+
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(
+        Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure) or savefig(figure, *args, **kwargs)
+    )
+    png = plot_training_curves(
+        [{"eval_sacrebleu": 1.5, "step": 10}, {"eval_sacrebleu": 2.5, "step": 20}], tmp_path / "c.png"
+    )
+    assert png.read_bytes().startswith(b"\x89PNG")
+    (figure,) = drawn
+    assert [(axes.get_title(), [line.get_label() for line in axes.lines]) for axes in figure.axes] == [
+        ("BLEU", ["sacrebleu"])
+    ]
+
+
+def test_the_papers_decoding_capped_at_a_max_length_is_not_called_the_papers():
+    """`max_length` cuts every translation at that many tokens, which the paper's decoding does not."""
+    capped = {**PAPER_GENERATION_CONFIG, "max_length": 200}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=capped)
+    assert "the paper's decoding" not in card.text
+    assert (
+        "# generation_config.json holds its decoding: beam 4, GNMT length penalty 0.6, max length source + 50, at "
+        "most 200 tokens in all."
+    ) in card.text
+
+
+def test_a_loss_logged_without_its_update_or_twice_at_one_is_not_counted_again():
+    """Each logged loss weighs by the updates it covers: one at an update already covered, or at none, covers none."""
+    log_history = [
+        {"loss": 4.0, "step": 4, "updates_logged": 4},
+        {"loss": 9.0, "step": 4, "updates_logged": 4},  # the same log written twice
+        {"loss": 9.0},  # edited by hand: no update
+        {"loss": 2.0, "step": 8, "updates_logged": 4},
+    ]
+    assert training_summary(log_history) == {"steps": 8, "mean_train_loss": 3.0}
+
+
+def test_an_evaluation_that_names_no_dataset_is_listed_under_the_training_data_as_the_text_says(eval_result):
+    """An evaluation JSON without its dataset (written by hand, or before the field): the text heads it with the
+    training data's name, and model-index names the same; without either, "unknown"."""
+    unnamed = {**eval_result, "dataset": None}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, dataset_name="wmt/wmt14", eval_results=[unnamed])
+    assert "**wmt/wmt14, split `test`**" in card.text
+    assert {result.dataset_type for result in card.data.eval_results} == {"wmt/wmt14"}
+    nameless = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[unnamed])
+    assert "**Unnamed dataset, split `test`**" in nameless.text
+    assert {result.dataset_type for result in nameless.data.eval_results} == {"unknown"}
+    assert card_metadata_errors(str(card)) == [] and card_metadata_errors(str(nameless)) == []
+
+
+def test_model_index_names_the_dataset_commit_an_evaluation_read(eval_result):
+    """An evaluation of a Hub dataset pinned at a commit (`dataset_commit`): model-index gives it as the dataset's
+    revision, so the Hub's reader knows which version of the split was scored."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    pinned = {**eval_result, "dataset": "wmt/wmt14", "language_pair": "de-en", "dataset_commit": commit}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[pinned])
+    assert {result.dataset_revision for result in card.data.eval_results} == {commit}
+    assert card_metadata_errors(str(card)) == []
+    unpinned = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result])
+    assert {result.dataset_revision for result in unpinned.data.eval_results} == {None}
