@@ -537,6 +537,7 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
         ({"target_lang": None}, r"eval_results_test\.json has no 'target_lang'"),
         ([1, 2], r"eval_results_test\.json holds a JSON list, not an object"),
         ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
+        ({"sacrebleu": True}, r"eval_results_test\.json: 'sacrebleu' is True, not a number"),  # model-index's 1.0
         # printed on the card and put in model-index as the dataset's split and the score's signature
         ({"split": 3}, r"eval_results_test\.json: 'split' is 3, not a string"),
         ({"sacrebleu_signature": 1.0}, r"eval_results_test\.json: 'sacrebleu_signature' is 1\.0, not a string"),
@@ -748,6 +749,7 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         ("trainer_state.json", {"log_history": {"loss": 1}}, r"'log_history' is a JSON dict, not a list of log"),
         ("trainer_state.json", {"log_history": [3]}, r"log_history\[0\] is a JSON int, not an object\.$"),
         ("trainer_state.json", {"log_history": [{"loss": "1.5", "step": 1}]}, r"\['loss'\] is '1\.5', not a number"),
+        ("trainer_state.json", {"log_history": [{"loss": 1.5, "step": "4"}]}, r"\['step'\] is '4', not a number"),
         ("trainer_state.json", {"log_history": [{"train_runtime": "9 s"}]}, r"\['train_runtime'\] is '9 s', not a"),
         ("generation_config.json", [], r"generation_config\.json holds a JSON list, not an object\.$"),
     ],
