@@ -187,11 +187,16 @@ def test_the_card_describes_the_decoding_its_generation_config_holds():
     greedy = {key: value for key, value in PAPER_GENERATION_CONFIG.items() if key != "num_beams"}
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=greedy)
     assert "holds its decoding: beam 1, GNMT length penalty 0.6," in card.text, "generate()'s default: greedy"
-    capped = {**PAPER_GENERATION_CONFIG, "max_new_tokens": 16}
-    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=capped)
-    assert "holds its decoding: beam 4, GNMT length penalty 0.6, max length source + 50, at most 16 new tokens." in (
-        card.text
-    )
+    # a cap on every translation, which the paper's decoding does not have, whether in all or new tokens
+    for cap, said in (
+        ({"max_length": 200}, "at most 200 tokens in all"),
+        ({"max_new_tokens": 16}, "at most 16 new tokens"),
+    ):
+        card = render_model_card(
+            model_name="tiny", repo_id=REPO_ID, generation_config={**PAPER_GENERATION_CONFIG, **cap}
+        )
+        assert "the paper's decoding" not in card.text
+        assert f"holds its decoding: beam 4, GNMT length penalty 0.6, max length source + 50, {said}." in card.text
     plain = {**PAPER_GENERATION_CONFIG, "length_penalty_type": "transformers", "max_length_offset": None}
     card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=plain)
     assert "beam search with the GNMT length penalty" not in card.text
@@ -980,17 +985,6 @@ def test_the_curves_of_a_log_with_bleu_but_no_loss_have_the_bleu_panel(tmp_path,
     assert [(axes.get_title(), [line.get_label() for line in axes.lines]) for axes in figure.axes] == [
         ("BLEU", ["sacrebleu"])
     ]
-
-
-def test_the_papers_decoding_capped_at_a_max_length_is_not_called_the_papers():
-    """`max_length` cuts every translation at that many tokens, which the paper's decoding does not."""
-    capped = {**PAPER_GENERATION_CONFIG, "max_length": 200}
-    card = render_model_card(model_name="tiny", repo_id=REPO_ID, generation_config=capped)
-    assert "the paper's decoding" not in card.text
-    assert (
-        "# generation_config.json holds its decoding: beam 4, GNMT length penalty 0.6, max length source + 50, at "
-        "most 200 tokens in all."
-    ) in card.text
 
 
 def test_a_loss_logged_without_its_update_or_twice_at_one_is_not_counted_again():
