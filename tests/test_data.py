@@ -538,6 +538,21 @@ def go_offline(monkeypatch) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
 
 
+def read_test_split_online_then_offline(
+    dataset: str, cache_dir: Path, monkeypatch, caplog, expected: list[tuple[str, str]]
+) -> None:
+    """The test split of the Hub dataset `dataset`, no language pair named, read online then offline: the same pairs
+    (offline, as the earlier read left them in the datasets cache; warnings in `caplog`)."""
+    for online in (True, False):
+        if not online:
+            go_offline(monkeypatch)
+        with caplog.at_level(logging.WARNING, logger="modeling.data"):
+            ds = load_parallel_dataset(
+                source_lang="en", target_lang="de", dataset=dataset, splits=["test"], cache_dir=cache_dir
+            )
+        assert pairs(ds["test"]) == expected
+
+
 @pytest.mark.parametrize("hub_state", ["HF_HUB_OFFLINE", "unreachable"])
 def test_the_splits_a_hub_dataset_was_read_by_load_from_the_cache_where_the_hub_cannot_be_asked(
     hub_state, hub_here, quick_hub, tmp_path, monkeypatch, caplog
@@ -698,20 +713,9 @@ def test_a_hub_dataset_without_configurations_loads_from_the_datasets_cache_offl
             path_in_repo=f"data/{split}-00000-of-00001.parquet",
         )
 
-    def read() -> list[tuple[str, str]]:
-        ds = load_parallel_dataset(
-            source_lang="en",
-            target_lang="de",
-            dataset="tester/plain",
-            splits=["test"],
-            cache_dir=tmp_path / "datasets",
-        )
-        return pairs(ds["test"])
-
-    assert read() == synthetic_pairs(3, seed=3)
-    go_offline(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="modeling.data"):
-        assert read() == synthetic_pairs(3, seed=3)
+    read_test_split_online_then_offline(
+        "tester/plain", tmp_path / "datasets", monkeypatch, caplog, synthetic_pairs(3, seed=3)
+    )
     assert "tester/plain (default): split 'test' from the datasets cache" in caplog.text
 
 
@@ -723,16 +727,9 @@ def test_offline_a_dataset_of_one_named_configuration_read_without_naming_it_loa
     it holds (it looked under "default" alone: datasets' "Couldn't find cache ... Available configs")."""
     commit = push_translation_dataset(hub_here[0], "tester/unnamed", {"test": synthetic_pairs(3, seed=1)})
 
-    def read() -> list[tuple[str, str]]:
-        ds = load_parallel_dataset(
-            source_lang="en", target_lang="de", dataset="tester/unnamed", splits=["test"], cache_dir=tmp_path / "ds"
-        )
-        return pairs(ds["test"])
-
-    assert read() == synthetic_pairs(3, seed=1)
-    go_offline(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="modeling.data"):
-        assert read() == synthetic_pairs(3, seed=1)
+    read_test_split_online_then_offline(
+        "tester/unnamed", tmp_path / "ds", monkeypatch, caplog, synthetic_pairs(3, seed=1)
+    )
     assert "tester/unnamed (de-en): split 'test' from the datasets cache" in caplog.text
     assert pinned_dataset_commit("tester/unnamed", cache_dir=str(tmp_path / "ds")) == commit
 
