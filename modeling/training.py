@@ -97,7 +97,15 @@ from .data import (
     split_source,
     tokenize_counting_truncations,
 )
-from .files import check_replaceable, check_writable, is_open_as, open_lock_file, write_files_into, write_json
+from .files import (
+    check_replaceable,
+    check_writable,
+    is_open_as,
+    open_lock_file,
+    read_json,
+    write_files_into,
+    write_json,
+)
 from .hub_client import (
     MODEL_REPO_FILES,
     TOKENIZER_FILES,
@@ -1189,7 +1197,7 @@ def _conversion_record(model_args: ModelArguments) -> dict | None:
             _raise_exceptions_for_connection_errors=False,
         )
         if path:
-            content = json.loads(Path(path).read_text(encoding="utf-8"))
+            content = read_json(path)
             return content if record == CONVERSION_FILE else content.get("fairseq_conversion")
     return None
 

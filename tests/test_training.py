@@ -52,6 +52,8 @@ from modeling import TransformerConfig, TransformerForConditionalGeneration, tra
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 from modeling.averaging import AVERAGING_RECORD_NAME, last_checkpoints
 from modeling.checkpoints import (
+    CONVERSION_FILE,
+    RUN_IDENTITY_FILE,
     IncompleteCheckpointError,
     RunMismatchError,
     identity_differences,
@@ -69,6 +71,7 @@ from modeling.training import (
     OutputDirectoryInUseError,
     TrainingPreempted,
     _check_earlier_bpe,
+    _conversion_record,
     _earlier_run_paths,
     _model,
     _without_hub_push,
@@ -186,6 +189,15 @@ def test_fine_tuning_a_model_directory_whose_config_does_not_load_is_refused_in_
     (tmp_path / "model" / "config.json").write_text("{not json")  # a copy cut short, or edited by hand
     with pytest.raises(ValueError, match=rf"^Cannot fine-tune {tmp_path / 'model'}: its config does not load \("):
         check_fine_tuning_source(ModelArguments(model_name_or_path=str(tmp_path / "model")))
+
+
+@pytest.mark.parametrize("record", [CONVERSION_FILE, RUN_IDENTITY_FILE])
+def test_a_conversion_record_of_the_model_fine_tuned_that_does_not_parse_is_named(tmp_path, record):
+    """Which fairseq model a fine-tune comes from is read of the model's records: one cut short is named."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / record).write_text('{"fairseq_conversion": ')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'model' / record))} does not parse \\("):
+        _conversion_record(ModelArguments(model_name_or_path=str(tmp_path / "model")))
 
 
 def test_a_dropout_the_model_refuses_is_refused_before_the_data_is_read_when_fine_tuning(tmp_path):
