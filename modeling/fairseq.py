@@ -142,6 +142,10 @@ def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
     moments, twice the model in float32) never is. One in the legacy format (fairseq's published models of 2018-19)
     cannot be mapped, and is read whole."""
     path = Path(path)
+    if path.is_dir():  # fairseq's --save-dir, given for the file in it
+        raise IsADirectoryError(
+            f"fairseq checkpoint {path} is a directory: give a checkpoint file in it (model.pt, checkpoint_best.pt)."
+        )
     if not path.is_file():
         raise FileNotFoundError(f"fairseq checkpoint {path} does not exist.")
     with torch.serialization.safe_globals([argparse.Namespace, *_numpy_data_globals()]):
@@ -290,6 +294,8 @@ def read_bpe_merges(path: str | Path) -> list[str]:
     `#version: 0.2` header, `</w>` glued to a word's last symbol) are what FSMT's BPE applies; a repeated merge
     keeps its first rank, as subword-nmt does."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"BPE codes {path} is a directory: give the codes file in it (bpecodes, ...).")
     if not path.is_file():
         raise FileNotFoundError(f"BPE codes {path} do not exist.")
     lines = list(iter_lines(path))  # refuses an invalid UTF-8 line naming the file and the line
@@ -410,6 +416,8 @@ def _upgraded_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
     for key, tensor in state_dict.items():
         match = re.match(r"^(.+)\.in_proj_(weight|bias)$", key)
         if match:
+            if tensor.dim() == 0 or tensor.shape[0] % 3:
+                _refuse(key, tuple(tensor.shape), "fused q, k, v projections whose rows do not split in thirds")
             for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0), strict=True):
                 upgraded[f"{match.group(1)}.{name}.{match.group(2)}"] = part
             continue

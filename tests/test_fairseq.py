@@ -307,6 +307,8 @@ def _re(text: str) -> str:
         ("unknown layer norm", "encoder.layers.0.extra_layer_norm.weight=(24,) (an unexpected state-dict key)"),
         # old checkpoints number a layer's norms: an encoder layer has two (a decoder layer three)
         ("third encoder norm", "encoder.layers.0.layer_norms.2.weight=(24,) (an unexpected state-dict key)"),
+        # a damaged old checkpoint: a bare ValueError of zip() before
+        ("fused projections not in thirds", "self_attn.in_proj_weight=(4, 24) (fused q, k, v projections whose rows"),
     ],
 )
 def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message):
@@ -326,6 +328,8 @@ def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message
         state["encoder.layers.0.extra_layer_norm.weight"] = torch.ones(24)
     elif change == "third encoder norm":
         state["encoder.layers.0.layer_norms.2.weight"] = torch.ones(24)
+    elif change == "fused projections not in thirds":
+        state["encoder.layers.0.self_attn.in_proj_weight"] = torch.zeros(4, 24)
     else:
         state["encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 24)
     with pytest.raises(FairseqConversionError, match=_re(message)):
@@ -585,10 +589,15 @@ def test_an_output_directory_it_may_not_replace_is_refused_before_the_checkpoint
         )
 
 
-def test_a_missing_checkpoint_is_refused_naming_the_file(tmp_path):
+def test_a_missing_checkpoint_or_a_directory_given_for_it_is_refused_naming_it(tmp_path):
     path = tmp_path / "model.pt"
     with pytest.raises(FileNotFoundError, match=f"^{_re(f'fairseq checkpoint {path} does not exist.')}$"):
         load_fairseq_checkpoint(path)
+    # fairseq's --save-dir given for a checkpoint in it: "does not exist" before, though it does
+    with pytest.raises(IsADirectoryError, match=f"^fairseq checkpoint {_re(str(tmp_path))} is a directory: give a"):
+        load_fairseq_checkpoint(tmp_path)
+    with pytest.raises(IsADirectoryError, match=f"^BPE codes {_re(str(tmp_path))} is a directory: give the codes"):
+        read_bpe_merges(tmp_path)
 
 
 def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_file_and_line(tmp_path):
