@@ -354,7 +354,7 @@ def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """A model config (`config.to_dict()` or config.json) without the fields that change with no model change,
     as JSON gives it back (string keys), so that a recorded one and a fresh one compare equal."""
     kept = {key: value for key, value in config.items() if key not in VOLATILE_CONFIG_FIELDS}
-    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+    return json.loads(json.dumps(kept, default=str))
 
 
 def vocabulary_fingerprint(vocab: Mapping[str, int]) -> str:

@@ -474,6 +474,9 @@ def test_a_config_value_json_has_no_type_for_compares_as_its_text(tmp_path):
     """Run identities are written with such values as text: a fresh config holding one (a Path a user set) must
     compare equal to the recorded one, not fail to serialise."""
     assert config_identity({"d_model": 32, "data_dir": tmp_path}) == {"d_model": 32, "data_dir": str(tmp_path)}
+    # a mapping of int and str keys (id2label and a label a user added by name) is no TypeError of sorting either
+    labels = {"id2label": {0: "a", "extra": "b"}}
+    assert config_identity({"d_model": 32, **labels}) == {"d_model": 32, "id2label": {"0": "a", "extra": "b"}}
 
 
 def test_a_field_a_newer_library_adds_inside_a_nested_config_mapping_is_no_difference_either():
