@@ -204,6 +204,11 @@ def update_batching(
     """
     budget = max_tokens
     per_batch = mean_target_tokens_per_batch(dataset, budget)
+    if per_batch == 0:  # else "tokens_per_batch (0.0) ... must be positive", naming no dataset
+        raise ValueError(
+            f"the training dataset holds no target tokens ({len(dataset)} examples): no update of "
+            f"tokens_per_update={tokens_per_update} can be made of it."
+        )
     steps = gradient_accumulation_steps_for(tokens_per_update, per_batch, world_size)
     # Real tokens grow about in proportion to the budget where batches are full; a few corrections cover the rest.
     for _ in range(_BUDGET_CORRECTIONS):

@@ -197,6 +197,14 @@ def test_an_update_asking_for_less_than_one_sentence_gets_one_sentence_per_batch
     assert "An update holds ~200 target tokens, +300% off the 50 asked" in caplog.text
 
 
+def test_an_update_of_a_dataset_without_target_tokens_is_refused_naming_it():
+    # a training set filtered to nothing, or of empty targets: not sized as "tokens_per_batch (0.0)" of nothing
+    rows = token_dataset(np.array([3]), np.array([4]))
+    for dataset, size in ((rows.select([]), 0), (token_dataset(np.array([3]), np.array([0])), 1)):
+        with pytest.raises(ValueError, match=rf"^the training dataset holds no target tokens \({size} examples\): "):
+            update_batching(100, dataset, 4096, 1)
+
+
 def test_mean_target_tokens_per_batch_by_hand():
     dataset = token_dataset(np.array([3, 4]), np.array([5, 6]))
     assert mean_target_tokens_per_batch(dataset, 100) == 11.0  # one batch
