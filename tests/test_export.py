@@ -681,6 +681,29 @@ def test_ctranslate2_refuses_a_tokenizer_whose_ids_leave_a_gap(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_ctranslate2_without_an_unknown_token_names_the_first_token_not_the_end_of_sentence(tmp_path):
+    """CTranslate2's config needs an unknown token; a tokenizer without one gets its first token (the padding, id 0),
+    which no translation holds: the next one here is </s>, which `disable_unk=True` would then forbid, and no
+    translation would end."""
+    tokenizer = word_level_tokenizer(["<pad>", "</s>"], pad_token="<pad>", eos_token="</s>")
+    assert tokenizer.unk_token is None
+    model = tiny_model(len(tokenizer), eos_token_id=1, decoder_start_token_id=1)
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert (config["unk_token"], config["eos_token"]) == ("<pad>", "</s>")
+
+
+def test_ctranslate2_refusal_of_a_gap_lists_ten_missing_ids_then_an_ellipsis(tmp_path):
+    """Ten missing ids are listed whole; from eleven on, the first ten and ", ..." (the list is cut, not complete)."""
+    for missing, listed in ((10, "3, 4, 5, 6, 7, 8, 9, 10, 11, 12"), (11, "3, 4, 5, 6, 7, 8, 9, 10, 11, 12, ...")):
+        vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2} | {f"w{i}": 3 + missing + i for i in range(missing)}
+        backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        gapped = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+        with pytest.raises(ValueError, match=r"^cannot export to CTranslate2: the tokenizer's ids") as error:
+            export.to_ctranslate2(tiny_model(3 + 2 * missing), gapped, tmp_path / "ct2")
+        assert str(error.value).endswith(f"no token has id {listed}.")
+
+
 @pytest.mark.parametrize("target", ["ctranslate2", "marian", "onnx"])
 def test_every_export_refuses_a_tokenizer_larger_than_the_vocabulary(tokenizer, tmp_path, target):
     """MarianMT and ONNX wrote such an export, whose runtime then failed on the first id beyond the rows."""
