@@ -3,11 +3,14 @@ arguments are made; how --resume_from_checkpoint is read; checkpoint rotation ag
 parsing (presets, config files, flags) is tested in tests/scripts/test_train_script.py, and the launcher's settings
 (ddp_backend, mixed precision) in tests/test_trainer.py."""
 
+import dataclasses
 import logging
 import re
 
 import pytest
+import torch
 from helpers import training_args
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from modeling import arguments
 from modeling.arguments import DataArguments, ModelArguments, TranslationTrainingArguments, checkpoint_to_resume
@@ -23,6 +26,7 @@ from modeling.arguments import DataArguments, ModelArguments, TranslationTrainin
         {"save_every_minutes": 0.5},
         {"max_train_minutes": 0.5},
         {"average_last_checkpoints": 0},
+        {"learning_rate": 0.0},  # must not be negative: 0 is taken
     ],
 )
 def test_each_setting_is_taken_at_the_edge_of_its_range(setting, tmp_path):
@@ -36,6 +40,10 @@ def test_each_setting_is_taken_at_the_edge_of_its_range(setting, tmp_path):
         ({"max_tokens_per_device": 0}, "max_tokens_per_device must be positive, got 0."),
         ({"max_train_minutes": 0}, "max_train_minutes must be positive, got 0."),
         ({"average_last_checkpoints": -1}, "average_last_checkpoints must not be negative, got -1."),
+        ({"tokens_per_update": 0}, "tokens_per_update must be positive, got 0."),
+        ({"label_smoothing_factor": 1.5}, "label_smoothing_factor must be between 0 and 1, got 1.5."),
+        ({"label_smoothing_factor": -0.1}, "label_smoothing_factor must be between 0 and 1, got -0.1."),
+        ({"learning_rate": -1e-4}, "learning_rate must not be negative, got -0.0001."),
     ],
 )
 def test_a_setting_past_the_edge_of_its_range_is_refused_naming_it(setting, message, tmp_path):
@@ -123,6 +131,7 @@ def test_a_dataset_revision_is_taken_with_its_dataset_only():
         ("16", "8", 2),  # torchrun on 2 machines of 8 GPUs
         (None, "8", 1),
         ("16", None, None),  # a launcher that sets the world size only: nothing tells the nodes
+        ("2", None, None),
         ("1", None, 1),
         (None, None, 1),  # no launcher
     ],
@@ -148,3 +157,81 @@ def test_the_commit_a_fine_tuning_read_is_no_option():
     assert ModelArguments().model_commit is None
     with pytest.raises(TypeError, match="model_commit"):
         ModelArguments(model_commit="0" * 40)
+
+
+@pytest.mark.parametrize(
+    "launcher_variable", ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"]
+)
+def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(launcher_variable, tmp_path, monkeypatch):
+    """torchrun or an MPI launcher of 2 processes: the backend joins them, so transformers' setup (stopped here
+    where it would start the process group) must be given it, whichever variable the launcher sets."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(launcher_variable, "2")
+    given = []
+
+    def setup(self):
+        given.append(self.ddp_backend)
+        raise InterruptedError
+
+    monkeypatch.setattr(Seq2SeqTrainingArguments, "__post_init__", setup)
+    with pytest.raises(InterruptedError):
+        TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", ddp_backend="gloo")
+    assert given == ["gloo"]
+
+
+def test_max_steps_0_is_refused_as_transformers_would_train_by_epochs(tmp_path):
+    with pytest.raises(ValueError, match=r"^max_steps 0 would train num_train_epochs epochs"):
+        training_args(tmp_path, max_steps=0)
+    assert training_args(tmp_path, max_steps=-1).max_steps == -1  # by epochs, asked for
+
+
+def test_the_model_overrides_resize_encoder_and_decoder_alike():
+    """--num_layers is N of both stacks, --num_heads h of both attentions, --ffn_dim d_ff of both; unset: none."""
+    assert ModelArguments().config_overrides() == {}
+    overrides = ModelArguments(d_model=64, num_layers=3, num_heads=8, ffn_dim=256, dropout=0.2).config_overrides()
+    assert overrides == {
+        "d_model": 64,
+        "encoder_layers": 3,
+        "decoder_layers": 3,
+        "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8,
+        "encoder_ffn_dim": 256,
+        "decoder_ffn_dim": 256,
+        "dropout": 0.2,
+    }
+
+
+def test_every_option_this_module_adds_is_described_in_the_help():
+    """`train.py --help`: an option without its line says nothing of what it does (nor that a preset sets it)."""
+    inherited = {field.name for field in dataclasses.fields(Seq2SeqTrainingArguments)}
+    groups = (ModelArguments, DataArguments, TranslationTrainingArguments)
+    own = [field.name for group in groups for field in dataclasses.fields(group) if field.init]
+    own = [name for name in own if name not in inherited]
+    helps = {action.dest: action.help for action in HfArgumentParser(groups)._actions}
+    assert set(own) <= set(helps)
+    assert [name for name in own if not helps[name]] == []
+
+
+@pytest.mark.parametrize("mixed_precision", [None, "no"])
+def test_a_launch_without_mixed_precision_trains_and_says_float32(mixed_precision, tmp_path, monkeypatch, caplog):
+    """No ACCELERATE_MIXED_PRECISION, or `no`: nothing to take on, and no autocast warning."""
+    if mixed_precision is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", mixed_precision)
+    with caplog.at_level(logging.WARNING, logger="modeling.arguments"):
+        args = training_args(tmp_path)
+    assert (args.bf16, args.fp16) == (False, False)
+    assert "autocast" not in caplog.text
+    assert not hasattr(args, "no")
+
+
+def test_fp16_from_accelerate_launch_is_taken_on_an_accelerator(tmp_path, monkeypatch):
+    """Only a CPU trains float32 under fp16 (accelerate's rule): on a GPU the run is fp16 and says so."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    cpu = TranslationTrainingArguments.device  # its setup still runs: a GPU is what it reports, not what it uses
+    monkeypatch.setattr(
+        TranslationTrainingArguments, "device", property(lambda self: (cpu.fget(self), torch.device("cuda"))[1])
+    )
+    assert training_args(tmp_path).fp16
