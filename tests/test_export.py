@@ -681,16 +681,17 @@ def test_ctranslate2_refuses_a_tokenizer_whose_ids_leave_a_gap(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_ctranslate2_without_an_unknown_token_names_the_first_token_not_the_end_of_sentence(tmp_path):
-    """CTranslate2's config needs an unknown token; a tokenizer without one gets its first token (the padding, id 0),
-    which no translation holds: the next one here is </s>, which `disable_unk=True` would then forbid, and no
-    translation would end."""
-    tokenizer = word_level_tokenizer(["<pad>", "</s>"], pad_token="<pad>", eos_token="</s>")
-    assert tokenizer.unk_token is None
-    model = tiny_model(len(tokenizer), eos_token_id=1, decoder_start_token_id=1)
-    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
-    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
-    assert (config["unk_token"], config["eos_token"]) == ("<pad>", "</s>")
+def test_ctranslate2_without_an_unknown_token_names_one_that_is_not_the_end_of_sentence(tmp_path):
+    """CTranslate2's config needs an unknown token; a tokenizer without one gets its first token that is neither
+    the end of sentence nor the decoder's start (the padding here), which no translation holds: `disable_unk=True`
+    would otherwise forbid </s>, and no translation would end."""
+    for vocabulary, eos in ((["<pad>", "</s>"], 1), (["</s>", "<pad>"], 0)):
+        tokenizer = word_level_tokenizer(vocabulary, pad_token="<pad>", eos_token="</s>")
+        assert tokenizer.unk_token is None
+        model = tiny_model(len(tokenizer), eos_token_id=eos, decoder_start_token_id=eos, pad_token_id=1 - eos)
+        export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+        config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+        assert (config["unk_token"], config["eos_token"]) == ("<pad>", "</s>"), vocabulary
 
 
 def test_ctranslate2_refusal_of_a_gap_lists_ten_missing_ids_then_an_ellipsis(tmp_path):

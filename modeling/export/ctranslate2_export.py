@@ -172,8 +172,12 @@ def ctranslate2_spec(model: TransformerForConditionalGeneration, tokenizer: PreT
     tokens = _ctranslate2_vocabulary(tokenizer, config.vocab_size)
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
-    spec.config.unk_token = tokenizer.unk_token if tokenizer.unk_token is not None else tokens[0]
-    spec.config.eos_token = tokens[single_eos(config, "CTranslate2")]
+    eos = single_eos(config, "CTranslate2")
+    # CTranslate2 needs an unknown token: without the tokenizer's, one no translation holds, so that
+    # `disable_unk=True` forbids neither the end of sentence nor the start
+    starts = {eos, config.decoder_start_token_id}
+    spec.config.unk_token = tokenizer.unk_token or next(token for i, token in enumerate(tokens) if i not in starts)
+    spec.config.eos_token = tokens[eos]
     spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
     spec.config.bos_token = tokenizer.bos_token if tokenizer.bos_token is not None else spec.config.decoder_start_token
     spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
