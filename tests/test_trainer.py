@@ -2025,3 +2025,17 @@ def test_loader_memory_is_pinned_only_when_asked_and_a_gpu_is_there(tmp_path, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert trainer.get_train_dataloader().pin_memory is pin_memory
     assert trainer.get_eval_dataloader(dataset).pin_memory is pin_memory
+
+
+def test_a_checkpoints_files_have_the_permissions_the_umask_gives(tmp_path):
+    """safetensors writes model.safetensors 0600 (through a private temporary file): a serving account or a colleague
+    on a shared file system could not read a checkpoint. Every file of a complete one has the umask's permissions."""
+    umask = os.umask(0o022)
+    try:
+        resumable_run(tmp_path, max_steps=2, save_strategy="steps", save_steps=2).train()
+    finally:
+        os.umask(umask)
+    checkpoint = tmp_path / "checkpoint-2"
+    modes = {path.name: path.stat().st_mode & 0o777 for path in checkpoint.rglob("*") if path.is_file()}
+    assert "model.safetensors" in modes and COMPLETE_MARKER in modes
+    assert set(modes.values()) == {0o644}, modes
