@@ -34,11 +34,12 @@ from helpers import (
 from safetensors.torch import load_file, save_file
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils.tensorboard import SummaryWriter
-from transformers import EvalPrediction, TrainerCallback, modeling_utils
+from transformers import EvalPrediction, TrainerCallback, modeling_utils, set_seed
 from transformers.trainer_pt_utils import LabelSmoother
 
 import modeling.trainer as trainer_module
 from modeling.averaging import average_checkpoints, last_checkpoints
+from modeling.callbacks import PREEMPTION_SIGNALS
 from modeling.checkpoints import (
     COMPLETE_MARKER,
     checkpoint_problems,
@@ -55,6 +56,7 @@ from modeling.trainer import (
     bleu_metrics,
     check_sharding,
     evaluation_metrics,
+    start_loader_worker,
 )
 
 
@@ -2039,3 +2041,24 @@ def test_a_checkpoints_files_have_the_permissions_the_umask_gives(tmp_path):
     modes = {path.name: path.stat().st_mode & 0o777 for path in checkpoint.rglob("*") if path.is_file()}
     assert "model.safetensors" in modes and COMPLETE_MARKER in modes
     assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_training_loaders_worker_ignores_the_preemption_signals_and_is_seeded_by_its_rank():
+    """What `start_loader_worker` leaves in a training loader's worker: the preemption signals ignored (the main
+    process answers them), and the random generators seeded as transformers seeds workers, `num_workers × rank`
+    plus the worker's torch seed, so that the workers of different processes draw different numbers."""
+    handlers = {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS}
+    drawn = {}
+    try:
+        for rank in (0, 1):
+            torch.manual_seed(1234)  # the worker's torch seed, which the DataLoader sets
+            start_loader_worker(0, num_workers=2, rank=rank, seeded=True)
+            assert {signal.getsignal(signum) for signum in PREEMPTION_SIGNALS} == {signal.SIG_IGN}
+            drawn[rank] = (random.random(), np.random.rand(), torch.rand(1).item())
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    for rank in (0, 1):
+        set_seed(1234 + 2 * rank)
+        assert drawn[rank] == (random.random(), np.random.rand(), torch.rand(1).item())
+    assert drawn[0] != drawn[1]
