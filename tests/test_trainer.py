@@ -2062,3 +2062,18 @@ def test_a_training_loaders_worker_ignores_the_preemption_signals_and_is_seeded_
         set_seed(1234 + 2 * rank)
         assert drawn[rank] == (random.random(), np.random.rand(), torch.rand(1).item())
     assert drawn[0] != drawn[1]
+
+
+def test_rerunning_a_finished_run_on_another_process_than_the_main_one_keeps_that_process_off_its_role(
+    tmp_path, monkeypatch
+):
+    """The state loaded from the checkpoint is the main process's (is_world_process_zero true): on another process,
+    the callbacks reading it (TensorBoard's, the progress bar) would write as the main process does. One process
+    stands in for rank 1 of another node, told that it is not the main process."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=6).train()
+    rerun = resumable_run(tmp_path, save_strategy="steps", save_steps=6)
+    monkeypatch.setattr(rerun, "is_world_process_zero", lambda: False)
+    monkeypatch.setattr(rerun, "is_local_process_zero", lambda: False)
+    rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    assert rerun.state.global_step == 6, "nothing left to train"
+    assert not rerun.state.is_world_process_zero and not rerun.state.is_local_process_zero
