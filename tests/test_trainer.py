@@ -2077,3 +2077,22 @@ def test_rerunning_a_finished_run_on_another_process_than_the_main_one_keeps_tha
     rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert rerun.state.global_step == 6, "nothing left to train"
     assert not rerun.state.is_world_process_zero and not rerun.state.is_local_process_zero
+
+
+def test_resuming_a_paper_schedule_run_with_the_trainers_own_schedule_is_not_refused_for_its_warmup(tmp_path):
+    """--no_paper_schedule: the checkpoint's warmup (the paper schedule's, in its scheduler state) is not restored
+    into the Trainer's linear schedule, so another --warmup_steps is nothing to refuse; the updates after the first
+    take the linear schedule's rates."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, learning_rate=1e-3).train()
+    linear = {"paper_schedule": False, "learning_rate": 1e-3, "warmup_steps": 1}
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, **linear)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    uninterrupted = resumable_run(tmp_path / "linear", save_strategy="no", **linear)
+    uninterrupted.train()
+
+    def rates(trainer):
+        logged = [entry for entry in trainer.state.log_history if "learning_rate" in entry]
+        return {entry["step"]: entry["learning_rate"] for entry in logged if entry["step"] > 4}
+
+    assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(uninterrupted))
+    assert len(rates(uninterrupted)) == 2
