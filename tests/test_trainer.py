@@ -2096,3 +2096,18 @@ def test_resuming_a_paper_schedule_run_with_the_trainers_own_schedule_is_not_ref
 
     assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(uninterrupted))
     assert len(rates(uninterrupted)) == 2
+
+
+def test_an_optimizer_state_lacking_a_setting_of_a_newer_torch_resumes_with_its_default(tmp_path):
+    """A checkpoint saved by an older torch, whose AdamW had no `decoupled_weight_decay`: a setting the built optimizer
+    alone has is a newer torch's, loaded with its default. Another optimizer differs on both sides (refused)."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    path = tmp_path / "checkpoint-3" / "optimizer.pt"
+    state = torch.load(path, weights_only=True)
+    assert all("decoupled_weight_decay" in group for group in state["param_groups"])
+    for group in state["param_groups"]:
+        del group["decoupled_weight_decay"]
+    torch.save(state, path)
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.state.global_step == 6 and (tmp_path / "checkpoint-6").is_dir()
