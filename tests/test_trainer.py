@@ -2111,3 +2111,16 @@ def test_an_optimizer_state_lacking_a_setting_of_a_newer_torch_resumes_with_its_
     resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert resumed.state.global_step == 6 and (tmp_path / "checkpoint-6").is_dir()
+
+
+def test_train_runtime_counts_from_the_start_of_train_not_from_the_trainers_construction(tmp_path, monkeypatch):
+    """A trainer built an hour before train() (the data prepared meanwhile, a wait on the other processes):
+    train_runtime and the rates divided by it are those of the updates. The hour passes on the monotonic clock,
+    by which they are measured."""
+    tokenizer = word_tokenizer()
+    args = training_args(tmp_path, max_steps=2, warmup_steps=1, max_tokens_per_device=36)
+    trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, tiny_model(len(tokenizer)))
+    clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + 3600)
+    metrics = trainer.train().metrics
+    assert 0 < metrics["train_runtime"] < 600, metrics
