@@ -2124,3 +2124,18 @@ def test_train_runtime_counts_from_the_start_of_train_not_from_the_trainers_cons
     monkeypatch.setattr(time, "perf_counter", lambda: clock() + 3600)
     metrics = trainer.train().metrics
     assert 0 < metrics["train_runtime"] < 600, metrics
+
+
+def test_an_evaluation_logged_between_two_training_logs_takes_none_of_their_throughput(tmp_path):
+    """Throughput is a training log's: an evaluation logged between two (eval_steps off the logging steps) must not
+    take the tokens counted so far, or the next training log covers only the updates after the evaluation."""
+    tokenizer = word_tokenizer()
+    dataset = equal_length_halves(len(tokenizer))
+    settings = {"max_steps": 2, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 1, "warmup_steps": 1}
+    args = training_args(tmp_path, max_tokens_per_device=36, **settings)
+    trainer = make_trainer(args, dataset, tokenizer, tiny_model(len(tokenizer)), eval_dataset=dataset)
+    trainer.train()
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert len(evaluations) == 2 and not any("tokens_per_second" in entry for entry in evaluations)
+    (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logged["updates_logged"] == 2
