@@ -754,6 +754,29 @@ def test_a_hub_model_pushed_without_its_tokenizer_is_named(hub_here, tmp_path):
         load_model_and_tokenizer("tester/untokenized", device="cpu")
 
 
+def test_a_hub_model_offline_and_not_in_the_cache_is_named_before_loading(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 and a repo never downloaded: the cache named and how to fill it, before any load, not
+    transformers' "couldn't connect", which blames the network."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError) as error:
+        load_model_and_tokenizer("tester/never-downloaded", device="cpu")
+    assert str(error.value) == (
+        f"'tester/never-downloaded' is not in the Hub cache {tmp_path / 'cache'}, and offline mode (HF_HUB_OFFLINE) "
+        "keeps it from the Hub: download it where the Hub can be reached, into the same HF_HOME (hf download "
+        "tester/never-downloaded)"
+    )
+
+
+def test_a_name_that_is_no_directory_and_no_hub_repo_is_named(hub_here):
+    """A typo in an owner/name id the Hub answers for: one OSError naming what was looked for, not an
+    UnboundLocalError."""
+    with pytest.raises(OSError, match=r"^Could not load a model config from 'tester/no-such-model': it is neither"):
+        load_model_and_tokenizer("tester/no-such-model", device="cpu")
+
+
 SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
 
 
