@@ -581,6 +581,40 @@ def test_a_missing_or_broken_tokenizer_or_config_is_named(tmp_path, damage, mess
         load_model_and_tokenizer(str(tmp_path))
 
 
+def test_a_model_saved_as_pytorch_model_bin_loads(tmp_path):
+    """A checkpoint with its weights in pytorch_model.bin (older transformers) has no safetensors to check: it loads,
+    not refused as holding "no weights"."""
+    model, tokenizer = save_tiny_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    loaded, _ = load_model_and_tokenizer(str(tmp_path), device="cpu")
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["sacremoses", "sacremoses.tokenize"])
+def test_a_package_the_tokenizer_needs_is_named_with_how_to_install_it(tiny_checkpoint, monkeypatch, name):
+    """A converted fairseq model's tokenizer imports sacremoses: a missing one is named by its package, a
+    submodule's too (what pip installs)."""
+
+    def needs(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(translation.AutoTokenizer, "from_pretrained", needs)
+    directory = str(tiny_checkpoint[0])
+    with pytest.raises(ImportError) as error:
+        load_model_and_tokenizer(directory, device="cpu")
+    assert str(error.value) == f"The tokenizer of {directory!r} needs the package 'sacremoses': pip install sacremoses"
+
+
+def test_an_import_error_naming_no_module_goes_through_as_it_is(tiny_checkpoint, monkeypatch):
+    def fails(*args, **kwargs):
+        raise ModuleNotFoundError("a loader's own message")
+
+    monkeypatch.setattr(translation.AutoTokenizer, "from_pretrained", fails)
+    with pytest.raises(ModuleNotFoundError, match=r"^a loader's own message$"):
+        load_model_and_tokenizer(str(tiny_checkpoint[0]), device="cpu")
+
+
 def test_a_converted_fairseq_model_without_a_file_of_its_tokenizer_names_the_file(converted_fairseq_dir, tmp_path):
     """Before: "does not load (expected str, bytes or os.PathLike object, not NoneType)", no file named."""
     copy = tmp_path / "converted"
