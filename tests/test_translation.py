@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import closing
@@ -1097,6 +1098,8 @@ def test_a_pipe_is_read_once_from_its_start_and_resumed_if_it_carries_the_same_t
     piped = lines if same_text else [f"{line} again" for line in lines]
     given = []
     sizes = counting_translate(monkeypatch, given=given)
+    # the lines kept aside lie beside the destination, not in TMPDIR (a small tmpfs on many compute nodes)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no TMPDIR"))
     with fed_pipe(tmp_path / "pipe", "".join(line + "\n" for line in piped)) as pipe:
         assert translate_file(model, tokenizer, pipe, destination, chunk_lines=3, **SETTINGS) == len(lines)
     if same_text:
