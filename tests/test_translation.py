@@ -956,6 +956,23 @@ def test_a_translation_killed_after_a_chunk_of_one_line_resumes(file_to_translat
     assert destination.read_text().split("\n")[:-1] == expected
 
 
+def test_a_translation_killed_after_a_chunk_of_empty_lines_resumes(
+    file_to_translate, tokenizer, tmp_path, monkeypatch, caplog
+):
+    """A chunk of empty lines is one "\n" a line: a record of as many bytes as lines, which is resumed too."""
+    _, lines, model, expected = file_to_translate
+    source, destination = tmp_path / "news.en", tmp_path / "news.de"
+    source.write_text("\n" * 3 + "".join(line + "\n" for line in lines))
+    counting_translate(monkeypatch, interrupt_at=1)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    sizes = counting_translate(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="modeling.translation"):
+        assert translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS) == len(lines) + 3
+    assert sum(sizes) == len(lines) and "Resuming the translation" in caplog.text, "the empty lines done are kept"
+    assert destination.read_text().split("\n")[:-1] == ["", "", "", *expected]
+
+
 def test_a_rerun_giving_the_same_generate_keywords_in_another_order_resumes(tokenizer, tmp_path, monkeypatch):
     """The decoding is known by its settings, not by the order a caller passes them in (`**vars(args)`)."""
     monkeypatch.setattr(translation, "model_fingerprint", lambda model: "an echo")  # an echo holds no weights
@@ -1186,6 +1203,7 @@ def test_the_same_text_at_another_path_resumes(file_to_translate, tokenizer, tmp
         "model",
         "config",
         "decoding",
+        "tokenizer",
         "cut record",
         "record without its hash",
         "cut partial",
@@ -1217,6 +1235,9 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     elif change == "decoding":
         settings["num_beams"] = 3
         now = translate(model, tokenizer, lines, **settings)
+    elif change == "tokenizer":  # reads "</s>" in text as the control token: other ids for such a line
+        tokenizer = tiny_tokenizer()
+        tokenizer.split_special_tokens = False
     elif change == "cut record":
         (tmp_path / f".{destination.name}.partial.json").write_text("{cut sh")
     elif change == "cut partial":  # a copy of the partial file cut short: the record vouches for more than it holds
@@ -1237,6 +1258,7 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     assert destination.read_text().split("\n")[:-1] == now
     expected_reason = {"source": "another text", "model": "(another model)", "decoding": "(another decoding)"}
     expected_reason["config"] = "(another config)"
+    expected_reason["tokenizer"] = "(another tokenizer)"
     expected_reason["cut partial"] = "shorter than its record says"
     expected_reason["more lines than bytes"] = "counts 6 lines in 0 bytes"
     assert expected_reason.get(change, "unreadable") in caplog.text
