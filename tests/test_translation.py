@@ -365,6 +365,20 @@ def test_overlapping_calls_decode_in_evaluation_mode_and_give_the_mode_back(toke
     assert model.training, "the mode the first call found, given back by the last"
 
 
+def test_the_mode_is_given_back_when_the_last_of_three_overlapping_calls_ends():
+    """Calls on three threads ending one after another: the model stays in evaluation mode until the third ends
+    (the second to end must not give training mode back while the third still decodes)."""
+    model = torch.nn.Linear(2, 2)  # in training mode
+    calls = [translation._EVALUATION_MODE.of(model) for _ in range(3)]
+    for call in calls:
+        call.__enter__()
+    for call in calls[:2]:
+        call.__exit__(None, None, None)
+        assert not model.training, "a call still decodes"
+    calls[2].__exit__(None, None, None)
+    assert model.training, "the mode the first call found, given back by the last"
+
+
 def test_overlapping_calls_with_their_own_settings_translate_as_calls_one_at_a_time(tokenizer):
     """A service's threads sharing one model, each call with its own decoding, decoding at the same time (each
     thread's first batch waits for the other's): the static beam cache, the prepacked weights and the beam
