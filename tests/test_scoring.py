@@ -48,6 +48,14 @@ def test_moses_tokenisation_uses_the_english_non_breaking_prefixes_of_2017():
     assert moses_tokenize("Mr. Smith paid No. 5.", "en") == "Mr. Smith paid No. 5 ."  # the prefixes of 2017 stay
 
 
+def test_moses_tokenisation_follows_the_rules_of_the_language_given():
+    # tokenizer.perl -l fr (and it) splits after an elided article's apostrophe, -l en before it; German's
+    # non-breaking prefixes keep an ordinal's full stop ("3. Mai"), which English's would split off.
+    assert moses_tokenize("C'est l'homme.", "fr") == "C&apos; est l&apos; homme ."
+    assert moses_tokenize("C'est l'homme.", "en") == "C &apos;est l &apos;homme ."
+    assert moses_tokenize("Er kam am 3. Mai.", "de") == "Er kam am 3. Mai ."
+
+
 def test_identical_hypotheses_score_100_everywhere():
     sentences = ["Das ist ein rich-text Format.", "Der kleine Hund sieht einen roten Ball heute."]
     scores = corpus_scores(sentences, sentences, "de")
