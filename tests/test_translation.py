@@ -455,6 +455,28 @@ def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch
     assert model.training and torch.get_num_threads() == 2, "the model's mode and torch's threads given back"
 
 
+def test_an_error_after_a_batch_is_decoded_stops_the_workers_while_its_traceback_is_held(
+    tokenizer, two_torch_threads, monkeypatch
+):
+    """An error in `translate`'s own loop (turning a batch's ids into text), its traceback kept (a service logging
+    it): the workers are stopped and torch's threads given back as it comes out, not when the
+    traceback lets the generator go."""
+    sentences = [en for en, _ in synthetic_pairs(30, seed=1)]
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("decoding failed")
+
+    monkeypatch.setattr(tokenizer, "batch_decode", fails)
+    kept = None
+    try:
+        translate(SideBySideEchoModel(), tokenizer, sentences, max_tokens=40, workers=2)
+    except RuntimeError as error:
+        kept = error  # its traceback holds translate's frame, and the generator in it
+    assert str(kept) == "decoding failed" and kept.__traceback__ is not None
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("generate")]
+    assert torch.get_num_threads() == 2, "torch's threads given back"
+
+
 def test_workers_stopped_early_never_decode_the_batches_read_but_not_begun(two_torch_threads, monkeypatch):
     """A reader that stops (an error on a batch's result, a closed generator) stops the workers: the batches read
     ahead that no worker has begun are dropped, not decoded while the error waits for the pool."""
