@@ -648,6 +648,17 @@ def test_a_package_the_tokenizer_needs_is_named_with_how_to_install_it(tiny_chec
     assert str(error.value) == f"The tokenizer of {directory!r} needs the package 'sacremoses': pip install sacremoses"
 
 
+def test_a_tokenizer_failing_without_a_message_is_named_by_the_errors_type(tiny_checkpoint, monkeypatch):
+    def fails(*args, **kwargs):
+        raise KeyError  # no message: str() of it is empty
+
+    monkeypatch.setattr(translation.AutoTokenizer, "from_pretrained", fails)
+    directory = str(tiny_checkpoint[0])
+    with pytest.raises(ValueError) as error:
+        load_model_and_tokenizer(directory, device="cpu")
+    assert str(error.value).startswith(f"The tokenizer in {directory!r} does not load (KeyError): a file cut short")
+
+
 def test_an_import_error_naming_no_module_goes_through_as_it_is(tiny_checkpoint, monkeypatch):
     def fails(*args, **kwargs):
         raise ModuleNotFoundError("a loader's own message")
