@@ -30,7 +30,7 @@ from typing import IO, Any
 import torch
 from huggingface_hub import try_to_load_from_cache
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
 from .checkpoints import config_identity, weights_problems
@@ -736,7 +736,9 @@ def load_model_and_tokenizer(
         revision = pinned_hub_revision(name_or_path, revision)
     with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
         try:
-            config = AutoConfig.from_pretrained(name_or_path, revision=revision)
+            # the dict, not AutoConfig: that names a missing config.json "Unrecognized model", and a model type it
+            # does not know in ten lines
+            config, _ = TransformerConfig.get_config_dict(name_or_path, revision=revision)
         except OSError as error:
             if os.path.isdir(name_or_path):  # config.json is there (checked above): it does not parse
                 raise OSError(f"Could not read {os.path.join(name_or_path, 'config.json')}: {error}") from error
@@ -745,9 +747,14 @@ def load_model_and_tokenizer(
                 f"reachable Hub repo id. ({error})"
             ) from error
         model_type = TransformerConfig.model_type
-        if config.model_type != model_type:
+        if "model_type" not in config:  # a Hub repo without config.json gives {}
+            raise FileNotFoundError(
+                f"{name_or_path!r} has no config.json naming a model_type: it is not a model saved with "
+                "save_pretrained (pushed with scripts/push_to_hub.py)."
+            )
+        if config["model_type"] != model_type:
             raise ValueError(
-                f"{name_or_path!r} holds a {config.model_type!r} checkpoint, not a {model_type!r} one; "
+                f"{name_or_path!r} holds a {config['model_type']!r} checkpoint, not a {model_type!r} one; "
                 "these tools only handle this project's models (convert others first, e.g. modeling.convert)."
             )
         if os.path.isdir(name_or_path) and (glob.glob(os.path.join(glob.escape(name_or_path), "*.safetensors"))):

@@ -749,8 +749,12 @@ def test_a_model_named_on_an_unreachable_hub_names_the_url(quick_hub, monkeypatc
         load_model_and_tokenizer("user/tiny")
 
 
-@pytest.mark.parametrize("loader", ["AutoConfig", "AutoModelForSeq2SeqLM"], ids=["after the config", "after weights"])
-def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch, loader):
+@pytest.mark.parametrize(
+    ("loader", "method"),
+    [("TransformerConfig", "get_config_dict"), ("AutoModelForSeq2SeqLM", "from_pretrained")],
+    ids=["after the config", "after weights"],
+)
+def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path, monkeypatch, loader, method):
     """The tokenizer is fetched after the weights (minutes after, for a real model): each file followed the branch,
     so a push landing in between gave the first model's weights with the second one's tokenizer, without a word.
     The weights too come from the commit pinned when the load began, not one pushed after the config was read."""
@@ -765,7 +769,7 @@ def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path
     sentence = "the small dog sees a red ball."
     assert other_tokenizer(sentence)["input_ids"] != tokenizer(sentence)["input_ids"]
     push_model_dir(first, "tester/race", token=HUB_TOKEN)
-    load, pushed = getattr(translation, loader).from_pretrained, []
+    load, pushed = getattr(getattr(translation, loader), method), []
 
     def load_then_a_push(*args, **kwargs):
         loaded = load(*args, **kwargs)
@@ -774,7 +778,7 @@ def test_a_push_landing_during_a_load_does_not_mix_two_models(hub_here, tmp_path
             push_model_dir(second, "tester/race", token=HUB_TOKEN)
         return loaded
 
-    monkeypatch.setattr(getattr(translation, loader), "from_pretrained", load_then_a_push)
+    monkeypatch.setattr(getattr(translation, loader), method, load_then_a_push)
     loaded, loaded_tokenizer = load_model_and_tokenizer("tester/race", device="cpu")
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
     assert loaded_tokenizer(sentence)["input_ids"] == tokenizer(sentence)["input_ids"], "the tokenizer of the weights"
@@ -862,6 +866,26 @@ def test_a_name_that_is_no_directory_and_no_hub_repo_is_named(hub_here):
     UnboundLocalError."""
     with pytest.raises(OSError, match=r"^Could not load a model config from 'tester/no-such-model': it is neither"):
         load_model_and_tokenizer("tester/no-such-model", device="cpu")
+
+
+def test_a_hub_repo_without_a_config_or_of_a_model_type_transformers_lacks_is_named_in_one_line(hub_here, tmp_path):
+    """transformers gives {} for a repo without config.json (a README pushed alone), then "Unrecognized model ...
+    Should have a `model_type` key", and a model type it does not know in ten lines."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    (tmp_path / "README.md").write_text("A card pushed before its model.\n")
+    api.create_repo("tester/configless")
+    api.upload_folder(folder_path=tmp_path, repo_id="tester/configless")
+    expected = "'tester/configless' has no config.json naming a model_type: it is not a model saved with"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(expected)}"):
+        load_model_and_tokenizer("tester/configless", device="cpu")
+    (tmp_path / "config.json").write_text('{"model_type": "a-newer-architecture"}')
+    api.create_repo("tester/newer")
+    api.upload_folder(folder_path=tmp_path, repo_id="tester/newer")
+    expected = "'tester/newer' holds a 'a-newer-architecture' checkpoint, not a 'vaswani_transformer' one; these tools"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}"):
+        load_model_and_tokenizer("tester/newer", device="cpu")
 
 
 SETTINGS = {"num_beams": 2, "max_new_tokens": 5}
