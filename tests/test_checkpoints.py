@@ -232,9 +232,13 @@ def test_safetensors_problems_name_what_is_wrong(tmp_path):
         b'{"a": {"dtype": "F32"}}',
         b'{"a": {"data_offsets": [0]}}',
         b'{"a": {"data_offsets": "0, 8"}}',
+        b'{"a": {"data_offsets": ["0", "8"]}}',  # offsets as text: not a TypeError adding them up
     ):
         write_safetensors(path, entry)  # an edited header that parses: named, not a KeyError or TypeError
         assert safetensors_problem(path) == "model.safetensors has no valid safetensors header", entry
+    # a float offset, which safetensors refuses to load, though the file's size is what it adds up to
+    write_safetensors(path, b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}', bytes(8))
+    assert safetensors_problem(path) == "model.safetensors has no valid safetensors header"
     write_safetensors(path, b'{"__metadata__": {"format": "pt"}}')  # metadata alone: no tensors
     assert safetensors_problem(path) is None
     write_safetensors(path, b"{}")  # no tensors: the header is the whole file
