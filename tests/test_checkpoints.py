@@ -345,6 +345,9 @@ def test_identity_fields_recorded_later_or_changing_kind_are_named():
     assert (
         describe_differences({"files": files}, {"files": None}, ["files"]) == 'files: [{"name": "train.en"}] vs null'
     )
+    assert (  # either way round: not an AttributeError in the middle of a refusal's message
+        describe_differences({"files": None}, {"files": files}, ["files"]) == 'files: null vs [{"name": "train.en"}]'
+    )
     betas = describe_differences({"betas": [0.9, 0.98]}, {"betas": [0.9, 0.997]}, ["betas"])
     assert betas == "betas: [0.9, 0.98] vs [0.9, 0.997]", "a list of numbers is no list of files"
     # a list of records without names (not files): shown whole, not a KeyError in the middle of a refusal's message
