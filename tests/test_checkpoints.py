@@ -429,6 +429,13 @@ def test_records_read_back_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_
     save_trainer_checkpoint(checkpoint, seed=0)
     write_completeness_marker(checkpoint, note="grün")
     assert checkpoint_problems(checkpoint) == []
+    assert marker_record(checkpoint)["note"] == "grün", "what the trainer resumes by, not an empty record"
+    # two models whose configs hold a non-ASCII field: their configs compared, not both read as empty
+    for name, d_model in (("a", 32), ("b", 64)):
+        config = {"d_model": d_model, "note": "Übersetzung"}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    assert model_differences(tmp_path / "a", tmp_path / "b") == ["config.d_model"]
 
 
 @pytest.mark.parametrize("name", ["vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model"])
