@@ -181,6 +181,7 @@ def test_checkpoint_steps_and_listing(tmp_path):
     for name in ("checkpoint-900", "checkpoint-1000", ".checkpoint-1100.partial", ".checkpoint-800.old", "runs"):
         (tmp_path / name).mkdir()
     (tmp_path / "checkpoint-5").write_text("a file, not a checkpoint")
+    (tmp_path / ".checkpoint-5.partial").write_text("a file, not what a save left")
     assert checkpoint_step(tmp_path / "checkpoint-900") == 900
     with pytest.raises(ValueError, match=r"runs is not a Trainer checkpoint directory \(checkpoint-<step>\)"):
         checkpoint_step(tmp_path / "runs")
