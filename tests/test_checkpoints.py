@@ -409,6 +409,7 @@ def test_paths_given_as_strings_are_read_as_paths(tmp_path):
     assert checkpoint_problems(str(checkpoint)) == []
     assert latest_complete_checkpoint(str(tmp_path)) == checkpoint
     assert require_complete_checkpoint(str(checkpoint)) == checkpoint
+    assert model_differences(str(checkpoint), str(tmp_path / "checkpoint-10")) == []
 
 
 def test_records_read_back_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
