@@ -85,6 +85,15 @@ def test_check_model_dir_requires_the_siblings_the_remote_code_imports(tmp_path)
     check_model_dir(tmp_path)
 
 
+def test_check_model_dir_reads_the_remote_code_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
+    """The remote code holds non-ASCII text (its docstrings): a push from a job whose locale encoding is ASCII reads
+    it for the siblings it imports rather than failing in UnicodeDecodeError."""
+    save_tiny_checkpoint(tmp_path)
+    code = tmp_path / "modeling_transformer.py"
+    code.write_text(code.read_text(encoding="utf-8") + "# Vaswani et al. — “Attention”\n", encoding="utf-8")
+    check_model_dir(tmp_path)
+
+
 def test_check_model_dir_names_an_export_directory_and_its_model(tmp_path):
     save_tiny_checkpoint(tmp_path / "model")
     to_ctranslate2(*load_model_and_tokenizer(str(tmp_path / "model")), tmp_path / "ct2")
