@@ -146,7 +146,9 @@ def test_the_push_at_the_end_of_training_is_prepared_again_by_a_rerun(hub_here, 
         assert prepare_push(push_args()) == prepare_push(push_args()) == HubTarget("tester/rerun", HUB_TOKEN)
         assert "hub_strategy" not in caplog.text, "the default, every_save, pushes nothing else here either"
         prepare_push(push_args(hub_strategy="checkpoint"))
+        prepare_push(push_args(hub_strategy="all_checkpoints"))
     assert "hub_strategy=checkpoint is not used: checkpoints are not pushed." in caplog.text
+    assert "hub_strategy=all_checkpoints is not used: checkpoints are not pushed." in caplog.text
     with pytest.raises(ValueError, match="--hub_revision is not supported"):
         prepare_push(push_args(hub_revision="v2"))
 
