@@ -549,6 +549,8 @@ def test_weights_that_safetensors_cannot_read_are_refused_though_their_header_ad
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     with pytest.raises(ValueError, match=r": model\.safetensors cannot be read \(.+\): refusing to push it\."):
         verify_model_files(tmp_path)
+    with pytest.raises(ValueError, match=r": model\.safetensors cannot be read"):
+        verify_model_files(str(tmp_path))  # a path from the command line: read as the Path is
 
 
 def test_a_push_uploads_every_vocabulary_file_a_tokenizer_saves(hub_here, tmp_path):
