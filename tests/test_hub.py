@@ -47,6 +47,17 @@ def test_check_model_dir_refuses_a_directory_without_remote_code(tmp_path):
         check_model_dir(tmp_path)
 
 
+def test_check_model_dir_names_a_directory_that_is_not_there_or_is_a_file(tmp_path):
+    """A mistyped --model, or the weights file given for its directory: named as such, not as a directory that lacks
+    every file; a path given as a string is read as the Path is."""
+    with pytest.raises(FileNotFoundError, match=r"^Model directory .*nowhere does not exist\.$"):
+        check_model_dir(str(tmp_path / "nowhere"))
+    save_tiny_checkpoint(tmp_path)
+    with pytest.raises(NotADirectoryError, match=r"model\.safetensors is a file: give the directory that holds it"):
+        check_model_dir(tmp_path / "model.safetensors")
+    assert check_model_dir(str(tmp_path)) == tmp_path
+
+
 @pytest.mark.parametrize(
     "removed, expected",
     [
