@@ -55,6 +55,14 @@ def test_card_metadata_has_the_bleu_results_in_model_index(eval_result):
     assert paper.metric_value == round(eval_result["paper_bleu"], 2)
     assert by_name["BLEU (tokenised, lowercased)"].metric_value == round(eval_result["tokenized_bleu_lc"], 2)
     assert by_name["chrF"].metric_type == "chrf"
+    assert [(result.metric_name, result.metric_type) for result in data.eval_results] == [
+        ("sacreBLEU", "bleu"),
+        ("BLEU (tokenised as in the paper)", "bleu"),
+        ("BLEU (tokenised, lowercased)", "bleu"),
+        ("chrF", "chrf"),
+    ], "each BLEU is a bleu to the Hub's leaderboards"
+    assert {result.task_name for result in data.eval_results} == {"Translation"}
+    assert data.tags == ["translation", "transformer", "vaswani-transformer", "custom_code"], "custom_code: the Hub"
     assert f"{eval_result['sacrebleu']:.2f}" in card.text
     assert "@inproceedings{vaswani2017attention" in card.text
     assert f'from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
@@ -347,8 +355,14 @@ def test_a_converted_fairseq_model_gets_its_own_card(converted_fairseq_dir, tmp_
     assert "## Converted from fairseq" in card and "`transformer_wmt_en_de`" in card
     assert "\nlicense: mit\n" in card, "fairseq published its weights under MIT"
     assert "beam 4, length penalty\n0.6 as score / length^α" in card and "sacremoses" in card
-    assert "en-de): 29.3 tokenised BLEU with compound splitting, 28.6 sacreBLEU" in card
-    assert "(`wmt14.en-fr.joined-dict.transformer.tar.bz2`, en-fr): 43.2 tokenised BLEU, 41.4 sacreBLEU" in card
+    assert (
+        "- `transformer.wmt16.en-de` (`wmt16.en-de.joined-dict.transformer.tar.bz2`, en-de): 29.3 tokenised BLEU with "
+        "compound splitting, 28.6 sacreBLEU" in card
+    )
+    assert (
+        "- `transformer.wmt14.en-fr` (`wmt14.en-fr.joined-dict.transformer.tar.bz2`, en-fr): 43.2 tokenised BLEU, "
+        "41.4 sacreBLEU" in card
+    )
     assert "GNMT length penalty 0.6, max length source + 50" not in card and "- fairseq" in card
     assert "| positional encoding frequencies | tensor2tensor |" in card
     assert f"| parameters | {count_parameters(model_dir):,} |" in card, "counted from the model's safetensors"
