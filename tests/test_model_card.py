@@ -558,8 +558,8 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
         ({"sacrebleu": "27.1"}, r"eval_results_test\.json: 'sacrebleu' is '27\.1', not a number"),
         ({"sacrebleu": True}, r"eval_results_test\.json: 'sacrebleu' is True, not a number"),  # model-index's 1.0
         # printed on the card and put in model-index as the dataset's split and the score's signature
-        ({"split": 3}, r"eval_results_test\.json: 'split' is 3, not a string"),
-        ({"sacrebleu_signature": 1.0}, r"eval_results_test\.json: 'sacrebleu_signature' is 1\.0, not a string"),
+        ({"split": 3}, r"eval_results_test\.json: 'split' is 3, not a string\.$"),
+        ({"sacrebleu_signature": 1.0}, r"eval_results_test\.json: 'sacrebleu_signature' is 1\.0, not a string\.$"),
     ],
 )
 def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval_result, content, expected):
