@@ -770,6 +770,9 @@ def test_the_card_of_an_average_or_a_checkpoint_describes_those_weights(card_dir
         ("trainer_state.json", {"log_history": [{"loss": "1.5", "step": 1}]}, r"\['loss'\] is '1\.5', not a number"),
         ("trainer_state.json", {"log_history": [{"loss": 1.5, "step": "4"}]}, r"\['step'\] is '4', not a number"),
         ("trainer_state.json", {"log_history": [{"train_runtime": "9 s"}]}, r"\['train_runtime'\] is '9 s', not a"),
+        ("trainer_state.json", {"log_history": [{"loss": 1.5, "step": 4, "epoch": "0.5"}]}, r"\['epoch'\] is '0\.5'"),
+        ("trainer_state.json", {"log_history": [{"loss": 1.5, "step": 4, "updates_logged": "4"}]}, r"\['updates_"),
+        ("trainer_state.json", {"log_history": [{"eval_loss": "4.6", "step": 4}]}, r"\['eval_loss'\] is '4\.6'"),
         ("generation_config.json", [], r"generation_config\.json holds a JSON list, not an object\.$"),
     ],
 )
@@ -1004,6 +1007,7 @@ def test_the_curves_of_a_log_with_bleu_but_no_loss_have_the_bleu_panel(tmp_path,
 def test_a_loss_logged_without_its_update_or_twice_at_one_is_not_counted_again():
     """Each logged loss weighs by the updates it covers: one at an update already covered, or at none, covers none."""
     log_history = [
+        {"loss": 9.0},  # edited by hand: no update, before any other
         {"loss": 4.0, "step": 4, "updates_logged": 4},
         {"loss": 9.0, "step": 4, "updates_logged": 4},  # the same log written twice
         {"loss": 9.0},  # edited by hand: no update
