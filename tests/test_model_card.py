@@ -966,6 +966,9 @@ def test_the_card_of_a_run_that_loaded_its_best_checkpoint_describes_that_checkp
     write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "checkpoint-20")})
     card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
     assert "- steps: 20\n" in card and "best checkpoint" not in card, "the best is the last"
+    write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": None})  # stopped before an evaluation
+    card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
+    assert "- steps: 20\n" in card and "best checkpoint" not in card, "no best checkpoint yet"
     write_json(run / "trainer_state.json", {**state, "best_model_checkpoint": str(run / "best")})  # edited by hand
     card = model_card.write_model_card(run, repo_id=REPO_ID, card_from=[run]).read_text()
     assert "- steps: 20\n" in card and "best checkpoint" not in card, "no checkpoint's update to tell"
