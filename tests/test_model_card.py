@@ -1042,3 +1042,105 @@ def test_model_index_names_the_dataset_commit_an_evaluation_read(eval_result):
     assert card_metadata_errors(str(card)) == []
     unpinned = render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result])
     assert {result.dataset_revision for result in unpinned.data.eval_results} == {None}
+
+
+def test_a_trainer_state_without_a_log_history_gives_a_card_without_curves(tmp_path):
+    """A trainer_state.json that holds no log_history (edited, or written by another tool): nothing to plot or
+    summarise, which the card says; not a refusal."""
+    write_json(tmp_path / "config.json", tiny_config().to_dict())
+    write_json(tmp_path / "trainer_state.json", {"global_step": 20})
+    assert collect_card_inputs([tmp_path])["log_history"] is None
+    card = model_card.write_model_card(tmp_path, repo_id=REPO_ID, card_from=[tmp_path]).read_text()
+    assert "Training curves: not recorded" in card and not (tmp_path / "training_curves.png").exists()
+
+
+def test_the_curves_written_to_a_path_given_as_a_string_are_returned_as_a_path(tmp_path):
+    png = plot_training_curves(LOG_HISTORY, str(tmp_path / "curves.png"))
+    assert png == tmp_path / "curves.png" and png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_card_is_written_for_directories_given_as_strings(card_dir, tmp_path):
+    """scripts/push_to_hub.py passes --model and --card-from as the strings argparse gives."""
+    write_json(tmp_path / "model" / "config.json", tiny_config().to_dict())
+    card = model_card.write_model_card(str(tmp_path / "model"), repo_id=REPO_ID, card_from=[str(card_dir)])
+    assert card == tmp_path / "model" / "README.md" and "- steps: 20\n" in card.read_text()
+
+
+def test_a_card_input_directory_that_does_not_exist_is_refused_naming_it(card_dir, tmp_path):
+    """A mistyped --card-from would otherwise give a card of nothing measured, and push it."""
+    with pytest.raises(FileNotFoundError, match=r"^Card input directory .*runs/typo does not exist\.$"):
+        collect_card_inputs([card_dir, tmp_path / "runs" / "typo"])
+
+
+@pytest.mark.parametrize(
+    "source_lang, target_lang, sentence",
+    [
+        ("en", "de", "The small dog sees a red ball."),
+        ("de", "en", "Der kleine Hund sieht einen roten Ball."),
+        ("fr", "en", "Le petit chien voit une balle rouge."),
+        ("cs", "en", "A sentence to translate."),  # a language the card has no example in
+    ],
+)
+def test_the_usage_example_is_a_sentence_in_the_models_source_language(source_lang, target_lang, sentence):
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, source_lang=source_lang, target_lang=target_lang)
+    assert f'tokenizer(["{sentence}' in card.text
+
+
+def test_a_fine_tune_of_a_converted_model_into_another_direction_is_scored_in_the_trainings(
+    converted_fairseq_dir, eval_result
+):
+    """The training's pair is the model's, a conversion's only where training recorded none: a de→en fine-tune of
+    the converted en→de model, scored de→en, has that score as its own."""
+    converted = json.loads((converted_fairseq_dir / "fairseq_conversion.json").read_text())
+    assert (converted["source_lang"], converted["target_lang"]) == ("en", "de")
+    reverse = {**eval_result, "source_lang": "de", "target_lang": "en"}
+    card = render_model_card(
+        model_name="tiny",
+        repo_id=REPO_ID,
+        source_lang="de",
+        target_lang="en",
+        eval_results=[reverse],
+        conversion=converted,
+    )
+    assert {result.dataset_name for result in card.data.eval_results} == {"synthetic de-en"}
+    assert card.data.language == ["de", "en"] and "Scored on" not in card.text
+
+
+def test_evaluations_kept_in_another_runs_directory_are_judged_by_the_weights_they_scored(tmp_path, eval_result):
+    """Only training records must be the model's run: an evaluation JSON written into another run's directory
+    (`evaluate.py --output-dir runs/base`) is the model's score if it scored the model's weights."""
+    identity = {"config": {"d_model": 32}, "tokenizer": "abc", "data": {"files": []}, "seed": 42, "preset": "tiny"}
+    model = tmp_path / "fine-tuned"
+    write_json(model / "run_identity.json", identity)
+    (model / "model.safetensors").write_bytes(b"the weights evaluated")
+    write_json(tmp_path / "base" / "run_identity.json", {**identity, "seed": 7})
+    scored = {**eval_result, "model": str(model), "model_weights": weights_record(model)}
+    write_json(tmp_path / "base" / "eval_results_test.json", scored)
+    assert collect_card_inputs([tmp_path / "base"], model)["eval_results"] == [scored]
+
+
+def test_a_checkpoint_describes_its_own_weights_beside_the_runs_records_or_copied_under_another_name(
+    card_dir, tmp_path
+):
+    """A checkpoint of a load_best_model_at_end run names the best checkpoint so far; its weights are its own, also
+    with the run's training_args.json copied beside it, or copied out as `release` without it."""
+    state = {"global_step": 10, "best_model_checkpoint": str(tmp_path / "checkpoint-5"), "log_history": LOG_HISTORY}
+    checkpoint, release = tmp_path / "checkpoint-10", tmp_path / "release"
+    for model in (checkpoint, release):
+        write_json(model / "config.json", tiny_config().to_dict())
+        write_json(model / "trainer_state.json", state)
+    write_json(checkpoint / "training_args.json", {"load_best_model_at_end": True, "metric_for_best_model": "loss"})
+    for model in (checkpoint, release):
+        card = model_card.write_model_card(model, repo_id=REPO_ID, card_from=[card_dir]).read_text()
+        assert "- steps: 10\n" in card and "best checkpoint" not in card
+
+
+def test_a_relative_path_that_does_not_exist_here_is_still_named_by_its_last_component(tmp_path, monkeypatch):
+    """A card rendered where the run's data directory is not (another machine, the data moved since): `../data/x`
+    is still a local path, not a Hub dataset id."""
+    monkeypatch.chdir(tmp_path)
+    for data_dir in ("../data/multi30k", "./data/multi30k"):
+        card = render_model_card(
+            model_name="tiny", repo_id=REPO_ID, dataset_name=data_dir, data_stats={"dataset": data_dir}
+        )
+        assert card.data.datasets is None and "| dataset | multi30k |" in card.text
