@@ -1927,23 +1927,28 @@ def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_pat
         trainer.save_metrics("eval", {"eval_loss": 3.0})
 
 
-def test_resuming_a_run_of_the_trainers_own_schedule_with_the_papers_takes_the_papers(tmp_path):
-    """A run started with --no_paper_schedule resumed with the paper's: its scheduler state records no warmup (the
-    Trainer's linear schedule saves an empty dict), nothing to refuse; the updates after the first take the paper's
-    rates. (The first takes the rate its optimizer state holds, the linear schedule's last: 0 here.)"""
-    first = {"paper_schedule": False, "learning_rate": 1e-3}
-    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, **first).train()
-    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, learning_rate=1e-3)
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [({"paper_schedule": False}, {}), ({}, {"paper_schedule": False, "warmup_steps": 1})],
+    ids=["the trainer's, then the paper's", "the paper's, then the trainer's with another warmup"],
+)
+def test_resuming_a_run_with_the_other_schedule_takes_it(tmp_path, first, then):
+    """Nothing to refuse either way: the Trainer's linear schedule saves an empty dict (no warmup recorded), and the
+    paper schedule's warmup, in its scheduler state, is not restored into the linear one (--no_paper_schedule), so
+    another --warmup_steps differs from nothing. The updates after the first take the new schedule's rates. (The
+    first takes the rate its optimizer state holds: after the linear schedule, its last, 0 here.)"""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, learning_rate=1e-3, **first).train()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, learning_rate=1e-3, **then)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    paper = resumable_run(tmp_path / "paper", save_strategy="no", learning_rate=1e-3)
-    paper.train()
+    uninterrupted = resumable_run(tmp_path / "uninterrupted", save_strategy="no", learning_rate=1e-3, **then)
+    uninterrupted.train()
 
     def rates(trainer):
         logged = [entry for entry in trainer.state.log_history if "learning_rate" in entry]
         return {entry["step"]: entry["learning_rate"] for entry in logged if entry["step"] > 4}
 
-    assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(paper))
-    assert len(rates(paper)) == 2
+    assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(uninterrupted))
+    assert len(rates(uninterrupted)) == 2
 
 
 def test_a_learning_rate_that_puts_the_papers_peak_below_1e_5_is_warned_of(tmp_path, caplog):
@@ -2077,25 +2082,6 @@ def test_rerunning_a_finished_run_on_another_process_than_the_main_one_keeps_tha
     rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert rerun.state.global_step == 6, "nothing left to train"
     assert not rerun.state.is_world_process_zero and not rerun.state.is_local_process_zero
-
-
-def test_resuming_a_paper_schedule_run_with_the_trainers_own_schedule_is_not_refused_for_its_warmup(tmp_path):
-    """--no_paper_schedule: the checkpoint's warmup (the paper schedule's, in its scheduler state) is not restored
-    into the Trainer's linear schedule, so another --warmup_steps is nothing to refuse; the updates after the first
-    take the linear schedule's rates."""
-    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, learning_rate=1e-3).train()
-    linear = {"paper_schedule": False, "learning_rate": 1e-3, "warmup_steps": 1}
-    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, **linear)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    uninterrupted = resumable_run(tmp_path / "linear", save_strategy="no", **linear)
-    uninterrupted.train()
-
-    def rates(trainer):
-        logged = [entry for entry in trainer.state.log_history if "learning_rate" in entry]
-        return {entry["step"]: entry["learning_rate"] for entry in logged if entry["step"] > 4}
-
-    assert resumed.state.global_step == 6 and rates(resumed) == pytest.approx(rates(uninterrupted))
-    assert len(rates(uninterrupted)) == 2
 
 
 def test_an_optimizer_state_lacking_a_setting_of_a_newer_torch_resumes_with_its_default(tmp_path):
