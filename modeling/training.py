@@ -42,7 +42,6 @@ import datasets
 import numpy as np
 import torch
 from transformers import (
-    AutoConfig,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -760,7 +759,7 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     if local and revision is not None:
         raise ValueError(f"{name} is a local directory: --model_revision names a version of a Hub repo only.")
     hub_id = not (local or looks_like_local_path(name))
-    if not local and not hub_id and not os.path.exists(name):  # AutoConfig would call it a malformed repo id
+    if not local and not hub_id and not os.path.exists(name):  # transformers would call it a malformed repo id
         raise ValueError(f"--model_name_or_path {name} does not exist")
     not_cached = offline_cache_error(name, revision, MODEL_REPO_FILES[:1]) if hub_id else None
     if not_cached:
@@ -768,9 +767,17 @@ def check_fine_tuning_source(model_args: ModelArguments) -> str | None:
     try:
         if hub_id:
             model_args.model_commit = pinned_commit(name, revision)
-        model_type = AutoConfig.from_pretrained(name, **_revision_of(name, model_args)).model_type
+        # the dict, as translation.load_model_and_tokenizer reads it: AutoConfig names a Hub repo without
+        # config.json "Unrecognized model", and a model type it does not know in ten lines
+        config, _ = TransformerConfig.get_config_dict(name, **_revision_of(name, model_args))
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot fine-tune {name}: its config does not load ({str(error).splitlines()[0]})") from None
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ValueError(
+            f"Cannot fine-tune {name}: it has no config.json naming a model_type (not a model saved with "
+            "save_pretrained)"
+        )
     if model_type == TransformerConfig.model_type and hub_id:
         # the model's weights, and its tokenizer unless another one is given
         wanted = MODEL_REPO_FILES[1:] if model_args.tokenizer_name_or_path is None else MODEL_REPO_FILES[1:2]

@@ -191,6 +191,26 @@ def test_fine_tuning_a_model_directory_whose_config_does_not_load_is_refused_in_
         check_fine_tuning_source(ModelArguments(model_name_or_path=str(tmp_path / "model")))
 
 
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        # transformers 5 reads a Hub repo without config.json as {}: its "Unrecognized model ... Should have a
+        # `model_type` key" before
+        ({"d_model": 8}, "it has no config.json naming a model_type (not a model saved with save_pretrained)"),
+        # a type transformers does not know: the first of its ten lines before
+        ({"model_type": "a-newer-architecture"}, "it is a 'a-newer-architecture' model; only this project's"),
+    ],
+)
+def test_fine_tuning_a_config_of_no_model_type_or_one_transformers_lacks_is_refused_naming_it(
+    tmp_path, config, expected
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"^{re.escape(f'Cannot fine-tune {model}: {expected}')}"):
+        check_fine_tuning_source(ModelArguments(model_name_or_path=str(model)))
+
+
 @pytest.mark.parametrize("record", [CONVERSION_FILE, RUN_IDENTITY_FILE])
 def test_a_conversion_record_of_the_model_fine_tuned_that_does_not_parse_is_named(tmp_path, record):
     """Which fairseq model a fine-tune comes from is read of the model's records: one cut short is named."""
