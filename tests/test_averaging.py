@@ -523,3 +523,15 @@ def test_a_run_recording_no_save_interval_is_not_refused_for_its_best(tmp_path):
 def test_every_name_the_module_exports_exists():
     """`from modeling.averaging import *` fails on a name `__all__` lists that the module does not hold."""
     assert [name for name in averaging.__all__ if not hasattr(averaging, name)] == []
+
+
+def test_a_directory_inside_the_newest_checkpoint_is_not_copied(tmp_path):
+    """DeepSpeed's checkpoints hold their engine's states in a `global_step<N>/` directory: only files are copied,
+    and a directory is neither copied nor a failure of the average."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+    (tmp_path / "checkpoint-2" / "global_step2").mkdir()
+    torch.save({"state": "engine"}, tmp_path / "checkpoint-2" / "global_step2" / "mp_rank_00_model_states.pt")
+    output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    assert not (output_dir / "global_step2").exists()
+    assert (output_dir / "config.json").is_file() and (output_dir / "model.safetensors").is_file()
