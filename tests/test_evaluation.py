@@ -11,6 +11,7 @@ import pytest
 import torch
 from datasets import Dataset
 from helpers import (
+    FAIRSEQ_FIXTURES,
     HUB_TOKEN,
     EchoModel,
     reloaded_with_config,
@@ -372,3 +373,14 @@ def test_hypotheses_left_unscored_are_translated_again_for_another_evaluation(
     assert (metrics, hypotheses) == (in_memory, expected)
     assert hypotheses_file.read_text().split("\n")[:-1] == expected
     assert f"as they are ({why}" in caplog.text and "translating again" in caplog.text
+
+
+def test_every_decoding_setting_is_recorded_under_its_name_a_calls_own_first(tokenizer):
+    """A score is reproduced from the settings its metrics record: the model's generation config, where the call
+    did not set them otherwise (`max_new_tokens`, the length cap, is the call's here)."""
+    model = EchoModel()
+    model.generation_config.early_stopping = True
+    split = Dataset.from_list([{"translation": {"en": en, "de": en}} for en, _ in synthetic_pairs(2, seed=3)])
+    metrics, _ = evaluate_split(model, tokenizer, split, source_lang="en", target_lang="de", max_new_tokens=7)
+    assert set(evaluation.DECODING_SETTINGS) <= metrics.keys()
+    assert (metrics["early_stopping"], metrics["max_new_tokens"], metrics["num_beams"]) == (True, 7, 4)
