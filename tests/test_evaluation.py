@@ -384,3 +384,19 @@ def test_every_decoding_setting_is_recorded_under_its_name_a_calls_own_first(tok
     metrics, _ = evaluate_split(model, tokenizer, split, source_lang="en", target_lang="de", max_new_tokens=7)
     assert set(evaluation.DECODING_SETTINGS) <= metrics.keys()
     assert (metrics["early_stopping"], metrics["max_new_tokens"], metrics["num_beams"]) == (True, 7, 4)
+
+
+def test_a_tokenizer_without_a_fast_backend_is_evaluated_without_the_normalisation_check(tokenizer, caplog):
+    """A converted fairseq model's tokenizer (Moses and subword-nmt, no `backend_tokenizer`) has no normaliser whose
+    changes to the references could be named: nothing is warned of, and the split is scored."""
+    from modeling.fairseq import fairseq_tokenizer, read_fairseq_dictionary
+
+    symbols = read_fairseq_dictionary(FAIRSEQ_FIXTURES / "dict.en.txt")
+    slow = fairseq_tokenizer(symbols, source_lang="en", target_lang="de", bpe_codes=FAIRSEQ_FIXTURES / "bpecodes")
+    assert getattr(slow, "backend_tokenizer", None) is None
+    references = [unicodedata.normalize("NFD", "ein mädchen läuft ."), "ein hund ."]
+    split = Dataset.from_list([{"translation": {"en": "a dog .", "de": reference}} for reference in references])
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        metrics, hypotheses = evaluate_split(EchoModel(), slow, split, source_lang="en", target_lang="de")
+    assert len(hypotheses) == 2 and metrics["num_sentences"] == 2
+    assert caplog.text == ""
