@@ -400,3 +400,13 @@ def test_a_tokenizer_without_a_fast_backend_is_evaluated_without_the_normalisati
         metrics, hypotheses = evaluate_split(EchoModel(), slow, split, source_lang="en", target_lang="de")
     assert len(hypotheses) == 2 and metrics["num_sentences"] == 2
     assert caplog.text == ""
+
+
+def test_a_relative_directory_named_like_a_hub_id_is_loaded_from_disk(tiny_checkpoint, tmp_path, monkeypatch):
+    """`--model runs/averaged` run beside the directory: it exists, so it is the directory, never pinned as the Hub
+    repo id it also reads as, and the record names its weights."""
+    shutil.copytree(tiny_checkpoint[0], tmp_path / "runs" / "averaged")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evaluation, "pinned_hub_revision", lambda *args: pytest.fail(f"pinned as a Hub id: {args}"))
+    _, _, scored = load_scored_model("runs/averaged")
+    assert scored == {"model": "runs/averaged", "model_commit": None, "model_weights": weights_record("runs/averaged")}
