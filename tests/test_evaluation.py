@@ -410,3 +410,19 @@ def test_a_relative_directory_named_like_a_hub_id_is_loaded_from_disk(tiny_check
     monkeypatch.setattr(evaluation, "pinned_hub_revision", lambda *args: pytest.fail(f"pinned as a Hub id: {args}"))
     _, _, scored = load_scored_model("runs/averaged")
     assert scored == {"model": "runs/averaged", "model_commit": None, "model_weights": weights_record("runs/averaged")}
+
+
+def test_a_hub_datasets_record_names_its_configuration_for_the_cards_model_index(tokenizer):
+    """`--dataset wmt14 --language-pair de-en`: the model-index entry names the dataset's configuration ("de-en"),
+    its split and commit, so that the Hub links the score to the very test set."""
+    from modeling.model_card import _eval_results_metadata
+
+    split = Dataset.from_list([{"translation": {"en": en, "de": en}} for en, _ in synthetic_pairs(2, seed=4)])
+    metrics, _ = evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    scored = {"model": "tester/echo", "model_commit": None, "model_weights": None}
+    where = {"dataset": "wmt14", "language_pair": "de-en", "split": "test", "dataset_commit": "0" * 40}
+    record = evaluation_record(scored, metrics, limit=None, sentences_in_split=2, **where)
+    assert {key: record[key] for key in where} == where
+    [entry, *_] = _eval_results_metadata([record], None)
+    assert (entry.dataset_type, entry.dataset_config, entry.dataset_split) == ("wmt14", "de-en", "test")
+    assert entry.dataset_revision == "0" * 40
