@@ -426,3 +426,14 @@ def test_a_hub_datasets_record_names_its_configuration_for_the_cards_model_index
     [entry, *_] = _eval_results_metadata([record], None)
     assert (entry.dataset_type, entry.dataset_config, entry.dataset_split) == ("wmt14", "de-en", "test")
     assert entry.dataset_revision == "0" * 40
+
+
+def test_a_metrics_file_holding_no_json_object_is_replaced_without_a_warning(tmp_path, caplog):
+    """A file of another tool (a JSON list, a number) where the scores go: nothing of it to compare, and no crash
+    before the evaluation writes its own."""
+    scored = {"model": "tester/echo", "model_commit": None, "model_weights": None}
+    for content in ("[1, 2]", "3", '"text"'):
+        (tmp_path / metrics_filename("test")).write_text(content)
+        with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+            evaluation.warn_of_replaced_scores(tmp_path / metrics_filename("test"), scored)
+    assert caplog.text == ""
