@@ -437,3 +437,22 @@ def test_a_metrics_file_holding_no_json_object_is_replaced_without_a_warning(tmp
         with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
             evaluation.warn_of_replaced_scores(tmp_path / metrics_filename("test"), scored)
     assert caplog.text == ""
+
+
+def test_an_evaluation_whose_record_another_run_removed_while_it_scored_finishes(tokenizer, tmp_path, monkeypatch):
+    """Two evaluations into one hypotheses file share its `.NAME.unscored.json`: the one that scores first removes
+    it, and the other one's own removal must not fail its finished scoring."""
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in synthetic_pairs(3, seed=2)])
+    hypotheses_file = tmp_path / "hypotheses_test.de"
+    score = evaluation.corpus_scores
+
+    def another_run_scored_first(*args, **kwargs):
+        (tmp_path / ".hypotheses_test.de.unscored.json").unlink()
+        return score(*args, **kwargs)
+
+    model, settings = tiny_translator(len(tokenizer)), {"source_lang": "en", "target_lang": "de", "num_beams": 2}
+    in_memory, expected = evaluate_split(model, tokenizer, split, **settings)
+    monkeypatch.setattr(evaluation, "corpus_scores", another_run_scored_first)
+    metrics, hypotheses = evaluate_split(model, tokenizer, split, hypotheses_file=hypotheses_file, **settings)
+    assert (metrics, hypotheses) == (in_memory, expected)
+    assert [path.name for path in tmp_path.iterdir()] == ["hypotheses_test.de"]
