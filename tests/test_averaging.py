@@ -537,3 +537,17 @@ def test_a_directory_inside_the_newest_checkpoint_is_not_copied(tmp_path):
     output_dir = average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
     assert not (output_dir / "global_step2").exists()
     assert (output_dir / "config.json").is_file() and (output_dir / "model.safetensors").is_file()
+
+
+def test_checkpoints_named_out_of_order_take_the_configuration_of_the_newest(tmp_path):
+    """`--checkpoints checkpoint-1000 checkpoint-900`: the newest by step (neither the last named nor the last by
+    name) gives the config, tokenizer and run records the average carries."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-900", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-1000", seed=1)
+    named = named_checkpoints([tmp_path / "checkpoint-1000", tmp_path / "checkpoint-900"])
+    output_dir = average_checkpoints(named, tmp_path / "averaged")
+    record = json.loads((output_dir / "checkpoint_averaging.json").read_text())
+    assert record == {
+        "checkpoints": ["../checkpoint-1000", "../checkpoint-900"],
+        "configuration_from": "../checkpoint-1000",
+    }
