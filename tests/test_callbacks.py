@@ -98,7 +98,7 @@ def test_checkpoints_every_n_minutes(clock):
     assert not control.should_save
 
 
-def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
+def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock, caplog):
     callback = StopAfterMinutesCallback(minutes=90)
     clock[0] += 100 * 60  # loading the data, or a first train(): the budget starts with training, anew
     callback.on_train_begin(CPU_ARGS, None, None)
@@ -107,8 +107,11 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock):
     callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=7), control)
     assert not (control.should_training_stop or control.should_save)
     clock[0] += 60
-    callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=8), control)
+    with caplog.at_level(logging.INFO, logger="modeling.callbacks"):
+        callback.on_step_end(CPU_ARGS, SimpleNamespace(global_step=8), control)
     assert control.should_training_stop and control.should_save
+    # The log says why a run stopped early: without it, a budget's stop reads like a crash or a finished run.
+    assert "Stopping at update 8: the budget of 90 minutes is spent" in caplog.text
 
 
 @pytest.mark.parametrize("callback_class", [SaveEveryMinutesCallback, StopAfterMinutesCallback])
@@ -299,10 +302,11 @@ def test_a_signal_while_the_data_is_prepared_raises_at_once_where_the_process_is
     """Preparing WMT's data takes longer than a scheduler waits before it kills: no waiting for it to end."""
     callback = PreemptionCallback(signals=(signal.SIGUSR1,))
     with callback.handling():
-        with pytest.raises(SignalledBeforeTraining, match="SIGUSR1"):
+        with pytest.raises(SignalledBeforeTraining, match="SIGUSR1") as raised:
             with callback.stopping_at_once():
                 signal.raise_signal(signal.SIGUSR1)
                 pytest.fail("the preparation went on after the signal")
+    assert raised.value.signal == signal.SIGUSR1  # the signal itself, for whoever catches it, not only its name
 
 
 def test_a_signal_before_the_data_is_prepared_raises_as_the_preparation_begins():
@@ -480,6 +484,21 @@ def test_a_worker_forked_while_the_data_is_prepared_ends_when_the_parent_is_kill
     finally:
         with suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
+def test_a_worker_whose_parent_died_before_it_asked_to_end_with_it_ends_at_once():
+    """The kernel's parent-death signal comes only for a parent that dies after the request: a worker whose parent
+    was killed in the instant after the fork would wait on the pool's pipes forever. Here the parent it is told of
+    is not its own, as if that one had died and the worker had been re-parented."""
+    worker = os.fork()
+    if worker == 0:  # the child: ends with SIGKILL, or exits 0 if it lives on
+        try:
+            callbacks._end_with_the_parent(os.getppid() + 1)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(worker, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
