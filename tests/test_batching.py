@@ -91,6 +91,15 @@ def test_without_shuffle_batches_come_in_length_order():
     assert longest == sorted(longest)
 
 
+def test_shuffled_batches_come_in_no_length_order():
+    # Shuffling only the ties between equal lengths would leave the batches in length order: every epoch would
+    # train on the short sentences first and the long ones last. The batches themselves are shuffled.
+    source, target = random_lengths()
+    batches = list(TokenBudgetBatchSampler(source, target, 500))
+    longest = [max(source[b].max(), target[b].max()) for b in batches]
+    assert len(batches) > 50 and abs(np.corrcoef(np.arange(len(longest)), longest)[0, 1]) < 0.3
+
+
 @pytest.mark.parametrize("num_replicas", [2, 3, 4])
 def test_ranks_are_disjoint_equal_and_cover_everything(num_replicas, caplog):
     source, target = random_lengths(1000)
@@ -186,6 +195,13 @@ def test_an_update_exactly_10_percent_off_is_no_warning(caplog):
     assert "An update holds" not in caplog.text and "off the" not in caplog.text
 
 
+def test_an_update_15_percent_off_is_a_warning(caplog):
+    # More than 10% off, but not far off: the warning's threshold is the 10% the docstring promises.
+    source = target = np.array([115])  # one sentence of 115 target tokens, however small the batches, for 100 asked
+    update_batching(100, token_dataset(source, target), 4096, 1)
+    assert "An update holds ~115 target tokens, +15% off the 100 asked" in caplog.text
+
+
 def test_an_update_exactly_10_percent_over_keeps_the_batches_given():
     source = target = np.array([22])  # one batch of 22 target tokens for 20 asked (1.1 × 20 is exactly 22.0)
     assert update_batching(20, token_dataset(source, target), 4096, 1) == (1, 4096)
@@ -241,3 +257,10 @@ def test_split_batches_to_multiple_keeps_every_example_once():
     batches = split_batches_to_multiple([[0, 1, 2, 3], [4, 5], [6]], 4)
     assert len(batches) == 4
     assert sorted(i for batch in batches for i in batch) == list(range(7))
+
+
+def test_split_batches_to_multiple_leaves_the_batches_given_as_they_were():
+    # A new list of new batches: the caller's own (a sampler's, which it may iterate again) are not split in place.
+    given = [[0, 1, 2, 3], [4, 5], [6]]
+    assert split_batches_to_multiple(given, 4) == [[0, 1], [2, 3], [4, 5], [6]]
+    assert given == [[0, 1, 2, 3], [4, 5], [6]]
