@@ -15,9 +15,11 @@ from transformers import AutoTokenizer
 
 from modeling.callbacks import PreemptionCallback, SignalledBeforeTraining
 from modeling.tokenization import (
+    check_tokenizer_destination,
     is_blank,
     iter_corpus_text,
     iter_text_files,
+    missing_tokenizer_files,
     round_up,
     train_shared_bpe,
     visible_words,
@@ -270,3 +272,43 @@ def test_blank_means_whitespace_and_characters_that_show_nothing_only():
 
 def test_visible_words_leave_out_characters_that_show_nothing():
     assert visible_words("\ufeffa man\u00ad \u200b rides\u200b. ") == ["a", "man", "rides."]
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_a_directory_holding_weights_without_a_config_keeps_its_tokenizer(weights, tmp_path):
+    # A model's weights alone (a config.json lost or not yet written) were trained with the tokenizer beside them.
+    (tmp_path / weights).write_bytes(b"")
+    with pytest.raises(FileExistsError, match=rf"^{tmp_path} holds a model \({weights}\): a new tokenizer there"):
+        check_tokenizer_destination(tmp_path)
+
+
+def test_a_directory_without_a_model_or_a_run_takes_a_tokenizer(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")  # an earlier tokenizer is replaced, as asked
+    (tmp_path / "notes.txt").write_text("")
+    check_tokenizer_destination(tmp_path)
+    check_tokenizer_destination(tmp_path / "new")  # created when the tokenizer is saved
+
+
+@pytest.mark.parametrize(
+    ("config", "missing"),
+    [
+        (None, ["tokenizer_config.json"]),
+        ({"tokenizer_class": "TokenizersBackend"}, ["tokenizer.json"]),  # transformers 5's name
+        ({"tokenizer_class": "PreTrainedTokenizerFast"}, ["tokenizer.json"]),  # 4.x's, in a tokenizer saved then
+        ({"tokenizer_class": "FairseqTokenizer"}, ["vocab-src.json", "vocab-tgt.json", "merges.txt"]),
+        ({"tokenizer_class": "BertTokenizer"}, []),  # its loading names what it lacks
+        ("not json", []),
+        (["a list"], []),
+    ],
+    ids=["no config", "5.x", "4.x", "fairseq", "another class", "unparsable", "not a mapping"],
+)
+def test_the_missing_files_of_a_saved_tokenizer_are_those_its_class_reads(config, missing, tmp_path):
+    if config is not None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        (tmp_path / "tokenizer_config.json").write_text(text, encoding="utf-8")
+    assert missing_tokenizer_files(tmp_path) == missing
+    for name in missing:
+        if name != "tokenizer_config.json":
+            (tmp_path / name).write_text("{}")
+    if config is not None:
+        assert missing_tokenizer_files(tmp_path) == []  # once there, nothing is missing
