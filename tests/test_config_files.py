@@ -4,10 +4,11 @@ config files (flags over the file, the common wrong types, syntax errors) is tes
 tests/scripts/test_train_script.py."""
 
 import re
+import typing
 
 import pytest
 
-from modeling.config_files import read_config_file
+from modeling.config_files import read_config_file, value_fits
 
 
 def _config(tmp_path, text: str, name: str = "run.yaml") -> str:
@@ -75,3 +76,30 @@ def test_a_field_that_is_not_an_option_is_an_unknown_argument(tmp_path):
     path = _config(tmp_path, "preset: tiny\nmodel_commit: 0123abc\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(path)}: unknown arguments \['model_commit'\]\.$"):
         read_config_file(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "character"),
+    [("\tpreset: tiny\n", "line 1, column 1", r"'\t'"), ("preset: @tiny\n", "line 1, column 9", "'@'")],
+    ids=["a tab indents", "a reserved character"],
+)
+def test_a_character_that_starts_no_token_is_one_line_naming_the_file(text, where, character, tmp_path):
+    # YAML gives this error a context ("while scanning for the next token") without a position of its own.
+    path = _config(tmp_path, text)
+    message = f"invalid YAML at {where}: found character {character} that cannot start any token"
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(path)}: {re.escape(message)} \(while scanning for the next token\)$"
+    ):
+        read_config_file(path)
+
+
+@pytest.mark.parametrize("value", [None, 3, "f", [1], {"a": 1}])
+def test_a_type_the_check_does_not_know_leaves_the_value_to_the_dataclass(value):
+    # No field has such a type today: one added later must not refuse every value, nor fail on its type.
+    assert value_fits(typing.Callable[[int], int], value)
+    assert value_fits(int | typing.Callable[[int], int], value)
+
+
+def test_a_list_or_a_mapping_without_item_types_takes_any_items():
+    assert value_fits(typing.List, [1, "a", None]) and not value_fits(typing.List, "a")  # noqa: UP006
+    assert value_fits(typing.Dict, {"a": 1, 2: [3]}) and not value_fits(typing.Dict, [1])  # noqa: UP006
