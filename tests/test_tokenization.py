@@ -127,14 +127,17 @@ def test_a_signal_while_the_bpe_trains_stops_it_at_once(corpus):
     """tokenizers trains with the GIL released, reading the text from threads of its own: the handler of a signal
     that came meanwhile ran only once the BPE was trained (English-French WMT: 20-33 minutes, past a scheduler's
     grace period). Here the text waits, after the signal, until it is handled or 30 s have passed."""
-    handled, read_to_the_end = threading.Event(), threading.Event()
+    handled, read_to_the_end, let_go = threading.Event(), threading.Event(), threading.Event()
 
     def texts():
-        yield from corpus[:10]
-        os.kill(os.getpid(), signal.SIGTERM)
-        handled.wait(timeout=30)
-        yield from corpus[10:]
-        read_to_the_end.set()
+        try:
+            yield from corpus[:10]
+            os.kill(os.getpid(), signal.SIGTERM)
+            handled.wait(timeout=30)
+            yield from corpus[10:]
+            read_to_the_end.set()
+        finally:  # closed by the reader that stopped, or read to the end
+            let_go.set()
 
     preemption = PreemptionCallback()
     with preemption.handling(), pytest.raises(SignalledBeforeTraining):
@@ -149,6 +152,8 @@ def test_a_signal_while_the_bpe_trains_stops_it_at_once(corpus):
     for thread in training:  # left to end with the process (which does not wait for it), reading no further
         assert thread.daemon
         thread.join(timeout=30)
+    # The text is read by a thread of tokenizers', which may resume after "BPE training" has ended: wait for it.
+    assert let_go.wait(timeout=30)
     assert not read_to_the_end.is_set()
 
 
