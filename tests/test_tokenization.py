@@ -169,6 +169,33 @@ def test_a_failure_while_reading_the_text_is_raised_not_a_bpe_of_what_came_befor
         train_shared_bpe(cut_short(), vocab_size=100)
 
 
+def _drawn_on_a_terminal(**kwargs) -> bytes:
+    """What training a tiny BPE writes to stderr when stderr is a terminal (tokenizers draws its bars only there)."""
+    terminal, stderr = os.openpty()
+    saved = os.dup(2)
+    os.dup2(stderr, 2)
+    try:
+        train_shared_bpe(["a dog runs", "the dog"] * 5, vocab_size=32, **kwargs)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    os.set_blocking(terminal, False)
+    try:
+        return os.read(terminal, 1 << 16)
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(terminal)
+        os.close(stderr)
+
+
+def test_progress_bars_are_drawn_only_when_asked_for():
+    # tokenizers' trainer draws them by default: a library call (the training script's data preparation, a notebook)
+    # would fill the terminal; scripts/train_tokenizer.py asks for them.
+    assert _drawn_on_a_terminal() == b""
+    assert b"Pre-processing sequences" in _drawn_on_a_terminal(show_progress=True)
+
+
 def test_a_pair_is_merged_once_seen_min_frequency_times_twice_by_default():
     texts = ["xy", "zw", "zw"]
     tokenizer = train_shared_bpe(texts, vocab_size=64)
