@@ -223,6 +223,12 @@ def test_refuses_to_train_on_no_text(texts):
         train_shared_bpe(iter(texts), vocab_size=16)
 
 
+def test_text_followed_by_blank_lines_is_text_to_train_on():
+    # A file ending in an empty line, or a second file of blank lines, still holds the text before them.
+    tokenizer = train_shared_bpe(iter(["a dog runs", "", "\u200b"]), vocab_size=16)
+    assert tokenizer.unk_token_id not in tokenizer("a dog runs")["input_ids"]  # trained on the text, not refused
+
+
 def test_a_vocabulary_larger_than_asked_is_explained(corpus, caplog):
     """BPE keeps every character of the corpus: below their count, `vocab_size` cannot be met."""
     characters = len(set("".join(corpus)))
@@ -241,6 +247,8 @@ def test_save_and_load_through_auto_tokenizer(tokenizer, corpus, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "TokenizersBackend"  # a built-in class: no remote code needed
+    # Written down for readers with another default (older transformers cleaned up): "a ." read back as "a.".
+    assert config["clean_up_tokenization_spaces"] is False
     assert "auto_map" not in config
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert loaded(corpus[:50])["input_ids"] == tokenizer(corpus[:50])["input_ids"]
