@@ -170,8 +170,24 @@ def test_a_failure_while_reading_the_text_is_raised_not_a_bpe_of_what_came_befor
 
 
 def _drawn_on_a_terminal(**kwargs) -> bytes:
-    """What training a tiny BPE writes to stderr when stderr is a terminal (tokenizers draws its bars only there)."""
+    """What training a tiny BPE writes to stderr when stderr is a terminal (tokenizers draws its bars only there).
+
+    The terminal is read while the BPE trains: a full terminal would block the writer."""
     terminal, stderr = os.openpty()
+    drawn = bytearray()
+
+    def read_until_closed():
+        while True:
+            try:
+                chunk = os.read(terminal, 1 << 16)
+            except OSError:  # EIO: the other end is closed and everything written was read
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=read_until_closed, daemon=True)
+    reader.start()
     saved = os.dup(2)
     os.dup2(stderr, 2)
     try:
@@ -179,14 +195,10 @@ def _drawn_on_a_terminal(**kwargs) -> bytes:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-    os.set_blocking(terminal, False)
-    try:
-        return os.read(terminal, 1 << 16)
-    except BlockingIOError:
-        return b""
-    finally:
-        os.close(terminal)
         os.close(stderr)
+    reader.join(timeout=30)
+    os.close(terminal)
+    return bytes(drawn)
 
 
 def test_progress_bars_are_drawn_only_when_asked_for():
