@@ -143,6 +143,19 @@ def test_without_early_stopping_a_sentence_with_its_beams_finished_stays_while_a
     assert dropping.tolist() == library.tolist()
 
 
+def test_the_loop_pads_shorter_outputs_as_transformers_loop_with_a_padding_id_other_than_0(decoder_steps):
+    # fairseq's dictionaries pad with 1: transformers' loop fills what follows a shorter output's end-of-sentence
+    # with the padding id (with end-of-sentence's only where padding is 0, which its `pad or eos` reads as none)
+    torch.manual_seed(7)
+    model = TransformerForConditionalGeneration(tiny_config(20, pad_token_id=1)).eval()
+    inputs = random_sources(6, 0, vocab_size=20)
+    dropping = model.generate(**inputs, max_length_offset=2)
+    library = model.generate(**inputs, max_length_offset=2, return_dict_in_generate=True).sequences
+    assert decoder_steps and dropping.tolist() == library.tolist()
+    padded = [row[row.index(EOS) + 1 :] for row in dropping[:, 1:].tolist()]
+    assert any(padded) and all(set(tail) <= {1} for tail in padded), padded
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_loop_dropping_finished_sentences_equals_transformers_loop_in_bfloat16(attention, decoder_steps):
     # The precision the GPU check decodes in (benchmarks/gpu_check.py), here on the CPU.
