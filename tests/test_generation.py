@@ -331,6 +331,18 @@ def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users
     assert not [w for w in recwarn if "generation_config" in str(w.message)], [str(w.message) for w in recwarn]
 
 
+def test_a_generation_config_given_is_left_as_given():
+    # the per-sentence limit is set on a copy: written into the caller's config, it capped the next batch given it
+    # at this batch's longest limit (sources of 6 and 4 tokens: 6 + 2)
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model.generation_config.max_length_offset = 2
+    config = GenerationConfig(num_beams=2)
+    model.generate(**inputs, generation_config=config)
+    assert config.max_new_tokens is None
+    longer = torch.cat([inputs["input_ids"][:1, :-1], inputs["input_ids"][:1]], dim=1)  # 11 tokens: 13 to go
+    assert model.generate(longer, generation_config=config)[0, 1:].tolist().index(EOS) + 1 == 11 + 2
+
+
 def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
     """As transformers 5 does: `GenerationConfig(max_new_tokens=5)` has num_beams None, which means the model's."""
     model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
