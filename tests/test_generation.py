@@ -423,6 +423,16 @@ def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit()
         assert torch.equal(limited, capped)
 
 
+def test_the_limit_forces_the_first_of_a_list_of_end_of_sentence_ids():
+    # generation configs often hold a list of ids ([</s>] or [</s>, another stop token]): the first is forced
+    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    for eos_token_id in ([EOS], [EOS, 5]):
+        for num_beams in (1, 2):
+            out = model.generate(**inputs, eos_token_id=eos_token_id, max_length_offset=3, num_beams=num_beams)
+            last = [row[limit] for row, limit in zip(out.tolist(), [6 + 3, 4 + 3], strict=True)]  # after the start
+            assert last == [EOS, EOS], (eos_token_id, num_beams)
+
+
 def test_without_a_padding_id_every_source_position_counts_for_the_limit():
     model = tiny_model(pad_token_id=None)
     input_ids = torch.tensor([[5, 6, 7, EOS], [8, EOS, PAD, PAD]])  # PAD's id is a token like any other here
