@@ -667,6 +667,15 @@ def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_
     assert out[0, 1:].tolist().index(EOS) == 7  # max_position_embeddings - 1, as fairseq's max_len - 1
 
 
+def test_fairseq_limit_with_only_a_or_only_b_set_takes_fairseqs_default_for_the_other():
+    # as fairseq's --max-len-a 0 and --max-len-b 200: setting one turns the limit on, the other keeps its default
+    model = ended_by_the_length_limit_only(max_position_embeddings=256)  # room for 200 tokens, uncapped
+    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}  # width 6
+    for given, limit in (({"max_length_a": 0.5}, int(0.5 * 6 + 200)), ({"max_length_b": 5}, 0 * 6 + 5)):
+        out = model.generate(**inputs, num_beams=1, max_length_offset=None, **given)
+        assert [row[1:].index(EOS) for row in out.tolist()] == [limit, limit], given
+
+
 def test_fairseq_limit_takes_the_width_of_embeddings_or_encoder_states_given_in_place_of_ids():
     model = ended_by_the_length_limit_only()
     input_ids = batch()["input_ids"][:1]  # 6 tokens, no padding
