@@ -3,6 +3,7 @@ sentence) and the beam-search loop that drops finished sentences, against transf
 
 import json
 import logging
+import math
 import warnings
 
 import pytest
@@ -702,6 +703,12 @@ def test_forced_end_of_sentence_keeps_or_zeroes_its_score():
         assert processor.for_sentences(torch.tensor([1])).keep_eos_score is keep
     unasked = PerSentenceMaxLengthLogitsProcessor(torch.tensor([5, 6]), EOS)  # transformers' forced EOS: 0
     assert unasked(input_ids, scores.clone())[:2, EOS].tolist() == [0.0, 0.0]
+    # end-of-sentence blocked by an earlier processor (-inf, a min_new_tokens beyond the limit) is forced with 0,
+    # as transformers' forced EOS: its -inf kept, every token of the row would be -inf
+    blocked = scores.clone()
+    blocked[0, EOS] = -math.inf
+    kept = PerSentenceMaxLengthLogitsProcessor(torch.tensor([5, 6]), EOS, keep_eos_score=True)(input_ids, blocked)
+    assert kept[:2, EOS].tolist() == [0.0, scores[1, EOS].item()]
 
 
 @pytest.mark.parametrize("kind", ["min_length", "min_new_tokens"])
