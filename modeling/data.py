@@ -814,6 +814,8 @@ def tokenize_counting_truncations(
                 new_fingerprint=_tokenization_fingerprint(part, tokenizer, languages, max_length),
                 desc=f"tokenise {split}",
             )
+        if not encoded.column_names:  # datasets maps an empty split to one without columns, "truncated" included
+            encoded = datasets.Dataset.from_dict(dict.fromkeys(TOKENISED_FEATURES, []), features=TOKENISED_FEATURES)
         truncated = pc.sum(encoded.with_format("arrow")["truncated"]).as_py() or 0
         if truncated:
             logger.warning("%s: truncated %d sequences to max_length=%d tokens", split, truncated, max_length)

@@ -1103,6 +1103,16 @@ def test_only_the_side_longer_than_max_length_is_truncated(tokenizer):
     ]
 
 
+def test_an_empty_split_is_tokenised_empty_with_no_truncations(tokenizer):
+    """An empty split (say a blind test set) is tokenised to one with the tokenised columns, and 0 truncations (pyarrow
+    sums no values to null). Before: datasets' KeyError "Column truncated not in the dataset"."""
+    empty = datasets.Dataset.from_dict({"translation": []}, features=data_module._translation_features("en", "de"))
+    corpus = datasets.DatasetDict({"train": tiny_corpus()["train"], "test": empty})
+    encoded, truncations = tokenize_counting_truncations(corpus, tokenizer, "en", "de", max_length=4)
+    assert len(encoded["test"]) == 0 and truncations["test"] == 0 and truncations["train"] > 0
+    assert encoded["test"].column_names == encoded["train"].column_names == ["input_ids", "attention_mask", "labels"]
+
+
 @pytest.mark.parametrize("max_length", [1, 0, -3])
 def test_a_max_length_without_room_for_a_token_and_eos_is_refused(tokenizer, max_length):
     # 0 kept whole sequences while logging them as truncated; a negative value dropped tokens from their middle.
