@@ -137,6 +137,22 @@ def test_named_data_files_keep_only_the_splits_asked_for(tmp_path):
     assert list(ds) == ["dev"] and pairs(ds["dev"]) == [("a dog .", "ein hund .")]
 
 
+def test_named_data_files_need_no_data_directory_but_exclude_a_hub_dataset(tmp_path):
+    """`data_files` alone (paths as given) are local files; with `dataset=` too, one of the two would be ignored."""
+    write_lines(tmp_path / "corpus.tsv", [f"{e}\t{d}" for e, d in zip(EN, DE, strict=True)])
+    ds = load_parallel_dataset(
+        source_lang="en",
+        target_lang="de",
+        data_files={"train": str(tmp_path / "corpus.tsv")},
+        cache_dir=str(tmp_path / ".cache"),
+    )
+    assert pairs(ds["train"]) == list(zip(EN, DE, strict=True))
+    with pytest.raises(ValueError, match="either dataset="):
+        load_parallel_dataset(
+            source_lang="en", target_lang="de", dataset="wmt/wmt14", data_files={"train": str(tmp_path / "corpus.tsv")}
+        )
+
+
 def test_split_aliases_and_selection(tmp_path):
     for split in ("train", "val", "test_2016_flickr"):
         write_lines(tmp_path / f"{split}.en", VAL_EN)
