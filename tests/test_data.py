@@ -884,6 +884,7 @@ def test_an_empty_split_is_refused_naming_where_it_comes_from(tmp_path):
     empty = load(tmp_path)["val"]
     wmt_schema = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
     assert empty.features == wmt_schema  # as every split's, empty or not: no column typed null
+    assert str(empty.split) == "val"  # named as a split with pairs is
     where = split_source("validation", source_lang="en", target_lang="de", data_dir=tmp_path)
     assert where == f"{tmp_path / 'val.en'} + {tmp_path / 'val.de'}"
     with pytest.raises(ValueError, match=rf"^split 'val' is empty: {re.escape(where)} hold\(s\) no sentence pairs$"):
