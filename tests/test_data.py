@@ -1128,6 +1128,7 @@ def test_an_empty_split_is_tokenised_empty_with_no_truncations(tokenizer):
     encoded, truncations = tokenize_counting_truncations(corpus, tokenizer, "en", "de", max_length=4)
     assert len(encoded["test"]) == 0 and truncations["test"] == 0 and truncations["train"] > 0
     assert encoded["test"].column_names == encoded["train"].column_names == ["input_ids", "attention_mask", "labels"]
+    assert encoded["test"].features == encoded["train"].features  # typed as every split, not as nulls
 
 
 @pytest.mark.parametrize("max_length", [1, 0, -3])
