@@ -799,6 +799,7 @@ def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_thi
     write_cached_copy(root, "de-en-0123456789abcdef", ours, {"config_name": "de-en", "splits": {"test": {}}}, 2_000)
     write_cached_copy(root, "de-en-extended", other, {"config_name": "de-en-extended", "splits": {"test": {}}}, 3_000)
     write_cached_copy(root, "de-en-listed", other, ["not", "datasets'"], 4_000)
+    write_cached_copy(root, "de-en-nameless", other, {"splits": {"test": {}}}, 4_500)  # a dict, not datasets' either
     write_cached_copy(root, "de-en-unsplit", "d" * 40, {"config_name": "de-en", "splits": None}, 500)  # holds none
     assert pinned_dataset_commit("tester/corpus", "de-en", cache_dir=str(root)) == ours
     assert pinned_dataset_commit("tester/corpus", "de-en-extended", cache_dir=str(root)) == other
