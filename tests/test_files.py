@@ -1113,6 +1113,11 @@ def test_a_disk_with_a_hundred_mib_free_is_not_full(tmp_path, monkeypatch):
     assert disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt") is None
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 15 * 2**20))
     assert isinstance(disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt"), DiskFullError)
+    # the line itself: 16 MiB free is not full, a byte less is
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 16 * 2**20))
+    assert disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt") is None
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 16 * 2**20 - 1))
+    assert isinstance(disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt"), DiskFullError)
 
 
 def test_a_second_writer_naming_the_directory_through_a_link_is_refused(tmp_path):
