@@ -1241,3 +1241,13 @@ def test_records_are_written_as_utf8_whatever_the_locale_encoding(tmp_path, asci
     with atomic_write(tmp_path / "hypotheses.de") as handle:
         handle.write("Grüße\n")
     assert (tmp_path / "hypotheses.de").read_bytes() == "Grüße\n".encode()
+
+
+def test_files_move_between_directories_given_as_strings(tmp_path):
+    """A caller's directories from the command line are `str`s: the files move and the paths returned are Paths."""
+    staging = tmp_path / ".model.partial"
+    staging.mkdir()
+    (staging / "model.safetensors").write_text("weights")
+    moved = replace_files(str(staging), str(tmp_path / "final"))
+    assert moved == [tmp_path / "final" / "model.safetensors"] and not staging.exists()
+    assert moved[0].read_text() == "weights"
