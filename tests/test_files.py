@@ -15,6 +15,7 @@ import signal
 import socket
 import stat
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -1251,3 +1252,14 @@ def test_files_move_between_directories_given_as_strings(tmp_path):
     moved = replace_files(str(staging), str(tmp_path / "final"))
     assert moved == [tmp_path / "final" / "model.safetensors"] and not staging.exists()
     assert moved[0].read_text() == "weights"
+
+
+def test_standard_input_that_can_neither_peek_nor_seek_is_read_as_plain_text(monkeypatch):
+    """A raw (unbuffered) pipe standing in for standard input: no bytes to look at for compression, so its lines
+    are read as they are."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, "über\nfünf\n".encode())
+    os.close(write_end)
+    with io.FileIO(read_end, "rb") as raw:  # no `peek`, and a pipe cannot seek
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=raw))
+        assert list(iter_lines("-")) == ["über", "fünf"]
