@@ -1263,3 +1263,10 @@ def test_standard_input_that_can_neither_peek_nor_seek_is_read_as_plain_text(mon
     with io.FileIO(read_end, "rb") as raw:  # no `peek`, and a pipe cannot seek
         monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=raw))
         assert list(iter_lines("-")) == ["über", "fünf"]
+
+
+def test_records_are_read_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_locale):
+    """A job started under LANG=C reads the records it and others wrote in UTF-8 (it would read ASCII)."""
+    path = tmp_path / "record.json"
+    path.write_bytes('{"data": "grün"}'.encode())
+    assert read_json(path) == {"data": "grün"}
