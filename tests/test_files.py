@@ -1270,3 +1270,16 @@ def test_records_are_read_as_utf8_whatever_the_locale_encoding(tmp_path, ascii_l
     path = tmp_path / "record.json"
     path.write_bytes('{"data": "grün"}'.encode())
     assert read_json(path) == {"data": "grün"}
+
+
+def test_an_error_without_errno_caused_by_the_file_systems_is_the_file_systems(tmp_path, monkeypatch):
+    """A writer that wraps the file system's EIO in an OSError of its own, without errno: the cause's reason is
+    the one line, not the wrapper raised as it is."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    with pytest.raises(UnwritableError, match=r"^Input/output error while writing .*model\.safetensors$"):
+        with atomic_path(tmp_path / "model.safetensors"):
+            try:
+                raise OSError(errno.EIO, "Input/output error")
+            except OSError as error:
+                raise OSError("saving the weights failed") from error
+    assert leftovers(tmp_path) == []
