@@ -1283,3 +1283,13 @@ def test_an_error_without_errno_caused_by_the_file_systems_is_the_file_systems(t
             except OSError as error:
                 raise OSError("saving the weights failed") from error
     assert leftovers(tmp_path) == []
+
+
+def test_a_writer_that_removed_the_temporary_file_before_failing_raises_its_own_error(tmp_path):
+    """Its error is what the caller sees, not a FileNotFoundError from removing what is no longer there."""
+    (tmp_path / "out.de").write_text("old\n")
+    with pytest.raises(RuntimeError, match="^the writer failed$"):
+        with atomic_path(tmp_path / "out.de") as temporary:
+            temporary.unlink()
+            raise RuntimeError("the writer failed")
+    assert (tmp_path / "out.de").read_text() == "old\n" and leftovers(tmp_path) == []
