@@ -706,6 +706,8 @@ def test_iter_lines_plain_and_gzip(tmp_path):
         f.write("über\nfünf\n")
     assert list(iter_lines(plain)) == ["one", "two\rstill two", "", "four"]
     assert list(iter_lines(packed)) == ["über", "fünf"]
+    plain.write_bytes(b"Malcolm X\r\nvitamin C  \n")  # only the terminator goes: a line's last letters or spaces stay
+    assert list(iter_lines(plain)) == ["Malcolm X", "vitamin C  "]
 
 
 def test_iter_lines_names_unreadable_file(tmp_path):
@@ -1293,3 +1295,4 @@ def test_a_writer_that_removed_the_temporary_file_before_failing_raises_its_own_
             temporary.unlink()
             raise RuntimeError("the writer failed")
     assert (tmp_path / "out.de").read_text() == "old\n" and leftovers(tmp_path) == []
+
