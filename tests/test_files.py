@@ -1296,3 +1296,13 @@ def test_a_writer_that_removed_the_temporary_file_before_failing_raises_its_own_
             raise RuntimeError("the writer failed")
     assert (tmp_path / "out.de").read_text() == "old\n" and leftovers(tmp_path) == []
 
+
+def test_a_directory_given_as_strings_is_swapped_into_place(tmp_path):
+    """A caller's paths from the command line are `str`s: the new directory takes the old one's place."""
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "old.bin").write_text("old")
+    (tmp_path / "export.partial").mkdir()
+    (tmp_path / "export.partial" / "new.bin").write_text("new")
+    swap_directory(str(tmp_path / "export.partial"), str(tmp_path / "export"))
+    assert [path.name for path in (tmp_path / "export").iterdir()] == ["new.bin"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export"], "no partial or old directory is left"
