@@ -3,9 +3,7 @@ types included, and a file that is no mapping or not YAML refused in one line na
 config files (flags over the file, the common wrong types, syntax errors) is tested in
 tests/scripts/test_train_script.py."""
 
-import locale
 import re
-import sys
 import typing
 
 import pytest
@@ -105,21 +103,6 @@ def test_a_type_the_check_does_not_know_leaves_the_value_to_the_dataclass(value)
 def test_a_list_or_a_mapping_without_item_types_takes_any_items():
     assert value_fits(typing.List, [1, "a", None]) and not value_fits(typing.List, "a")  # noqa: UP006
     assert value_fits(typing.Dict, {"a": 1, 2: [3]}) and not value_fits(typing.Dict, [1])  # noqa: UP006
-
-
-@pytest.fixture
-def ascii_locale():
-    """A locale whose files Python reads as ASCII by default (LANG=C without its UTF-8 mode)."""
-    if sys.flags.utf8_mode:
-        pytest.skip("Python's UTF-8 mode reads files as UTF-8 whatever the locale")
-    before = locale.setlocale(locale.LC_CTYPE)
-    try:
-        locale.setlocale(locale.LC_CTYPE, "C")
-        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
-            pytest.skip("this system's C locale reads files as UTF-8")
-        yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, before)
 
 
 def test_a_config_file_is_read_as_utf8_whatever_the_locale(ascii_locale, tmp_path):
