@@ -1112,15 +1112,11 @@ def test_a_write_error_where_the_free_space_cannot_be_read_is_the_file_systems(t
 
 def test_a_disk_with_a_hundred_mib_free_is_not_full(tmp_path, monkeypatch):
     """Only almost no free space (under 16 MiB) blames a bare 'write failed' on a full disk."""
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 100 * 2**20))
-    assert disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt") is None
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 15 * 2**20))
-    assert isinstance(disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt"), DiskFullError)
-    # the line itself: 16 MiB free is not full, a byte less is
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 16 * 2**20))
-    assert disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt") is None
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40, 16 * 2**20 - 1))
-    assert isinstance(disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt"), DiskFullError)
+    # the line itself too: 16 MiB free is not full, a byte less is
+    for free, full in ((100 * 2**20, False), (15 * 2**20, True), (16 * 2**20, False), (16 * 2**20 - 1, True)):
+        monkeypatch.setattr(shutil, "disk_usage", lambda path, free=free: shutil._ntuple_diskusage(2**40, 2**40, free))
+        error = disk_full_error(RuntimeError("write failed"), tmp_path / "optimizer.pt")
+        assert isinstance(error, DiskFullError) if full else error is None, free
 
 
 def test_a_second_writer_naming_the_directory_through_a_link_is_refused(tmp_path):
