@@ -144,6 +144,29 @@ def test_without_early_stopping_a_sentence_with_its_beams_finished_stays_while_a
     assert dropping.tolist() == library.tolist()
 
 
+def test_with_two_end_of_sentence_ids_beams_keep_running_where_more_than_num_beams_candidates_end_at_once(
+    decoder_steps,
+):
+    """Two end-of-sentence ids can end up to 2K of a step's candidates: transformers keeps 3K, not 2K, so that K
+    still run on. With 2K, one of these sentences lost a running beam, and with it hypotheses that a length penalty
+    of 3 ranks among the best two."""
+    torch.manual_seed(0)
+    model = TransformerForConditionalGeneration(tiny_config(12)).eval()
+    inputs = random_sources(6, seed=0, vocab_size=12)
+    settings = {
+        "eos_token_id": [EOS, 5],
+        "num_beams": 2,
+        "num_return_sequences": 2,
+        "early_stopping": "never",
+        "length_penalty": 3.0,
+        "max_length_offset": 6,
+    }
+    dropping = model.generate(**inputs, **settings)
+    assert decoder_steps, "the loop dropping finished sentences ran"
+    library = model.generate(**inputs, **settings, return_dict_in_generate=True).sequences
+    assert dropping.tolist() == library.tolist()
+
+
 def test_the_loop_pads_shorter_outputs_as_transformers_loop_with_a_padding_id_other_than_0(decoder_steps):
     # fairseq's dictionaries pad with 1: transformers' loop fills what follows a shorter output's end-of-sentence
     # with the padding id (with end-of-sentence's only where padding is 0, which its `pad or eos` reads as none)
