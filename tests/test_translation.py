@@ -208,11 +208,12 @@ def test_a_generation_config_that_sets_no_beam_count_decodes_as_one_beam(tokeniz
 
 class SideBySideEchoModel(EchoModel):
     """An `EchoModel` whose calls wait for one another: it records how many run at once, on how many of torch's
-    threads, and fails at call `fail_at`."""
+    threads, on which named threads, and fails at call `fail_at`."""
 
     def __init__(self, fail_at: int | None = None):
         super().__init__()
         self.fail_at, self.started, self.running, self.most_at_once, self.threads = fail_at, 0, 0, 0, set()
+        self.thread_names: set[str] = set()
         self.lock = threading.Lock()
 
     def generate(self, input_ids, attention_mask, **kwargs):
@@ -223,6 +224,7 @@ class SideBySideEchoModel(EchoModel):
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
             self.threads.add(torch.get_num_threads())
+            self.thread_names.add(threading.current_thread().name)
             assert torch.is_inference_mode_enabled(), "each worker decodes in inference mode"
         time.sleep(0.05)  # long enough for the other worker to start its batch meanwhile
         with self.lock:
@@ -446,7 +448,9 @@ def test_a_failing_batch_stops_the_workers_and_is_the_error(tokenizer, two_torch
     model = SideBySideEchoModel(fail_at=2)
     with pytest.raises(RuntimeError, match="batch failed"):
         translate(model, tokenizer, sentences, max_tokens=40, workers=2)
-    # the pool is shut down before the error comes out: no worker decodes on, its model given back its mode
+    # the pool is shut down before the error comes out: no worker decodes on, its model given back its mode (the
+    # workers are told by their name, in a stack dump as here)
+    assert model.thread_names and all(name.startswith("generate") for name in model.thread_names)
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("generate")]
     one_by_one = EchoModel()
     translate(one_by_one, tokenizer, sentences, max_tokens=40)
