@@ -198,12 +198,12 @@ def test_a_generation_config_that_sets_no_beam_count_decodes_as_one_beam(tokeniz
     model = EchoModel()
     model.generation_config = GenerationConfig()
     assert translate(model, tokenizer, sentences, max_tokens=4096) == [s.strip() for s in sentences]
+    assert len(model.calls) == 1, "every sentence in one batch of a 4096 budget"
     width = max(len(ids) for ids in tokenizer(sentences)["input_ids"])
     model = EchoModel()
     model.generation_config = GenerationConfig()
     translate(model, tokenizer, sentences, max_tokens=12 * width)
     assert len(model.calls) == 1, "all 12, padded to the longest, fill the budget of one beam"
-    assert len(model.calls) == 1, "every sentence in one batch of a 4096 budget"
 
 
 class SideBySideEchoModel(EchoModel):
