@@ -396,14 +396,17 @@ def test_a_run_with_full_determinism_leaves_the_callers_settings_as_they_were(tm
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
 
 
-def test_a_callers_deterministic_algorithms_that_only_warn_are_put_back_warning_only():
+@pytest.mark.parametrize("warn_only", [True, False])
+def test_a_callers_deterministic_algorithms_are_put_back_raising_or_only_warning_as_they_were(warn_only):
     """A notebook that asked torch to warn of nondeterministic operations, not to raise: `full_determinism` makes
-    them raise, and the run put back "deterministic" without "warn only", so that its later work raised."""
+    them raise, and the run put back "deterministic" without "warn only", so that its later work raised. One that
+    asked torch to raise keeps them raising."""
     try:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
         with training._callers_determinism():
             torch.use_deterministic_algorithms(True)  # what full_determinism sets
-        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -667,6 +670,28 @@ def test_a_process_that_stops_alone_while_the_data_is_prepared_records_the_preem
     assert json.loads((tmp_path / "preempted.json").read_text())["signal"] == "SIGTERM"
 
 
+def test_a_process_that_does_not_save_records_the_preemption_when_signalled_while_the_data_is_prepared(
+    tmp_path, datasets_cache, monkeypatch
+):
+    """The rank of `_stop_preempted`'s test above, stopped by `train()` itself: it stops alone, so it writes the
+    record that the main process, waiting at the next collective, never will."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    run.mkdir()
+    load_text = training._load_text
+
+    def signalled_while_loading(*arguments, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return load_text(*arguments, **kwargs)
+
+    monkeypatch.setattr(training, "_load_text", signalled_while_loading)
+    monkeypatch.setattr(TranslationTrainingArguments, "should_save", property(lambda self: False))
+    with pytest.raises(TrainingPreempted, match="at update 0"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
+    assert json.loads((run / "preempted.json").read_text())["step"] == 0
+
+
 def test_a_launch_reads_the_corpus_sha256_once(tmp_path, datasets_cache, monkeypatch):
     """A second pass between saving the BPE and recording the run (English-French: about 15 s) left a window where
     a signal stopped the run with a BPE the requeue would train again to check (20-33 minutes)."""
@@ -812,6 +837,57 @@ def test_a_lock_file_removed_between_its_opening_and_its_locking_is_not_taken_fo
             fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def test_a_lock_file_removed_before_it_could_be_opened_is_created_afresh_and_taken(tmp_path, monkeypatch):
+    """Another user's lock file, unwritable, removed by a third run taking its place between this one's attempt to
+    open it for writing and its attempt to open it for reading: the opening fails as absent, and the lock file is
+    opened again, this time created by this run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+    opened = []
+    open_lock_file = training.open_lock_file
+
+    def removed_before_opened(path, mode="a"):
+        opened.append(path)
+        if len(opened) == 1:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        return open_lock_file(path, mode)
+
+    monkeypatch.setattr(training, "open_lock_file", removed_before_opened)
+    with training.training_lock(tiny_run_args(run)):
+        assert len(opened) == 2 and lock.read_text().startswith(f"pid {os.getpid()} on ")
+        with open(lock) as another_run, pytest.raises(BlockingIOError):
+            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_another_users_lock_file_removed_by_a_third_run_before_this_one_removes_it_is_replaced(tmp_path, monkeypatch):
+    """Another user's finished run's lock file, locked read-only by this run and by a third one at once: the third
+    removed it first, and this run's removal found nothing to remove; it goes on to create and lock its own."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+    theirs = "pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n"
+    lock.write_text(theirs)
+    unlink = Path.unlink
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
+        if file == lock and mode != "r" and lock.exists() and lock.read_text() == theirs:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    def removed_first_by_a_third_run(path, missing_ok=False):
+        if path == lock and lock.exists() and lock.read_text() == theirs:
+            unlink(path)
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(files_module, "open", as_another_user, raising=False)  # where the lock is opened
+    monkeypatch.setattr(Path, "unlink", removed_first_by_a_third_run)
+    with training.training_lock(tiny_run_args(run)):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+        with open(lock) as another_run, pytest.raises(BlockingIOError):
+            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
     (tmp_path / "run_identity.json").write_text("{}")
     (tmp_path / "README.md").write_text("My notes on this run\n")
@@ -888,6 +964,17 @@ def test_a_checkpoint_given_as_the_output_directory_is_refused_naming_the_runs(r
     )
     # A run's directory merely named like a checkpoint (no completeness marker) is a run's.
     assert prepare_output_dir(tiny_run_args(tmp_path / "checkpoint-7", resume_from_checkpoint=resume)) is None
+
+
+def test_a_directory_left_with_only_a_killed_first_save_holds_an_earlier_run_that_overwrite_removes(tmp_path):
+    """A run killed during its first save leaves only `.checkpoint-N.partial`: a new run there without
+    --resume_from_checkpoint or --overwrite_output_dir would train over it as if the directory were empty."""
+    run = tmp_path / "run"
+    (run / ".checkpoint-2.partial" / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(OutputDirectoryInUseError, match=r"holds an earlier run \(\.checkpoint-2\.partial\)"):
+        prepare_output_dir(tiny_run_args(run))
+    assert prepare_output_dir(tiny_run_args(run, overwrite_output_dir=True)) is None
+    assert not (run / ".checkpoint-2.partial").exists()
 
 
 def test_processes_that_see_different_checkpoints_stop_naming_them(tmp_path, monkeypatch):
@@ -1295,6 +1382,36 @@ def test_counts_that_leave_nothing_to_train_are_refused_before_any_work(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_negative_bleu_sample_size_is_refused_before_any_work(tmp_path):
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de", bleu_sample_size=-1)
+    with pytest.raises(ValueError, match=r"^--bleu_sample_size must not be negative, got -1\.$"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_paper_schedule_without_warmup_is_refused_before_any_work(tmp_path):
+    """The Trainer refuses it too, but only once the BPE is trained and the run recorded: the corrected command
+    then found an earlier run in the directory."""
+    data = DataArguments(data_dir=str(tmp_path), source_lang="en", target_lang="de")
+    with pytest.raises(
+        ValueError, match=r"^The schedule of Sec\. 5\.3 needs a warmup of at least one update .*got 0\.$"
+    ):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run", warmup_steps=0))
+    assert not (tmp_path / "run").exists()
+
+
+def test_max_train_samples_trains_on_the_first_pairs_of_the_training_split_only(tmp_path, datasets_cache):
+    data_dir = write_corpus(tmp_path / "data", 12, word_for_word)
+    first = (data_dir / "train.en").read_text(encoding="utf-8").splitlines()
+    for limit, kept in ((5, first[:5]), (50, first)):
+        data = DataArguments(
+            data_dir=str(data_dir), source_lang="en", target_lang="de", max_train_samples=limit, clean=False
+        )
+        text, _ = training._load_text(data, evaluate=True)
+        assert [pair["en"] for pair in text["train"]["translation"]] == kept
+        assert len(text["validation"]) == 16, "the validation split is not cut"
+
+
 def test_a_resized_fine_tuning_is_refused_before_overwrite_output_dir_deletes_the_earlier_run(tmp_path):
     tokenizer = word_tokenizer()
     pretrained = tmp_path / "pretrained"
@@ -1338,18 +1455,25 @@ def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_befo
     ("target_lang", "settings", "refusal"),
     [
         ("zh-CN", {"metric_for_best_model": "sample_paper_bleu"}, r"^--metric_for_best_model sample_paper_bleu: "),
-        pytest.param(
-            "ja",
-            {},
-            r"^BLEU into 'ja' uses sacreBLEU's 'ja-mecab' tokeniser.*sacrebleu\[ja\]'; or give --bleu_sample_size 0",
-            marks=pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="MeCab is installed"),
+        *(
+            pytest.param(
+                "ja",
+                settings,
+                r"^BLEU into 'ja' uses sacreBLEU's 'ja-mecab' tokeniser.*sacrebleu\[ja\]'; "
+                r"or give --bleu_sample_size 0",
+                marks=pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="MeCab is installed"),
+            )
+            for settings in ({}, {"bleu_sample_size": 1})
         ),
     ],
 )
 def test_bleu_a_target_language_cannot_have_is_refused_before_any_work(tmp_path, target_lang, settings, refusal):
-    """No tokenised BLEU into Chinese (`corpus_scores`), no BLEU into Japanese without MeCab: the first evaluation
-    failed on them, after the BPE was trained."""
-    data = DataArguments(data_dir=str(tmp_path / "data"), source_lang="en", target_lang=target_lang, vocab_size=64)
+    """No tokenised BLEU into Chinese (`corpus_scores`), no BLEU into Japanese without MeCab, even of one sentence:
+    the first evaluation failed on them, after the BPE was trained."""
+    bleu_sample = {"bleu_sample_size": settings.pop("bleu_sample_size")} if "bleu_sample_size" in settings else {}
+    data = DataArguments(
+        data_dir=str(tmp_path / "data"), source_lang="en", target_lang=target_lang, vocab_size=64, **bleu_sample
+    )
     run_args = tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2, **settings)
     with pytest.raises(ValueError, match=refusal):
         train(ModelArguments(preset="tiny", **TINY), data, run_args)
