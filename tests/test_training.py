@@ -1440,6 +1440,7 @@ def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_befo
 ):
     """Each failed only at the first evaluation or the first batch, after the BPE was trained and the run recorded
     (so that the corrected command found an earlier run in the directory)."""
+    settings = dict(settings)  # popped from below: the parametrize list's dict must stay whole for a rerun
     bleu_sample = {"bleu_sample_size": settings.pop("bleu_sample_size")} if "bleu_sample_size" in settings else {}
     if settings.pop("world_size", 1) > 1:
         monkeypatch.setattr(TranslationTrainingArguments, "world_size", property(lambda self: 2))
@@ -1470,6 +1471,7 @@ def test_evaluation_and_sharding_settings_that_would_fail_later_are_refused_befo
 def test_bleu_a_target_language_cannot_have_is_refused_before_any_work(tmp_path, target_lang, settings, refusal):
     """No tokenised BLEU into Chinese (`corpus_scores`), no BLEU into Japanese without MeCab, even of one sentence:
     the first evaluation failed on them, after the BPE was trained."""
+    settings = dict(settings)  # popped from below: the parametrize list's dict must stay whole for a rerun
     bleu_sample = {"bleu_sample_size": settings.pop("bleu_sample_size")} if "bleu_sample_size" in settings else {}
     data = DataArguments(
         data_dir=str(tmp_path / "data"), source_lang="en", target_lang=target_lang, vocab_size=64, **bleu_sample
