@@ -307,6 +307,11 @@ def test_card_without_measurements_says_so_and_invents_nothing():
     assert "feed-forward activation (the paper's" not in card.text, "without config.json: the paper's ReLU"
 
 
+def test_the_card_ends_with_a_newline_as_a_text_file_does():
+    """The template's last newline is kept: README.md without one shows as "No newline at end of file" in a diff."""
+    assert str(render_model_card(model_name="tiny", repo_id=REPO_ID)).endswith("\n")
+
+
 def test_training_curves_and_collected_inputs(card_dir, tmp_path):
     inputs = collect_card_inputs([card_dir])
     assert inputs["log_history"] == LOG_HISTORY and len(inputs["eval_results"]) == 1
@@ -472,6 +477,16 @@ def test_an_evaluation_logged_between_training_losses_does_not_count_as_one():
     assert training_summary(log_history) == {"steps": 8, "mean_train_loss": 3.0}
 
 
+def test_a_log_history_whose_entries_name_no_step_gives_the_training_length_it_holds():
+    """`check_log_history` takes entries without a step (a trainer_state.json written by hand or another tool): the
+    card shows what they hold instead of failing on the missing step count."""
+    log_history = [{"loss": 4.0, "epoch": 0.5}, {"loss": 3.0, "epoch": 1.0}]
+    summary = training_summary(log_history)
+    assert summary["epochs"] == 1.0 and "steps" not in summary
+    card = str(render_model_card(model_name="tiny", repo_id=REPO_ID, log_history=log_history))
+    assert "- epochs: 1.0" in card and "- steps:" not in card
+
+
 def test_the_parameter_count_is_the_loaded_models_even_beside_a_sharded_save_over_it(tmp_path):
     """A sharded save leaves the earlier model.safetensors in place: both were counted, twice the parameters."""
     model = tiny_model(50)
@@ -560,6 +575,9 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
         # printed on the card and put in model-index as the dataset's split and the score's signature
         ({"split": 3}, r"eval_results_test\.json: 'split' is 3, not a string\.$"),
         ({"sacrebleu_signature": 1.0}, r"eval_results_test\.json: 'sacrebleu_signature' is 1\.0, not a string\.$"),
+        # compared with num_sentences to tell a score on part of the split (`result_caveats`)
+        ({"limit": "100"}, r"eval_results_test\.json: 'limit' is '100', not a number\.$"),
+        ({"sentences_in_split": 6.0}, r"eval_results_test\.json: 'sentences_in_split' is 6\.0, not a number\.$"),
     ],
 )
 def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval_result, content, expected):
