@@ -303,6 +303,17 @@ def test_offline_a_model_cached_at_other_revisions_only_is_named_with_them(tmp_p
     )
 
 
+def test_offline_a_model_whose_snapshots_were_all_removed_is_named_as_not_in_the_cache(tmp_path, monkeypatch):
+    """Its snapshots emptied by hand (to free the space), a repo's folder names no revision the cache holds."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    (tmp_path / "models--owner--emptied" / "snapshots").mkdir(parents=True)
+    assert str(offline_cache_error("owner/emptied", None, MODEL_REPO_FILES)) == (
+        f"'owner/emptied' is not in the Hub cache {tmp_path}, and offline mode (HF_HUB_OFFLINE) keeps it from the "
+        "Hub: download it where the Hub can be reached, into the same HF_HOME (hf download owner/emptied)"
+    )
+
+
 def test_the_hub_cache_gives_the_commit_of_the_revision_asked_for_not_mains(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     hub_cache_snapshot(tmp_path, "owner/tagged", "a" * 40, {"config.json": "{}"})
