@@ -16,6 +16,7 @@ loaders call it before transformers would fail with messages that name neither t
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -70,9 +71,11 @@ def _positive_setting(name: str, default: float, kind: type) -> float:
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {text!r}.")
+        value = None
+    if value is None or not 0 < value < math.inf:  # float() also reads "nan" and "inf"
+        raise ValueError(
+            f"{name} must be a positive{', finite' if kind is float else ''} {kind.__name__}, got {text!r}."
+        )
     return value
 
 

@@ -119,8 +119,15 @@ def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable
 @pytest.mark.parametrize(
     ("name", "text", "read", "message"),
     [
-        (HUB_TIMEOUT_ENV, "0", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive float, got '0'."),
-        (HUB_TIMEOUT_ENV, "a minute", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive float, got 'a minute'."),
+        (HUB_TIMEOUT_ENV, "0", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive, finite float, got '0'."),
+        (
+            HUB_TIMEOUT_ENV,
+            "a minute",
+            hub_timeout,
+            "VASWANI_HUB_TIMEOUT must be a positive, finite float, got 'a minute'.",
+        ),
+        (HUB_TIMEOUT_ENV, "nan", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive, finite float, got 'nan'."),
+        (HUB_TIMEOUT_ENV, "inf", hub_timeout, "VASWANI_HUB_TIMEOUT must be a positive, finite float, got 'inf'."),
         (HUB_ATTEMPTS_ENV, "1.5", hub_attempts, "VASWANI_HUB_ATTEMPTS must be a positive int, got '1.5'."),
         (HUB_ATTEMPTS_ENV, "-2", hub_attempts, "VASWANI_HUB_ATTEMPTS must be a positive int, got '-2'."),
     ],
