@@ -23,6 +23,22 @@ logger = logging.getLogger(__name__)
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+def _launcher_world_size() -> int:
+    """The process count a launcher (torchrun, MPI) set, 1 where none did."""
+    sizes = [1]
+    for name in _WORLD_SIZE_ENV:
+        text = os.environ.get(name)
+        if text is None:
+            continue
+        try:
+            sizes.append(int(text))
+        except ValueError:
+            raise ValueError(
+                f"{name}={text!r} in the environment is not a process count; unset it or give one"
+            ) from None
+    return max(sizes)
+
+
 def _home_expanded(path: str | None) -> str | None:
     """`path` with a leading `~` expanded, as transformers expands output_dir's: no shell expands one in a config
     file (or in `--data_dir=~/x`), and `data_dir: ~/wmt14` was `does not exist` beside an `output_dir: ~/runs` that
@@ -104,7 +120,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
-        if self.ddp_backend is not None and max(int(os.environ.get(name, "1")) for name in _WORLD_SIZE_ENV) <= 1:
+        if self.ddp_backend is not None and _launcher_world_size() <= 1:
             # A config written for torchrun, run as one process (a requeue on one GPU, a test on a laptop): the
             # backend joins processes, and accelerate fails on it with "Default process group has not been
             # initialized", naming no setting.

@@ -180,6 +180,16 @@ def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(launcher_va
     assert given == ["gloo"]
 
 
+@pytest.mark.parametrize("text", ["", "two"])
+def test_a_launcher_variable_that_is_no_process_count_is_refused_naming_it(text, tmp_path, monkeypatch):
+    """It failed with int()'s bare "invalid literal for int() with base 10: ''", naming no variable."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_SIZE", text)
+    with pytest.raises(ValueError, match=rf"^PMI_SIZE={text!r} in the environment is not a process count; unset it"):
+        TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", ddp_backend="gloo")
+
+
 def test_max_steps_0_is_refused_as_transformers_would_train_by_epochs(tmp_path):
     with pytest.raises(ValueError, match=r"^max_steps 0 would train num_train_epochs epochs"):
         training_args(tmp_path, max_steps=0)
