@@ -753,6 +753,13 @@ def test_a_process_forked_while_training_does_not_keep_the_directory_locked(tmp_
         os.waitpid(child, 0)
 
 
+def assert_locked_by_this_process(lock: Path) -> None:
+    """The lock file names this process, and no other opening of it can take the lock."""
+    assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+    with open(lock) as another_run, pytest.raises(BlockingIOError):
+        fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_ends(tmp_path, monkeypatch):
     """A colleague's run in a directory a group shares left `.training.lock` 0644 (umask 022): opening it to write
     failed, so a second run beside theirs was refused as `Permission denied` (not naming it), and so was a resume
@@ -777,20 +784,24 @@ def test_another_users_training_lock_names_their_run_and_is_replaced_once_it_end
                 pass
         assert lock.read_text() == theirs, "their lock file kept while they run"
     with training.training_lock(tiny_run_args(run)):
-        assert lock.read_text().startswith(f"pid {os.getpid()} on "), "replaced by one of this run's own"
-        with open(lock) as third, pytest.raises(BlockingIOError):
-            fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert_locked_by_this_process(lock)  # theirs replaced by one of this run's own
+
+
+def their_finished_runs_lock(tmp_path: Path) -> Path:
+    """The `.training.lock` another user's finished run left in `tmp_path/run`."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / TRAINING_LOCK_FILE
+    lock.write_text("pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n")
+    return lock
 
 
 def test_another_users_training_lock_in_a_sticky_directory_is_held_read_only(tmp_path, monkeypatch, caplog):
     """A colleague's finished run in a directory with the sticky bit: their `.training.lock` (0644, umask 022) can
     be neither written nor removed by this user, and the resume was refused as "Operation not permitted" naming
     the lock file, not why."""
-    run = tmp_path / "run"
-    run.mkdir()
-    lock = run / TRAINING_LOCK_FILE
-    theirs = "pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n"
-    lock.write_text(theirs)
+    lock = their_finished_runs_lock(tmp_path)
+    run, theirs = lock.parent, lock.read_text()
     unlink = Path.unlink
 
     def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
@@ -832,9 +843,8 @@ def test_a_lock_file_removed_between_its_opening_and_its_locking_is_not_taken_fo
 
     monkeypatch.setattr(training, "open_lock_file", removed_once_opened)
     with training.training_lock(tiny_run_args(run)):
-        assert len(opened) == 2 and lock.read_text().startswith(f"pid {os.getpid()} on ")
-        with open(lock) as another_run, pytest.raises(BlockingIOError):
-            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert len(opened) == 2
+        assert_locked_by_this_process(lock)
 
 
 def test_a_lock_file_removed_before_it_could_be_opened_is_created_afresh_and_taken(tmp_path, monkeypatch):
@@ -855,19 +865,15 @@ def test_a_lock_file_removed_before_it_could_be_opened_is_created_afresh_and_tak
 
     monkeypatch.setattr(training, "open_lock_file", removed_before_opened)
     with training.training_lock(tiny_run_args(run)):
-        assert len(opened) == 2 and lock.read_text().startswith(f"pid {os.getpid()} on ")
-        with open(lock) as another_run, pytest.raises(BlockingIOError):
-            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert len(opened) == 2
+        assert_locked_by_this_process(lock)
 
 
 def test_another_users_lock_file_removed_by_a_third_run_before_this_one_removes_it_is_replaced(tmp_path, monkeypatch):
     """Another user's finished run's lock file, locked read-only by this run and by a third one at once: the third
     removed it first, and this run's removal found nothing to remove; it goes on to create and lock its own."""
-    run = tmp_path / "run"
-    run.mkdir()
-    lock = run / TRAINING_LOCK_FILE
-    theirs = "pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n"
-    lock.write_text(theirs)
+    lock = their_finished_runs_lock(tmp_path)
+    run, theirs = lock.parent, lock.read_text()
     unlink = Path.unlink
 
     def as_another_user(file, mode="r", *args, **kwargs):  # tests run as root, whom no permission stops
@@ -883,9 +889,7 @@ def test_another_users_lock_file_removed_by_a_third_run_before_this_one_removes_
     monkeypatch.setattr(files_module, "open", as_another_user, raising=False)  # where the lock is opened
     monkeypatch.setattr(Path, "unlink", removed_first_by_a_third_run)
     with training.training_lock(tiny_run_args(run)):
-        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
-        with open(lock) as another_run, pytest.raises(BlockingIOError):
-            fcntl.flock(another_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert_locked_by_this_process(lock)
 
 
 def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
