@@ -309,6 +309,8 @@ def _re(text: str) -> str:
         ("third encoder norm", "encoder.layers.0.layer_norms.2.weight=(24,) (an unexpected state-dict key)"),
         # a damaged old checkpoint: a bare ValueError of zip() before
         ("fused projections not in thirds", "self_attn.in_proj_weight=(4, 24) (fused q, k, v projections whose rows"),
+        # a bare IndexError of shape[0] otherwise
+        ("fused projections a scalar", "self_attn.in_proj_bias=() (fused q, k, v projections whose rows"),
     ],
 )
 def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message):
@@ -330,6 +332,8 @@ def test_unexpected_weights_are_refused_naming_the_key(tmp_path, change, message
         state["encoder.layers.0.layer_norms.2.weight"] = torch.ones(24)
     elif change == "fused projections not in thirds":
         state["encoder.layers.0.self_attn.in_proj_weight"] = torch.zeros(4, 24)
+    elif change == "fused projections a scalar":
+        state["encoder.layers.0.self_attn.in_proj_bias"] = torch.tensor(0.0)
     else:
         state["encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 24)
     with pytest.raises(FairseqConversionError, match=_re(message)):
