@@ -301,6 +301,7 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
     assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     config = json.loads((directory / "config.json").read_text())
     assert (config["decoder_start_token"], config["eos_token"], config["unk_token"]) == ("</s>", "</s>", "<unk>")
+    assert config["bos_token"] == "</s>", "without the tokenizer's, the decoder's start token, not a token it lacks"
     assert AutoTokenizer.from_pretrained(directory)("a dog.")["input_ids"] == tokenizer("a dog.")["input_ids"]
 
     # The paper's decoding: beam 4 and alpha 0.6 carry over; the GNMT form and source + 50 do not, and are listed.
@@ -347,6 +348,7 @@ def test_ctranslate2_directory_holds_vocabulary_tokenizer_and_decoding_settings(
         ({"max_new_tokens": 8}, 8),
         ({"max_length_b": 200, "max_new_tokens": 8}, 8),
         ({"max_length_b": 200}, 63),  # fairseq's limit beyond the table: generate() stops at its last position
+        ({"max_length_a": 0.5}, 63),  # max_length_a alone turns fairseq's limit on, with max_length_b's default
     ],
     ids=lambda value: ",".join(value) if isinstance(value, dict) else str(value),
 )
@@ -545,6 +547,17 @@ def test_exports_leave_out_the_length_a_plain_seq2seq_trainer_wrote_into_the_gen
         export.to_onnx(model, tmp_path / "out", tokenizer=tokenizer)
     saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
     assert saved.get("max_length") == (model.config.max_position_embeddings if target == "marian" else None)
+
+
+def test_ctranslate2_readme_of_a_model_under_a_non_ascii_path_is_written_whatever_the_locale(
+    tokenizer, tmp_path, ascii_locale
+):
+    """The README names the model's path, which may hold any character: under LANG=C a write in the locale's
+    encoding failed on it."""
+    model = tiny_model(len(tokenizer))
+    model.config._name_or_path = "runs/wmt14-größe"
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    assert "from runs/wmt14-größe." in (tmp_path / "ct2" / "README.md").read_text(encoding="utf-8")
 
 
 def test_ctranslate2_options_of_fairseqs_limit_are_not_cut_at_ctranslate2s_default(tokenizer):
