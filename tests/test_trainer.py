@@ -288,6 +288,14 @@ def test_a_training_dataset_without_labels_is_refused_naming_it(tmp_path):
         trainer.train()
 
 
+def test_an_evaluation_dataset_without_labels_is_refused_naming_it(tmp_path):
+    tokenizer = word_tokenizer()
+    dataset = copy_dataset([3, 4], len(tokenizer))
+    trainer = make_trainer(training_args(tmp_path), dataset, tokenizer, tiny_model(len(tokenizer)))
+    with pytest.raises(ValueError, match=r"^The evaluation dataset lacks \['labels'\]: tokenize it with "):
+        trainer.evaluate(dataset.remove_columns("labels"))
+
+
 def test_two_half_batches_accumulated_equal_one_full_batch(tmp_path):
     initial = tiny_model(len(word_tokenizer()), dropout=0.0).state_dict()
     full = one_sgd_update(tmp_path / "full", max_tokens=1000)  # one batch of all 8 examples
@@ -1929,11 +1937,20 @@ def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_pat
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [({"paper_schedule": False}, {}), ({}, {"paper_schedule": False, "warmup_steps": 1})],
-    ids=["the trainer's, then the paper's", "the paper's, then the trainer's with another warmup"],
+    [
+        ({"paper_schedule": False}, {}),
+        ({"paper_schedule": False, "lr_scheduler_type": "constant"}, {}),
+        ({}, {"paper_schedule": False, "warmup_steps": 1}),
+    ],
+    ids=[
+        "the trainer's, then the paper's",
+        "the trainer's constant, then the paper's",
+        "the paper's, then the trainer's with another warmup",
+    ],
 )
 def test_resuming_a_run_with_the_other_schedule_takes_it(tmp_path, first, then):
-    """Nothing to refuse either way: the Trainer's linear schedule saves an empty dict (no warmup recorded), and the
+    """Nothing to refuse either way: the Trainer's linear schedule saves an empty dict and its constant one None (no
+    warmup recorded), and the
     paper schedule's warmup, in its scheduler state, is not restored into the linear one (--no_paper_schedule), so
     another --warmup_steps differs from nothing. The updates after the first take the new schedule's rates. (The
     first takes the rate its optimizer state holds: after the linear schedule, its last, 0 here.)"""
