@@ -1951,8 +1951,9 @@ def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_pat
 def test_resuming_a_run_with_the_other_schedule_takes_it(tmp_path, first, then):
     """Nothing to refuse either way: the Trainer's linear schedule saves an empty dict and its constant one None (no
     warmup recorded), and the paper schedule's warmup, in its scheduler state, is not restored into the linear one
-    (--no_paper_schedule), so another --warmup_steps differs from nothing. The updates after the first take the new schedule's rates. (The
-    first takes the rate its optimizer state holds: after the linear schedule, its last, 0 here.)"""
+    (--no_paper_schedule), so another --warmup_steps differs from nothing. The updates after the first take the new
+    schedule's rates. (The first takes the rate its optimizer state holds: after the linear schedule, its last, 0
+    here.)"""
     resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, learning_rate=1e-3, **first).train()
     resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3, learning_rate=1e-3, **then)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
