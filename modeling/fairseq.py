@@ -372,7 +372,7 @@ def fairseq_config(args: dict[str, Any], state_dict: dict[str, torch.Tensor], vo
             _refuse(f"{side}.layers.0.fc1.weight", None, "missing from the state dict")
         ffn[side] = state_dict[f"{side}.layers.0.fc1.weight"].shape[0]
         heads[side] = setting(f"{side}_attention_heads")
-        if not isinstance(heads[side], int) or heads[side] < 1 or d_model % heads[side]:
+        if type(heads[side]) is not int or heads[side] < 1 or d_model % heads[side]:
             _refuse(f"{side}_attention_heads", heads[side], f"must be recorded and divide d_model={d_model}")
     if d_model % 2:
         _refuse("encoder_embed_dim", d_model, "an odd width (fairseq pads its sinusoids with a zero column)")
@@ -441,7 +441,9 @@ def fairseq_state_dict(
     """This model's state dict from fairseq's; refuses any key outside the expected set, embeddings that are
     not one matrix, and a layer's tensor of another shape than `shapes` (this model's, by its key) gives."""
     state_dict = _upgraded_state_dict(state_dict)
-    shared = state_dict["encoder.embed_tokens.weight"]
+    shared = state_dict.get("encoder.embed_tokens.weight")
+    if shared is None:
+        _refuse("encoder.embed_tokens.weight", None, "missing from the state dict")
     for key in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"):
         tensor = state_dict.get(key)
         if tensor is None and key == "decoder.embed_tokens.weight":

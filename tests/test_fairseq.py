@@ -39,6 +39,7 @@ from modeling.fairseq import (
     convert_fairseq,
     fairseq_config,
     fairseq_model_args,
+    fairseq_state_dict,
     from_fairseq,
     load_fairseq_checkpoint,
     read_bpe_merges,
@@ -693,8 +694,8 @@ def test_any_head_count_dividing_the_width_converts(heads):
     assert (config.d_model, config.encoder_attention_heads, config.decoder_attention_heads) == (30, heads, heads)
 
 
-@pytest.mark.parametrize("heads", [0, -3, None])
-def test_a_head_count_that_is_not_positive_is_refused_naming_the_field(heads):
+@pytest.mark.parametrize("heads", [0, -3, None, True])
+def test_a_head_count_that_is_not_a_positive_integer_is_refused_naming_the_field(heads):
     with pytest.raises(FairseqConversionError, match=_re(f"encoder_attention_heads={heads!r} (must be recorded")):
         fairseq_config(*fairseq_args_and_weights(30, heads), 568)
 
@@ -861,6 +862,14 @@ def test_a_missing_weight_is_refused_naming_the_key(tmp_path, key):
     del checkpoint["model"][key]
     with pytest.raises(FairseqConversionError, match=re.escape(f"{key}=None (missing from the state dict)")):
         converting(checkpoint, tmp_path)
+
+
+def test_the_state_dict_conversion_called_alone_names_a_missing_embedding():
+    state_dict = fixture_checkpoint()["model"]
+    del state_dict["encoder.embed_tokens.weight"]
+    missing = "encoder.embed_tokens.weight=None (missing from the state dict)"
+    with pytest.raises(FairseqConversionError, match=re.escape(missing)):
+        fairseq_state_dict(state_dict)
 
 
 @pytest.mark.parametrize(
