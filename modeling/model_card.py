@@ -18,6 +18,7 @@ the model was converted from fairseq (`modeling.fairseq.convert_fairseq`): the c
 `trainer_state.json`: the run's log is shown up to the update the weights are of, not beyond.
 """
 
+import contextlib
 import dataclasses
 import math
 import shutil
@@ -649,10 +650,9 @@ def write_model_card(
     try:
         curves = None
         if inputs["log_history"]:
-            try:
+            # a history without losses or BLEU: the card says there are no curves
+            with contextlib.suppress(ValueError):
                 curves = plot_training_curves(inputs["log_history"], staging / CURVES_FILE)
-            except ValueError:  # a history without losses or BLEU: the card says there are no curves
-                curves = None
         weights = {"averaged_checkpoints": averaged, "best_checkpoint": best}
         card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, weights)
         if curves is not None:

@@ -1072,6 +1072,17 @@ def test_a_trainer_state_without_a_log_history_gives_a_card_without_curves(tmp_p
     assert "Training curves: not recorded" in card and not (tmp_path / "training_curves.png").exists()
 
 
+def test_a_run_ended_before_its_first_loss_log_gets_a_card_without_curves(tmp_path):
+    """`logging_steps` above the run's length: the log holds only the Trainer's closing summary (`train_loss`, not
+    `loss`), nothing to plot; the card says so, and is written."""
+    write_json(tmp_path / "config.json", tiny_config().to_dict())
+    summary = {"step": 20, "epoch": 1.0, "train_loss": 5.2, "train_runtime": 3.0}
+    write_json(tmp_path / "trainer_state.json", {"global_step": 20, "log_history": [summary]})
+    card = model_card.write_model_card(tmp_path, repo_id=REPO_ID, card_from=[tmp_path]).read_text()
+    assert "Training curves: not recorded" in card and not (tmp_path / "training_curves.png").exists()
+    assert "training_curves.png" not in card
+
+
 def test_the_curves_written_to_a_path_given_as_a_string_are_returned_as_a_path(tmp_path):
     png = plot_training_curves(LOG_HISTORY, str(tmp_path / "curves.png"))
     assert png == tmp_path / "curves.png" and png.read_bytes().startswith(b"\x89PNG")
