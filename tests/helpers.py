@@ -109,6 +109,11 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "decoder_input_ids": decoder_input_ids}
 
 
+def sources() -> dict[str, torch.Tensor]:
+    """`batch()`'s sources and their attention mask, without decoder inputs: what generate() takes."""
+    return {name: batch()[name] for name in ("input_ids", "attention_mask")}
+
+
 def labelled_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
     """`batch()`'s sources with labels instead of decoder inputs; the second target is padded with -100."""
     inputs = batch()

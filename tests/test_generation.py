@@ -15,6 +15,7 @@ from helpers import (
     copy_dataset,
     fairseq_beam_search,
     right_padded,
+    sources,
     tiny_config,
     tiny_model,
     word_tokenizer,
@@ -69,7 +70,7 @@ def test_greedy_generate_with_cache_equals_reference_without_cache():
 
 def test_beam_generate_with_cache_equals_generate_without_cache():
     model = tiny_model(seed=4)
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     cached = model.generate(**inputs, max_new_tokens=10)
     uncached = model.generate(**inputs, max_new_tokens=10, use_cache=False)
     assert cached.tolist() == uncached.tolist()
@@ -259,7 +260,7 @@ def ended_by_the_length_limit_only(**overrides) -> TransformerForConditionalGene
 
 def test_each_sentence_stops_at_its_own_limit():
     model = ended_by_the_length_limit_only()
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     source_lengths = inputs["attention_mask"].sum(-1).tolist()  # [6, 4]
     for num_beams in (1, 4):
         out = model.generate(**inputs, num_beams=num_beams, max_length_offset=3)
@@ -275,7 +276,7 @@ def test_default_generation_is_the_papers():
     assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
     assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
     with pytest.raises(ValueError, match="Unknown length_penalty_type"):
-        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, length_penalty_type="x")
+        tiny_model().generate(**sources(), length_penalty_type="x")
 
 
 def test_a_checkpoint_without_a_generation_config_decodes_as_the_paper_and_says_so(tmp_path, caplog):
@@ -286,7 +287,7 @@ def test_a_checkpoint_without_a_generation_config_decodes_as_the_paper_and_says_
     config = loaded.generation_config
     assert (config.num_beams, config.length_penalty_type, config.max_length_offset) == (4, "gnmt", 50)
     assert "has no generation_config.json: decoding with the paper's settings" in caplog.text
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     assert torch.equal(loaded.generate(**inputs), model.generate(**inputs))
 
 
@@ -315,20 +316,20 @@ def test_an_unreadable_generation_config_is_named_not_skipped(tmp_path):
 
 
 def test_low_memory_beam_search_is_refused_as_transformers_refuses_it():
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     with pytest.raises(ValueError, match="`low_memory=True` is not supported"):
         tiny_model().generate(**inputs, low_memory=True)
 
 
 @pytest.mark.parametrize("offset", [0, -3, 1.5, True, "50"])
 def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     with pytest.raises(ValueError, match=f"max_length_offset must be a positive integer or None, got {offset!r}"):
         tiny_model().generate(**inputs, max_length_offset=offset)
 
 
 def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     lengths = inputs["attention_mask"].sum(dim=-1)
     for num_beams in (1, 2):  # min_new_tokens beyond the limit: every sentence runs to it, end-of-sentence forced
         out = tiny_model().generate(**inputs, max_length_offset=1, min_new_tokens=40, num_beams=num_beams)
@@ -350,7 +351,7 @@ def test_embeddings_or_encoder_states_as_the_source_keep_the_per_sentence_limit(
 
 
 def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users(recwarn):
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     tiny_model().generate(**inputs, generation_config=GenerationConfig(num_beams=2))
     assert not [w for w in recwarn if "generation_config" in str(w.message)], [str(w.message) for w in recwarn]
 
@@ -358,7 +359,7 @@ def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users
 def test_a_generation_config_given_is_left_as_given():
     # the per-sentence limit is set on a copy: written into the caller's config, it capped the next batch given it
     # at this batch's longest limit (sources of 6 and 4 tokens: 6 + 2)
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     model.generation_config.max_length_offset = 2
     config = GenerationConfig(num_beams=2)
     model.generate(**inputs, generation_config=config)
@@ -369,7 +370,7 @@ def test_a_generation_config_given_is_left_as_given():
 
 def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
     """As transformers 5 does: `GenerationConfig(max_new_tokens=5)` has num_beams None, which means the model's."""
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     given = model.generate(**inputs, generation_config=GenerationConfig(max_new_tokens=5))
     assert torch.equal(given, model.generate(**inputs, max_new_tokens=5))
     greedy = model.generate(**inputs, generation_config=GenerationConfig(max_new_tokens=5, num_beams=1))
@@ -378,7 +379,7 @@ def test_a_generation_config_given_takes_what_it_leaves_unset_from_the_models():
 
 def test_a_generation_config_given_takes_the_models_own_fields_it_lacks():
     """`GenerationConfig(num_beams=2)` has no max_length_offset: the model's per-sentence limit still holds."""
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     model.generation_config.max_length_offset = 2
     given = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2))
     assert [row[1:].index(EOS) + 1 for row in given.tolist()] == [6 + 2, 4 + 2]
@@ -388,7 +389,7 @@ def test_a_generation_config_given_takes_the_models_own_fields_it_lacks():
 def test_a_generation_config_given_keeps_the_length_cap_of_the_models(cap):
     """transformers fills what the config given leaves unset from the model's, its length cap included, which the
     per-sentence limit (source length + 50 here) must then not override."""
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     for name, value in cap.items():
         setattr(model.generation_config, name, value)
     for num_beams in (1, 2):
@@ -398,7 +399,7 @@ def test_a_generation_config_given_keeps_the_length_cap_of_the_models(cap):
 def test_a_generation_config_given_takes_the_models_own_fields_as_keyword_arguments():
     """A user's `GenerationConfig` lacks this model's fields: given beside it as keyword arguments, they apply (and
     transformers, which knows none of them, is not handed them)."""
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     given = model.generate(**inputs, generation_config=GenerationConfig(num_beams=2), max_length_offset=2)
     assert [row[1:].index(EOS) + 1 for row in given.tolist()] == [6 + 2, 4 + 2]
 
@@ -406,7 +407,7 @@ def test_a_generation_config_given_takes_the_models_own_fields_as_keyword_argume
 def test_a_generation_config_given_turns_the_models_limit_off_with_none():
     """A field of this model's set to None in the config given is the user's choice (no per-sentence limit), not a
     field left unset for the model's to fill."""
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     model.generation_config.max_length_offset = 2
     config = GenerationConfig(num_beams=2, max_length_offset=None, max_new_tokens=10)
     given = model.generate(**inputs, generation_config=config)
@@ -416,7 +417,7 @@ def test_a_generation_config_given_turns_the_models_limit_off_with_none():
 @pytest.mark.parametrize("cap", [{"max_new_tokens": 3}, {"max_length": 4}])
 def test_a_length_cap_given_as_an_argument_caps_the_whole_batch(cap):
     # the per-sentence limit (source length + 50) must not override a cap the caller gives
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     for num_beams in (1, 2):
         assert model.generate(**inputs, num_beams=num_beams, **cap).shape[1] == 4
 
@@ -424,7 +425,7 @@ def test_a_length_cap_given_as_an_argument_caps_the_whole_batch(cap):
 def test_a_generation_config_without_the_models_fields_decodes_as_transformers():
     """A plain `GenerationConfig` set as the model's (one made from config.json by another tool, say) has none of this
     model's fields: their defaults apply, transformers' length penalty and no per-sentence limit, as if given so."""
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     settings = {"num_beams": 2, "length_penalty": 2.0, "max_new_tokens": 8}
     expected = model.generate(**inputs, **settings, length_penalty_type="transformers", max_length_offset=None)
     gnmt = model.generate(**inputs, **settings, length_penalty_type="gnmt", max_length_offset=None)
@@ -438,7 +439,7 @@ def test_a_generation_config_without_the_models_fields_decodes_as_transformers()
 def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit():
     """The per-sentence limit forces end-of-sentence: without an id for it, it gave every token of the last
     position the same score, and the first token of the vocabulary won."""
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     for num_beams in (1, 2):
         limited = model.generate(**inputs, eos_token_id=None, max_length_offset=3, num_beams=num_beams)
         capped = model.generate(
@@ -449,7 +450,7 @@ def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit()
 
 def test_the_limit_forces_the_first_of_a_list_of_end_of_sentence_ids():
     # generation configs often hold a list of ids ([</s>] or [</s>, another stop token]): the first is forced
-    model, inputs = ended_by_the_length_limit_only(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = ended_by_the_length_limit_only(), sources()
     for eos_token_id in ([EOS], [EOS, 5]):
         for num_beams in (1, 2):
             out = model.generate(**inputs, eos_token_id=eos_token_id, max_length_offset=3, num_beams=num_beams)
@@ -478,7 +479,7 @@ def test_the_attention_mask_gives_the_source_lengths_for_the_limit():
 
 @pytest.mark.parametrize("num_beams", [0, -1, 2.0])
 def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     with pytest.raises(ValueError, match=f"num_beams must be a positive integer, got {num_beams!r}"):
         tiny_model().generate(**inputs, num_beams=num_beams)
     model = tiny_model()
@@ -489,7 +490,7 @@ def test_generation_refuses_a_beam_count_below_one_or_not_an_integer(num_beams):
 
 def test_decoding_falls_back_to_transformers_loop_where_the_static_cache_would_not_give_its_outputs(decoder_steps):
     steps = decoder_steps
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     model = tiny_model(seed=8, dropout=0.0)
     expected = model.generate(**inputs, max_length_offset=4)
     assert steps, "the static cache serves the paper's decoding"
@@ -528,7 +529,7 @@ def test_a_processor_holding_a_value_per_row_takes_transformers_loop(decoder_ste
 def test_beam_sampling_takes_transformers_loop(decoder_steps):
     # The loop dropping finished sentences keeps the best candidates; beam sampling draws them, as transformers' loop
     # does (no top-k warper here, whose processor would send it to that loop anyway).
-    model, inputs = tiny_model(50), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(50), sources()
     settings = {"num_beams": 3, "do_sample": True, "top_k": 0, "max_length_offset": 8}
     torch.manual_seed(0)
     sampled = model.generate(**inputs, **settings)
@@ -539,7 +540,7 @@ def test_beam_sampling_takes_transformers_loop(decoder_steps):
 
 
 def test_generation_refuses_a_source_without_tokens_naming_the_row():
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     for num_beams in (1, 4):
         with pytest.raises(ValueError, match=r"^generate\(\) got input_ids of shape \(2, 0\): no source token"):
             model.generate(
@@ -558,8 +559,8 @@ def test_generation_refuses_a_source_without_tokens_naming_the_row():
 def test_an_attention_mask_row_of_zeros_is_refused_beside_encoder_states_or_embeddings(given):
     # Beside encoder outputs or embeddings the row went unchecked: generate() silently decoded a translation of
     # nothing, or (given longer to run) failed inside with an IndexError naming no input.
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
-    sources = {
+    model, inputs = tiny_model(), sources()
+    given_inputs = {
         "input_ids and encoder_outputs": {
             "input_ids": inputs["input_ids"],
             "encoder_outputs": model.get_encoder()(**inputs),
@@ -569,13 +570,13 @@ def test_an_attention_mask_row_of_zeros_is_refused_beside_encoder_states_or_embe
     }
     inputs["attention_mask"][1] = 0  # the second source is all padding
     with pytest.raises(ValueError, match=r"row 1 of attention_mask is all zeros"):
-        model.generate(**sources[given], attention_mask=inputs["attention_mask"], max_new_tokens=3)
+        model.generate(**given_inputs[given], attention_mask=inputs["attention_mask"], max_new_tokens=3)
 
 
 def test_padded_input_ids_without_an_attention_mask_decode_as_with_it():
     """transformers 5 infers the mask from padding for decoder-only models only: the encoder attended to the pads
     of the shorter sources, and 11 of 12 Multi30k translations changed, silently."""
-    model, inputs = tiny_model(), {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    model, inputs = tiny_model(), sources()
     expected = model.generate(**inputs, num_beams=4, max_new_tokens=6)
     assert torch.equal(model.generate(input_ids=inputs["input_ids"], num_beams=4, max_new_tokens=6), expected)
     assert torch.equal(model.generate(inputs["input_ids"], num_beams=4, max_new_tokens=6), expected)
@@ -672,7 +673,7 @@ def test_fairseq_decoding_gives_fairseqs_n_best_lists_where_transformers_rules_w
 
 def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_the_batch():
     model = ended_by_the_length_limit_only()
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}  # sources of 6 and 4 tokens, width 6
+    inputs = sources()  # sources of 6 and 4 tokens, width 6
     for num_beams in (1, 4):
         for a, b in ((0, 3), (0.5, 2), (1.2, 0)):
             out = model.generate(
@@ -694,7 +695,7 @@ def test_fairseq_limit_is_a_times_the_padded_width_plus_b_for_every_sentence_of_
 def test_fairseq_limit_with_only_a_or_only_b_set_takes_fairseqs_default_for_the_other():
     # as fairseq's --max-len-a 0 and --max-len-b 200: setting one turns the limit on, the other keeps its default
     model = ended_by_the_length_limit_only(max_position_embeddings=256)  # room for 200 tokens, uncapped
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}  # width 6
+    inputs = sources()  # width 6
     for given, limit in (({"max_length_a": 0.5}, int(0.5 * 6 + 200)), ({"max_length_b": 5}, 0 * 6 + 5)):
         out = model.generate(**inputs, num_beams=1, max_length_offset=None, **given)
         assert [row[1:].index(EOS) for row in out.tolist()] == [limit, limit], given
@@ -784,7 +785,7 @@ def test_set_fairseq_decoding_and_its_fields_as_keyword_arguments():
     # the paper's generation config (and any saved before these fields existed) takes them as keyword arguments
     model = tiny_model(seed=6)
     assert not any(hasattr(model.generation_config, name) for name in ("max_length_b", "beam_finalization"))
-    inputs = {k: batch()[k] for k in ("input_ids", "attention_mask")}
+    inputs = sources()
     out = model.generate(**inputs, max_length_offset=None, max_length_b=2, beam_finalization="first")
     assert out.shape[1] <= 1 + 3
 
@@ -823,7 +824,7 @@ def test_a_decoding_set_on_a_config_made_from_config_json_is_loaded_as_set(tmp_p
 )
 def test_fairseq_decoding_fields_are_checked(settings, message):
     with pytest.raises(ValueError, match=message):
-        tiny_model().generate(**{k: batch()[k] for k in ("input_ids", "attention_mask")}, **settings)
+        tiny_model().generate(**sources(), **settings)
 
 
 def test_a_plain_seq2seq_trainer_evaluation_leaves_the_length_limit_of_later_translations(tmp_path):

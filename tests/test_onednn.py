@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import batch, labelled_batch, tiny_model
+from helpers import batch, labelled_batch, sources, tiny_model
 from torch.nn.modules import module as torch_module
 
 from modeling import onednn_transformer
@@ -252,12 +252,11 @@ def weight_layouts_of_onednn_calls(monkeypatch) -> list[torch.layout]:
 @pytest.mark.parametrize("loop", ["beam search (this model's loop)", "greedy, with scores (transformers' loop)"])
 def test_generate_decodes_with_prepacked_weights_and_the_same_outputs_bit_for_bit(monkeypatch, loop):
     model = tiny_model()
-    sources = {name: batch()[name] for name in ("input_ids", "attention_mask")}
 
     def generate() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         if loop.startswith("beam"):
-            return model.generate(**sources, num_beams=4, max_new_tokens=6), ()
-        out = model.generate(**sources, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+            return model.generate(**sources(), num_beams=4, max_new_tokens=6), ()
+        out = model.generate(**sources(), max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
         return out.sequences, out.scores
 
     layouts = weight_layouts_of_onednn_calls(monkeypatch)
