@@ -453,7 +453,7 @@ def test_one_output_directory_holds_one_run(tmp_path, datasets_cache, caplog):
     assert json.loads((run / "checkpoint-2" / "config.json").read_text())["d_model"] == 16, "started over"
 
 
-def test_a_resumed_run_saves_the_tokenizer_files_of_the_uninterrupted_run(tmp_path, datasets_cache):
+def test_a_resumed_run_saves_the_tokenizer_files_of_the_uninterrupted_run(tmp_path, datasets_cache, caplog):
     """transformers' from_pretrained adds how it loaded a tokenizer (`is_local`, `local_files_only`) to what
     save_pretrained writes: the resumed run's later checkpoints and final model had another tokenizer_config.json."""
     data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
@@ -461,7 +461,9 @@ def test_a_resumed_run_saves_the_tokenizer_files_of_the_uninterrupted_run(tmp_pa
     model_args = ModelArguments(preset="tiny", **TINY)
     run = tmp_path / "run"
     train(model_args, data, tiny_run_args(run, max_steps=1, save_steps=1))
-    train(model_args, data, tiny_run_args(run, max_steps=2, save_steps=1, resume_from_checkpoint="last"))
+    with caplog.at_level(logging.INFO):
+        train(model_args, data, tiny_run_args(run, max_steps=2, save_steps=1, resume_from_checkpoint="last"))
+    assert f"Resuming from {run / 'checkpoint-1'}" in caplog.text  # the log says where the run went on from
     uninterrupted = (run / "checkpoint-1" / "tokenizer_config.json").read_text()
     assert (run / "checkpoint-2" / "tokenizer_config.json").read_text() == uninterrupted
     assert (run / "tokenizer_config.json").read_text() == uninterrupted
