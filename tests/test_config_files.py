@@ -59,6 +59,11 @@ def test_mappings_and_literals_are_taken_where_their_fields_allow_them(tmp_path)
             "gradient_checkpointing_kwargs must be a mapping of strings to values, a string or null, got {1: True}",
         ),
         ("trackio_static_space_id: true", "trackio_static_space_id must be a string, null or false, got True"),
+        (
+            "debug: [5]",  # a list of another type than str, int, float or bool: its items described
+            "debug must be a string or a list of items that are each one of "
+            "['underflow_overflow', 'tpu_metrics_debug'], got [5]",
+        ),
         ("trackio_static_space_id: 0", "trackio_static_space_id must be a string, null or false, got 0"),
         # A field no file can set (its type is a class): refused by name, not failing on the type's description.
         ("parallelism_config: {}", "parallelism_config must be a ParallelismConfig or null, got {}"),
