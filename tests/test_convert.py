@@ -124,6 +124,7 @@ def test_to_marian_refuses_positions_marian_does_not_compute(override):
             {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 70},
             "its decoder_vocab_size (70) differs from its vocab_size (61)",
         ),
+        ({"tie_word_embeddings": False}, "its embeddings are not shared by encoder, decoder and output projection"),
         ({"encoder_layerdrop": 0.1}, "it uses LayerDrop"),
         ({"decoder_layerdrop": 0.1}, "it uses LayerDrop"),
     ],
@@ -163,3 +164,28 @@ def test_both_conversions_keep_the_precision_and_the_generation_settings():
     marian = to_marian(ours)
     assert marian.dtype == torch.bfloat16
     assert (marian.generation_config.num_beams, marian.generation_config.length_penalty) == (3, 0.7)
+
+
+def test_a_marian_model_converted_and_back_keeps_its_dropouts_length_limit_embedding_scale_and_logits():
+    """Fine-tuned here, an opus-mt model drops out as it did in Marian, bounds sentences by the same position table,
+    scales its embeddings only if Marian did (Marian's default is not to), and goes back to MarianMTModel (for
+    CTranslate2) with the same settings and logits."""
+    settings = {
+        "dropout": 0.3,
+        "attention_dropout": 0.2,
+        "activation_dropout": 0.15,
+        "max_position_embeddings": 48,
+        "scale_embedding": False,
+    }
+    config = tiny_marian().config
+    for name, value in settings.items():
+        setattr(config, name, value)
+    torch.manual_seed(2)
+    marian = MarianMTModel(config).eval()
+    ours = from_marian(marian).eval()
+    back = to_marian(ours).eval()
+    assert {name: getattr(ours.config, name) for name in settings} == settings
+    assert {name: getattr(back.config, name) for name in settings} == settings
+    expected = marian(**inputs(), decoder_input_ids=DECODER_INPUT_IDS).logits
+    assert torch.allclose(ours(**inputs(), decoder_input_ids=DECODER_INPUT_IDS).logits, expected, atol=1e-5)
+    assert torch.allclose(back(**inputs(), decoder_input_ids=DECODER_INPUT_IDS).logits, expected, atol=1e-5)
