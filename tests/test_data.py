@@ -548,6 +548,21 @@ def test_a_hub_dataset_of_data_files_reads_only_the_splits_asked_for(tmp_path):
     assert sorted(path.name for path in cache.rglob("*.arrow")) == ["wmt14-test.arrow"]
 
 
+def test_a_local_dataset_folder_without_the_language_pair_asked_for_names_the_ones_it_has(tmp_path):
+    """A folder is no Hub repo: its error is datasets' own, not a search of the caches for it (which ends in
+    huggingface_hub's "Repo id must be in the form 'repo_name' or 'namespace/repo_name'")."""
+    repo = write_wmt14_like(tmp_path / "wmt14")
+    with pytest.raises(ValueError, match=re.escape("BuilderConfig 'fr-en' not found. Available: ['de-en']")):
+        load_parallel_dataset(
+            source_lang="en",
+            target_lang="fr",
+            dataset=str(repo),
+            language_pair="fr-en",
+            splits=["test"],
+            cache_dir=tmp_path / "cache",
+        )
+
+
 def go_offline(monkeypatch) -> None:
     """HF_HUB_OFFLINE=1 as both libraries read it at import."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
