@@ -370,6 +370,28 @@ def test_a_directory_whose_files_this_user_may_not_delete_is_not_replaced(tmp_pa
     assert (target / "model.bin").read_text() == "ours"
 
 
+def test_a_directory_another_user_may_only_read_and_enter_is_not_replaced(tmp_path, monkeypatch):
+    """A colleague's export written under a umask of 022 (drwxr-xr-x): this user may list it and enter it, but
+    not delete its files, so the swap would leave it behind as `.export.old`."""
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "model.bin").write_text("theirs")
+    access = os.access
+
+    def as_another_user(path, mode, **kwargs):  # tests run as root: judged by the permissions of others
+        if Path(path) == target:
+            return mode & ~target.stat().st_mode & 0o7 == 0
+        return access(path, mode, **kwargs)
+
+    monkeypatch.setattr(files_module.os, "access", as_another_user)
+    target.chmod(0o755)
+    assert undeletable(target) == target
+    target.chmod(0o753)
+    assert undeletable(target) == target, "writable but not listable"
+    target.chmod(0o757)
+    assert undeletable(target) is None
+
+
 def test_another_users_directory_in_a_sticky_directory_is_not_replaced_and_ones_own_is(tmp_path, monkeypatch):
     """A colleague's export in a directory a group shares with the sticky bit (mode 3775), written under a umask of
     002: its files were this user's to delete, but not the export itself, which only its owner may rename. The work
@@ -1025,7 +1047,7 @@ def test_only_a_sticky_directory_guards_its_entries_and_from_anyone_but_root(tmp
 def test_reads_once_tells_pipes_from_files(tmp_path):
     fifo, plain = tmp_path / "fifo", write_text(tmp_path / "news.de", "Ein Satz.\n")
     os.mkfifo(fifo)
-    assert reads_once("-") and reads_once(fifo)
+    assert reads_once("-") and reads_once(Path("-")) and reads_once(fifo)
     assert not reads_once(plain) and not reads_once(tmp_path / "missing")
     # standard input a service manager or ssh connected to a socket: `/dev/stdin` leads to it
     first, second = socket.socketpair()
