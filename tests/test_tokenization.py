@@ -334,6 +334,13 @@ def test_a_directory_holding_weights_without_a_config_keeps_its_tokenizer(weight
         check_tokenizer_destination(tmp_path)
 
 
+def test_a_directory_holding_a_model_is_refused_naming_its_config(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileExistsError, match=rf"^{tmp_path} holds a model \(config\.json\): a new tokenizer there"):
+        check_tokenizer_destination(tmp_path)
+
+
 def test_a_directory_without_a_model_or_a_run_takes_a_tokenizer(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")  # an earlier tokenizer is replaced, as asked
     (tmp_path / "notes.txt").write_text("")
@@ -359,6 +366,7 @@ def test_the_missing_files_of_a_saved_tokenizer_are_those_its_class_reads(config
         text = config if isinstance(config, str) else json.dumps(config)
         (tmp_path / "tokenizer_config.json").write_text(text, encoding="utf-8")
     assert missing_tokenizer_files(tmp_path) == missing
+    assert missing_tokenizer_files(str(tmp_path)) == missing
     for name in missing:
         if name != "tokenizer_config.json":
             (tmp_path / name).write_text("{}")
