@@ -4,11 +4,13 @@
 import base64
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
-from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, tiny_model
+from accelerate import infer_auto_device_map
+from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, sources, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -561,6 +563,20 @@ def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
     assert isinstance(AutoModel.from_pretrained(tmp_path), TransformerModel)
 
 
+@pytest.mark.parametrize("first_device_bytes", [60_000, 100_000, 150_000])
+def test_a_device_map_over_several_devices_keeps_each_layer_on_one(first_device_bytes):
+    """As `from_pretrained(device_map="auto")` infers it (accelerate, told the model's unsplittable modules): a layer
+    split between two GPUs would add its residual across devices."""
+    model = tiny_model()
+    device_map = infer_auto_device_map(
+        model,
+        max_memory={0: first_device_bytes, "cpu": 10**9},
+        no_split_module_classes=model._no_split_modules,
+    )
+    assert len(set(device_map.values())) == 2
+    assert [name for name in device_map if re.search(r"\.layers\.\d+\.", name)] == []
+
+
 def test_from_pretrained_with_dtype(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16)
@@ -621,6 +637,19 @@ def test_an_untied_checkpoint_holding_the_unused_shared_matrix_loads_without_it(
     loaded, report = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
     assert loaded.model.shared is None and not report["unexpected_keys"] and not report["missing_keys"]
     assert torch.equal(loaded.eval()(**batch()).logits, model(**batch()).logits)
+
+
+def test_an_untied_checkpoint_lacking_an_embedding_matrix_loads_with_it_reported_missing_not_refused_as_tied(
+    tmp_path,
+):
+    """Only a checkpoint holding the shared matrix in their place is refused as a tied one; one that lacks a matrix
+    and holds no shared one loads as transformers loads any checkpoint with a weight missing."""
+    tiny_model(tie_word_embeddings=False).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.decoder.embed_tokens.weight"]
+    save_file(weights, tmp_path / "model.safetensors")
+    loaded, report = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert loaded.model.shared is None and set(report["missing_keys"]) == {"model.decoder.embed_tokens.weight"}
 
 
 @pytest.mark.parametrize("auto_class", [AutoModelForSeq2SeqLM, AutoModel])
@@ -742,6 +771,21 @@ def test_mismatched_mask_shape_raises():
 def test_both_or_neither_of_the_ids_and_the_embeddings_are_refused(inputs, message):
     with pytest.raises(ValueError, match=message):
         tiny_model()(**{**batch(), **inputs})
+
+
+def test_the_decoder_alone_continues_from_a_cache_passed_under_its_deprecated_name_past_key_values():
+    model = tiny_model()
+    inputs = batch()
+    decoder, ids = model.get_decoder(), inputs["decoder_input_ids"]
+    encoded = {
+        "encoder_hidden_states": model.get_encoder()(**sources()).last_hidden_state,
+        "encoder_attention_mask": inputs["attention_mask"],
+    }
+    full = decoder(input_ids=ids, **encoded).last_hidden_state
+    prefix = decoder(input_ids=ids[:, :3], use_cache=True, **encoded)
+    with pytest.warns(FutureWarning, match="`past_key_values` is deprecated"):
+        step = decoder(input_ids=ids[:, 3:], past_key_values=prefix.cache, use_cache=True, **encoded)
+    assert torch.allclose(step.last_hidden_state[:, 0], full[:, 3], atol=1e-5), "the fourth token, read at position 3"
 
 
 def test_the_decoder_alone_without_the_encoder_output_is_refused():
