@@ -41,6 +41,23 @@ def test_a_model_in_training_mode_gives_its_maps_without_dropout_and_stays_in_tr
     assert model.training and torch.equal(maps.cross, expected.cross) and torch.equal(maps.encoder, expected.encoder)
 
 
+def png_size(path) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG header."""
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+def test_each_map_is_0_3_inch_per_token_of_the_longer_sentence_and_at_least_3_inches(tmp_path):
+    for length, inches in ((4, 3.0), (20, 6.0)):
+        tokens = [f"t{i}" for i in range(length)]
+        weights = torch.full((1, 1, length, length), 1 / length)
+        maps = AttentionMaps(tokens, tokens[:2], tokens[:2], weights, weights[..., :2, :2], weights[..., :2, :])
+        plot_attention_maps(maps, tmp_path / f"{length}.png", kinds=["encoder", "cross"])
+        assert png_size(tmp_path / f"{length}.png") == (
+            2 * inches * attention.FIGURE_DPI,
+            inches * attention.FIGURE_DPI,
+        )
+
+
 def test_the_figure_of_a_long_input_is_capped_with_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(attention, "MAX_FIGURE_PIXELS", 300_000, raising=False)  # 40 tokens exceed it
     tokens = [f"t{i}" for i in range(40)]
@@ -48,7 +65,7 @@ def test_the_figure_of_a_long_input_is_capped_with_a_warning(tmp_path, monkeypat
     maps = AttentionMaps(tokens, tokens, tokens, weights, weights, weights)
     with caplog.at_level(logging.WARNING, logger="modeling.attention"):
         plot_attention_maps(maps, tmp_path / "long.png")
-    width, height = struct.unpack(">II", (tmp_path / "long.png").read_bytes()[16:24])  # the PNG header's size
+    width, height = png_size(tmp_path / "long.png")
     assert width * height <= 300_000 and width / height == pytest.approx(3 / 2, rel=0.01)
     assert "labels may be unreadable" in caplog.text and "40 tokens" in caplog.text
 
