@@ -108,8 +108,6 @@ def test_positions_beyond_the_table_use_the_same_formula():
 def test_positional_table_is_not_saved_and_is_rebuilt_by_from_pretrained(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)
-    from safetensors.torch import load_file
-
     assert not any("embed_positions" in name for name in load_file(tmp_path / "model.safetensors"))
     loaded = TransformerForConditionalGeneration.from_pretrained(tmp_path)  # built on the meta device
     expected = sinusoidal_positional_encoding(torch.arange(64), 32, "interleaved")
