@@ -126,6 +126,17 @@ def test_collectives_in_a_single_process_return_its_own_values():
     assert (max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu), any_rank(True, cpu)) == (5, (5, 5), True)
 
 
+def test_collectives_on_a_torch_built_without_distributed_return_the_processs_own_values(monkeypatch):
+    """A torch built with USE_DISTRIBUTED=0 has `is_available()` False and none of the process-group functions."""
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    for name in ("is_initialized", "get_world_size", "broadcast", "all_reduce", "destroy_process_group"):
+        monkeypatch.delattr(torch.distributed, name)
+    cpu = torch.device("cpu")
+    decided = (_rank_zero_decides(True, cpu), max_over_ranks(5, cpu), lowest_and_highest_over_ranks(5, cpu))
+    assert (*decided, any_rank(True, cpu)) == (True, 5, (5, 5), True)
+    leave_process_group()
+
+
 def test_collectives_between_processes_are_made_on_the_given_device(monkeypatch):
     """NCCL, the GPUs' backend, takes CUDA tensors only: the integers must be made on the trainer's device, not on
     torch's default one (here meta, which stands in for the CPU default next to a GPU). Two processes faked."""
@@ -269,6 +280,18 @@ def test_a_preemption_at_the_end_of_an_epoch_neither_saves_again_nor_evaluates()
     control.should_save = control.should_evaluate = True  # what save and eval_strategy="epoch" ask at its end
     callback.on_epoch_end(CPU_ARGS, None, control)
     assert not (control.should_save or control.should_evaluate)
+
+
+def test_the_preemption_warning_says_whether_the_signal_came_to_this_process_or_to_another(monkeypatch, caplog):
+    own, others = PreemptionCallback(signals=()), PreemptionCallback(signals=())
+    own.requested = signal.SIGUSR1
+    own.on_step_end(CPU_ARGS, SimpleNamespace(global_step=6), TrainerControl())
+    monkeypatch.setattr(callbacks, "max_over_ranks", lambda value, device: int(signal.SIGUSR1))  # another rank's
+    others.on_step_end(CPU_ARGS, SimpleNamespace(global_step=6), TrainerControl())
+    assert [record.getMessage() for record in caplog.records] == [
+        "Preempted (SIGUSR1) at update 6: saving a checkpoint and stopping",
+        "Preempted (SIGUSR1, sent to another process) at update 6: saving a checkpoint and stopping",
+    ]
 
 
 def test_a_second_sigusr1_is_the_same_request_and_does_not_stop_at_once(clock):
