@@ -846,6 +846,16 @@ def test_marian_export_keeps_the_generation_configs_cap_and_lists_fairseqs_limit
     ]
 
 
+def test_marian_export_keeps_the_generation_configs_max_length(tokenizer, tmp_path):
+    model = tiny_model(len(tokenizer))
+    model.generation_config.max_length = 30
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    twin = MarianMTModel.from_pretrained(tmp_path / "marian").generation_config
+    assert (twin.max_length, twin.max_new_tokens) == (30, None)
+    record = json.loads((tmp_path / "marian" / "export.json").read_text())
+    assert not any(line.startswith("no max_length") for line in record["not_expressed"])
+
+
 def test_marian_export_does_not_cut_translations_at_transformers_default_length(tokenizer, tmp_path):
     """Without a cap in the generation config (this model's limit is per sentence), the twin's cap is the
     positional table, not transformers' default of 20 tokens: an untrained model, which runs to its limit, shows it."""
@@ -880,6 +890,8 @@ def test_marian_exports_tokenizer_warns_of_sources_longer_than_the_positional_ta
         ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06"),
         ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
         ({"eos_token_id": None}, "eos_token_id=None"),  # MarianMTModel.generate() would never end a sentence
+        ({"positional_encoding_offset": 2}, "positional_encoding_offset=2"),  # fairseq's positions
+        ({"positional_encoding_frequencies": "tensor2tensor"}, "positional_encoding_frequencies='tensor2tensor'"),
     ],
 )
 def test_marian_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
