@@ -130,6 +130,16 @@ def test_saved_tokenizer_loads_by_name_with_the_project_and_carries_its_code(tok
     assert loaded.get_vocab() == tokenizer.get_vocab() and len(loaded) == 568
 
 
+def test_the_end_of_sentence_token_is_fairseqs_and_ends_every_sentence_saved_or_not(tokenizer, tmp_path):
+    """transformers' FSMTTokenizer sets no eos_token (it ends sentences with its sep_token); without one, fine-tuning
+    a converted model would be refused ("has no eos_token")."""
+    tokenizer.save_pretrained(tmp_path)
+    for loaded in (tokenizer, AutoTokenizer.from_pretrained(tmp_path)):
+        assert (loaded.eos_token, loaded.eos_token_id) == ("</s>", 2)  # fairseq's <s>, <pad>, </s>, <unk>
+        encoded = loaded("a small test", text_target="ein kleiner Test")
+        assert encoded["input_ids"][-1] == encoded["labels"][-1] == loaded.eos_token_id
+
+
 def test_sacremoses_is_named_as_a_requirement_of_the_remote_code_but_not_needed_to_import_the_project():
     import modeling.tokenization_fairseq as module
 
