@@ -11,6 +11,7 @@ import torch
 from helpers import (
     FAIRSEQ_MODELS,
     HUB_TOKEN,
+    LAUNCHER_PROCESS_COUNTS,
     LOG_HISTORY,
     convert_fairseq_fixture,
     convert_fairseq_fixture_into,
@@ -80,6 +81,13 @@ def sighup_handled():
     outer = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     signal.signal(signal.SIGHUP, outer)
+
+
+@pytest.fixture
+def no_launcher(monkeypatch) -> None:
+    """A process that no launcher started: none of the variables a launcher gives the process count in is set."""
+    for name in LAUNCHER_PROCESS_COUNTS:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -47,6 +47,8 @@ MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 FAIRSEQ_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "fairseq" / "out"
 FAIRSEQ_MODELS = ("transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big")
 HUB_TOKEN = "hf_test_token_not_a_real_one"
+# The variables a launcher (torchrun, MPI) gives the process count in, as the arguments read them.
+LAUNCHER_PROCESS_COUNTS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 # A trainer log, as `trainer_state.json` holds it, for the model card's curves.
 LOG_HISTORY = [
     {"loss": 5.1, "learning_rate": 1e-4, "epoch": 0.5, "step": 10},

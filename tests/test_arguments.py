@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from helpers import training_args
+from helpers import LAUNCHER_PROCESS_COUNTS, training_args
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from modeling import arguments
@@ -159,14 +159,12 @@ def test_the_commit_a_fine_tuning_read_is_no_option():
         ModelArguments(model_commit="0" * 40)
 
 
-@pytest.mark.parametrize(
-    "launcher_variable", ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"]
-)
-def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(launcher_variable, tmp_path, monkeypatch):
+@pytest.mark.parametrize("launcher_variable", LAUNCHER_PROCESS_COUNTS)
+def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(
+    launcher_variable, tmp_path, monkeypatch, no_launcher
+):
     """torchrun or an MPI launcher of 2 processes: the backend joins them, so transformers' setup (stopped here
     where it would start the process group) must be given it, whichever variable the launcher sets."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(launcher_variable, "2")
     given = []
 
@@ -181,10 +179,8 @@ def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(launcher_va
 
 
 @pytest.mark.parametrize("text", ["", "two"])
-def test_a_launcher_variable_that_is_no_process_count_is_refused_naming_it(text, tmp_path, monkeypatch):
+def test_a_launcher_variable_that_is_no_process_count_is_refused_naming_it(text, tmp_path, monkeypatch, no_launcher):
     """It failed with int()'s bare "invalid literal for int() with base 10: ''", naming no variable."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PMI_SIZE", text)
     with pytest.raises(ValueError, match=rf"^PMI_SIZE={text!r} in the environment is not a process count; unset it"):
         TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", ddp_backend="gloo")

@@ -104,10 +104,8 @@ def test_tokens_per_update_and_accumulation_steps_exclude_each_other(tmp_path):
         training_args(tmp_path, tokens_per_update=25000, gradient_accumulation_steps=2)
 
 
-def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, monkeypatch, caplog):
+def test_a_ddp_backend_in_a_one_process_run_is_ignored(tmp_path, caplog, no_launcher):
     """A config written for torchrun, requeued as one process: accelerate would fail, naming no setting."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
     with caplog.at_level(logging.INFO, logger="modeling.arguments"):
         args = training_args(tmp_path, ddp_backend="gloo")
     assert args.ddp_backend is None and args.world_size == 1
