@@ -220,7 +220,7 @@ def _load_hub_splits(
     pairs, which `load_dataset(split=...)` does for a dataset of data files (datasets#6529). Those files are read
     split by split, with the configuration's own options (a TSV's separator, ...), all at one commit; a dataset with
     a loading script, as a whole."""
-    commit = pinned_dataset_commit(dataset, language_pair, revision, cache_dir) or revision
+    commit = pinned_dataset_commit(dataset, language_pair, revision, cache_dir)
     try:
         builder = datasets.load_dataset_builder(dataset, language_pair, cache_dir=cache_dir, revision=commit)
     except (ValueError, ConnectionError):
