@@ -112,7 +112,8 @@ def plot_attention_maps(
 
     unknown = set(kinds) - set(ATTENTION_KINDS)
     if unknown or not kinds:
-        raise ValueError(f"Unknown attention kinds {sorted(unknown)}; choose among {list(ATTENTION_KINDS)}.")
+        problem = f"Unknown attention kinds {sorted(unknown)}" if unknown else "No attention kind to draw"
+        raise ValueError(f"{problem}; choose among {list(ATTENTION_KINDS)}.")
     num_layers = {kind: getattr(maps, kind).shape[0] for kind in kinds}
     layers = range(max(num_layers.values())) if layer is None else [layer]
     for kind, count in num_layers.items():

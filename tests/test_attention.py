@@ -123,7 +123,7 @@ def test_each_heatmap_is_its_layer_and_head_labelled_with_the_tokens_it_relates(
     ("selection", "message"),
     [
         ({"kinds": ["self"]}, r"Unknown attention kinds \['self'\]; choose among \['encoder', 'decoder', 'cross'\]"),
-        ({"kinds": []}, r"Unknown attention kinds \[\]"),
+        ({"kinds": []}, r"No attention kind to draw; choose among \['encoder', 'decoder', 'cross'\]"),
         ({"layer": 1}, "layer 1 does not exist: the decoder has layers 0 to 0"),
         ({"layer": 2, "kinds": ["encoder"]}, "layer 2 does not exist: the encoder has layers 0 to 1"),
         ({"layer": -1}, "layer -1 does not exist"),
