@@ -326,6 +326,8 @@ trainer = make_trainer(args, equal_length_halves(len(tokenizer)), tokenizer, mod
                        eval_dataset=three, bleu_dataset=three, compute_metrics=bleu_metrics(tokenizer, "de"))
 metrics = trainer.train().metrics
 metrics |= trainer.evaluate()
+trainer.args.max_steps, trainer.args.num_train_epochs = -1, 3  # what a resume by epochs is checked against
+metrics["updates_of_three_epochs"] = trainer._total_updates()
 # `predict` takes the Trainer's batches of 8: accelerate completes the last one with repeats of the first examples.
 eleven = copy_dataset([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 9], len(tokenizer), seed=7)
 predicted = trainer.predict(eleven, max_new_tokens=2)
@@ -363,6 +365,8 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
         [json.loads(line) for line in (tmp_path / f"batches_{rank}.jsonl").read_text().splitlines()] for rank in (0, 1)
     ]
     assert [len(batches) for batches in rank_batches] == [1, 1], "each rank takes one of the two batches"
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["updates_of_three_epochs"] == 3, "an epoch is one batch on each process"
     rows = [tuple(row) for batches in rank_batches for batch in batches for row in batch]
     expected = [tuple(row) for row in equal_length_halves(len(word_tokenizer()))["input_ids"]]
     assert sorted(rows) == sorted(expected), "the two ranks' batches are disjoint and cover the global batch"
@@ -373,7 +377,6 @@ def test_two_processes_match_one_process_over_the_same_global_batch(tmp_path):
 
     # Evaluation: 3 examples in one token batch, split so that each of the two processes gets one batch and no
     # example is translated (and counted) twice.
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["train_samples_per_second"] == pytest.approx(8 / metrics["train_runtime"], rel=1e-2)
     assert metrics["eval_sample_sentences"] == 3
     # Both losses are per labelled token of the 3 examples, the processes' batches of unequal sizes weighed so.
