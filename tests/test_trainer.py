@@ -792,13 +792,23 @@ def test_resuming_with_true_takes_the_newest_complete_checkpoint_and_checks_it_l
         {"optim": "sgd"},
         {"optim": "rmsprop"},  # torch's own epsilon, not adam_epsilon
         {"optim": "adafactor", "paper_schedule": False},  # epsilon a pair
+        {
+            "paper_schedule": False,
+            "lr_scheduler_type": "reduce_lr_on_plateau",
+            "eval_strategy": "steps",
+        },  # not a LambdaLR
     ],
 )
 def test_resuming_with_unchanged_settings_is_never_refused(tmp_path, settings):
-    preempted = resumable_run(tmp_path, SignalOnMicroBatch, save_strategy="steps", save_steps=100, **settings)
+    evaluated = mixed_lengths_dataset(word_tokenizer()) if "eval_strategy" in settings else None
+    preempted = resumable_run(
+        tmp_path, SignalOnMicroBatch, evaluated, save_strategy="steps", save_steps=100, eval_steps=100, **settings
+    )
     preempted.train()  # stopped at update 3, its checkpoint saved
     assert preempted.preempted["step"] == 3
-    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=100, **settings)
+    resumed = resumable_run(
+        tmp_path, None, evaluated, save_strategy="steps", save_steps=100, eval_steps=100, **settings
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert resumed.state.global_step == resumed.state.max_steps > 3
 
