@@ -1931,9 +1931,15 @@ def test_spawned_loader_workers_outlive_the_preemption_signal_the_main_process_a
         assert len([first, *batches]) == len(loader) > 1
 
 
-def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_path):
+def test_save_metrics_writes_each_split_and_merges_them_into_all_results(tmp_path, monkeypatch):
     """What the training script leaves in the run's directory: `{split}_results.json` per split, and
-    `all_results.json` holding every split's metrics so far (a later split's added, not replacing the file)."""
+    `all_results.json` holding every split's metrics so far (a later split's added, not replacing the file); by the
+    main process alone (each process has its own runtimes, and all_results.json is read, merged and rewritten)."""
+    other_process = resumable_run(tmp_path / "other")
+    monkeypatch.setattr(other_process, "is_world_process_zero", lambda: False)
+    other_process.save_metrics("train", {"train_loss": 2.5})
+    other_process.save_state()
+    assert list((tmp_path / "other").iterdir()) == []
     trainer = resumable_run(tmp_path)
     trainer.save_metrics("train", {"train_loss": 2.5})
     trainer.save_metrics("eval", {"eval_loss": 3.0})
