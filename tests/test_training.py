@@ -267,16 +267,17 @@ def write_run_records(
     *,
     train_pairs: int = 0,
     max_tokens_limit: int | None = None,
+    model_args: ModelArguments | None = None,
     **kwargs,
 ) -> None:
-    """`_write_run_records` of a tiny preset's run by a trainer of `args` (a 64-token vocabulary), into its
-    output_dir; `max_tokens_limit`: the batch size given, where tokens_per_update made `args`' smaller."""
+    """`_write_run_records` of a run by a trainer of `args` (a 64-token vocabulary; of a tiny preset unless
+    `model_args` say), into its output_dir; `max_tokens_limit`: the batch size given, where tokens_per_update made
+    `args`' smaller."""
     limit = args.max_tokens_per_device if max_tokens_limit is None else max_tokens_limit
     trainer = SimpleNamespace(args=args, processing_class=[None] * 64, max_tokens_limit=limit)
     data_args = data_args or DataArguments(data_dir="d")
-    _write_run_records(
-        trainer, ModelArguments(preset="tiny"), data_args, {"train": [None] * train_pairs}, {}, {}, **kwargs
-    )
+    model_args = model_args or ModelArguments(preset="tiny")
+    _write_run_records(trainer, model_args, data_args, {"train": [None] * train_pairs}, {}, {}, **kwargs)
 
 
 def test_a_hub_token_argument_stays_out_of_records_and_checkpoints(tmp_path):
@@ -325,6 +326,19 @@ def test_the_records_name_the_library_versions_that_made_the_weights(tmp_path):
     assert (versions["numpy"], versions["python"]) == (numpy.__version__, platform.python_version())
     records = json.loads((tmp_path / "training_args.json").read_text())
     assert (records["preset"], records["model_name_or_path"], records["world_size"]) == ("tiny", None, 1)
+    assert "model_revision" not in records and "base_model" not in records
+
+
+def test_the_records_of_a_fine_tuned_hub_model_name_it_and_the_revision_given(tmp_path):
+    """The card's model tree link (`base_model`), and the version of the repo a reviewer reproducing the run
+    fine-tunes again."""
+    fine_tuning = ModelArguments(model_name_or_path="owner/base", model_revision="v1")
+    write_run_records(
+        TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True), model_args=fine_tuning
+    )
+    records = json.loads((tmp_path / "training_args.json").read_text())
+    assert records["model_name_or_path"] == records["base_model"] == "owner/base"
+    assert records["model_revision"] == "v1"
 
 
 # --- long runs: one output directory, one run -----------------------------------------------------------------
