@@ -145,6 +145,25 @@ def test_without_early_stopping_a_sentence_with_its_beams_finished_stays_while_a
     assert dropping.tolist() == library.tolist()
 
 
+def test_a_sentence_decoded_in_a_batch_leaves_it_at_the_step_it_would_end_alone(decoder_steps):
+    """With early_stopping=True a sentence is done once its num_beams hypotheses have finished: in a batch it leaves
+    then, whatever the others still run, so that the batch costs the sum of its sentences' steps (K rows each)."""
+    torch.manual_seed(0)
+    model = TransformerForConditionalGeneration(tiny_config(12)).eval()
+    with torch.no_grad():
+        model.model.shared.weight[EOS] *= 2  # end-of-sentence likely: the sentences end after 2 to 11 steps
+    inputs = random_sources(6, seed=0, vocab_size=12)
+    alone = []
+    for row in range(6):
+        decoder_steps.clear()
+        model.generate(**{name: tensor[row : row + 1] for name, tensor in inputs.items()})
+        alone.append(len(decoder_steps))
+    assert len(set(alone)) > 2, alone
+    decoder_steps.clear()
+    model.generate(**inputs)
+    assert decoder_steps == [6] + [4 * sum(steps > step for steps in alone) for step in range(1, max(alone))]
+
+
 def test_with_two_end_of_sentence_ids_beams_keep_running_where_more_than_num_beams_candidates_end_at_once(
     decoder_steps,
 ):
