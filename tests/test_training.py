@@ -62,6 +62,7 @@ from modeling.checkpoints import (
 )
 from modeling.files import DiskFullError, UnwritableError, write_json
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
+from modeling.hub_client import HubError
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
 from modeling.tokenization import train_shared_bpe
@@ -600,6 +601,13 @@ def test_a_signal_during_the_push_stops_it_with_75_and_the_requeue_pushes_again(
         train(ModelArguments(preset="tiny", **TINY), data, args)
     assert pushed == [], "the push stopped at the signal"
     assert json.loads((run / "preempted.json").read_text())["step"] == 4
+
+    def hub_down(target, model_dir, *rest, **kw):
+        raise HubError("POST http://hub/api/repos/create: cannot connect")
+
+    monkeypatch.setattr(hub_module, "push_trained_model", hub_down)
+    with pytest.raises(HubError, match="cannot connect"):  # without a signal, the push's own error
+        train(ModelArguments(preset="tiny", **TINY), data, args)
 
     monkeypatch.setattr(
         hub_module, "push_trained_model", lambda target, model_dir, *rest, **kw: pushed.append(model_dir)
