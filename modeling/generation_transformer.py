@@ -751,7 +751,7 @@ class TransformerGenerationMixin(GenerationMixin):
         logits = self._decoder_step(input_ids[first_beams, -1], cache)  # (B, V)
         every_beam = torch.arange(batch_size, device=device).repeat_interleave(num_beams)  # (B·K,)
         cache.select(every_beam, every_beam)
-        logits = logits.to(dtype=torch.float32).index_select(0, every_beam)  # (B·K, V)
+        logits = logits.float().index_select(0, every_beam)  # (B·K, V)
         while True:
             flat_sequences = running_sequences[:, :, :cur_len].flatten(0, 1)  # (b·K, cur_len)
             log_probs = F.log_softmax(logits, dim=-1)
