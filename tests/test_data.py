@@ -795,17 +795,18 @@ def test_offline_a_dataset_read_whole_gives_the_splits_of_the_commit_asked_for(h
 
 
 def write_cached_copy(root: Path, config_dir: str, commit: str, info: object, mtime: float) -> None:
-    """A copy of a Hub dataset as datasets caches it: <root>/tester___corpus/<config dir>/0.0.0/<commit>/."""
+    """A copy of a Hub dataset as datasets caches it: <root>/tester___corpus/<config dir>/0.0.0/<commit>/; `info`
+    written as JSON, a string as it is (a record cut short)."""
     info_file = root / "tester___corpus" / config_dir / "0.0.0" / commit / "dataset_info.json"
     info_file.parent.mkdir(parents=True)
-    info_file.write_text(json.dumps(info))
+    info_file.write_text(info if isinstance(info, str) else json.dumps(info))
     os.utime(info_file, (mtime, mtime))
 
 
 def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_this_configuration(tmp_path, monkeypatch):
     """Offline, with no Hub cache, main's commit is the one of the configuration's latest copy in the datasets cache:
     not a later copy of a configuration whose name begins with it (its directory matches the same pattern), nor a
-    record that is not datasets'."""
+    record that is not datasets'; an unreadable copy before it is passed over, not the end of the search."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
     root = tmp_path / "datasets"
@@ -816,6 +817,11 @@ def test_offline_the_pinned_commit_is_the_latest_the_datasets_cache_holds_of_thi
     write_cached_copy(root, "de-en-listed", other, ["not", "datasets'"], 4_000)
     write_cached_copy(root, "de-en-nameless", other, {"splits": {"test": {}}}, 4_500)  # a dict, not datasets' either
     write_cached_copy(root, "de-en-unsplit", "d" * 40, {"config_name": "de-en", "splits": None}, 500)  # holds none
+    # older than ours, and neither read: a read killed before datasets renamed it, a record a lost disk cut short
+    write_cached_copy(
+        root, "de-en-1", f"{'e' * 40}.incomplete", {"config_name": "de-en", "splits": {"test": {}}}, 1_500
+    )
+    write_cached_copy(root, "de-en-2", "f" * 40, '{"config_name": "de-', 1_700)
     assert pinned_dataset_commit("tester/corpus", "de-en", cache_dir=str(root)) == ours
     assert pinned_dataset_commit("tester/corpus", "de-en-extended", cache_dir=str(root)) == other
     assert pinned_dataset_commit("tester/corpus", "fr-en", cache_dir=str(root)) is None  # nothing cached, no revision
