@@ -11,6 +11,7 @@ import re
 
 import ctranslate2
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import torch
@@ -497,6 +498,16 @@ def test_ctranslate2_options_list_sampling_and_a_search_that_does_not_stop_early
     assert [line.split(":")[0] for line in not_expressed if line.split("=")[0] not in paper] == listed
 
 
+def test_the_gnmt_line_names_the_alpha_ctranslate2_is_given_where_the_generation_config_sets_none(tokenizer):
+    """No length_penalty: CTranslate2 is given 1.0, its default and transformers', and the line listing GNMT's
+    penalty says which ranking that is."""
+    model = tiny_model(len(tokenizer))
+    model.generation_config.length_penalty = None
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["length_penalty"] == 1.0
+    assert "score / length ** 1.0, not by score / ((5 + length) / 6) ** 1.0" in not_expressed[0]
+
+
 def test_ctranslate2_options_of_a_generation_config_that_sets_nothing(tokenizer):
     """A generation config of transformers' own defaults (num_beams, length_penalty and every limit unset) decodes
     greedily in generate(), 20 new tokens at most; the options took CTranslate2's default of 256 tokens without a
@@ -968,12 +979,30 @@ def test_onnx_directory_holds_config_tokenizer_and_record(onnx_export):
     assert not any(name.endswith(".py") for name in names)
     record = json.loads((directory / "export.json").read_text())
     assert record["format"] == "onnx"
+    # the opset the graphs were written in, as onnxruntime reads it from them
+    graph_opsets = {
+        entry.version
+        for name in ("encoder.onnx", "decoder.onnx")
+        for entry in onnx.load(directory / name).opset_import
+        if entry.domain == ""
+    }
+    assert graph_opsets == {record["opset_version"]}
     # the record says each graph's inputs and outputs as onnxruntime sees them
     for name, session in zip(("encoder.onnx", "decoder.onnx"), onnx_sessions(directory), strict=True):
         inputs, outputs = (
             ", ".join(arg.name for arg in args) for args in (session.get_inputs(), session.get_outputs())
         )
         assert record["graphs"][name] == f"{inputs} -> {outputs}"
+
+
+def test_the_onnx_export_leaves_the_callers_model_with_its_own_modules(onnx_export, tokenizer):
+    """The export traces the stacks with positional modules of its own in place of the model's: left there, a second
+    export of the same model wrapped them again and failed on them."""
+    model, _ = onnx_export
+    never_exported = tiny_model(len(tokenizer), attention_bias=True, seed=2)
+    assert [(name, type(module)) for name, module in model.named_modules()] == [
+        (name, type(module)) for name, module in never_exported.named_modules()
+    ]
 
 
 def test_onnx_graphs_name_the_dimensions_their_inputs_share(onnx_export):
@@ -1117,6 +1146,12 @@ def test_marian_export_without_a_tokenizer_writes_the_model_alone(tokenizer, tmp
     ]
 
 
+def test_an_export_of_a_model_built_in_memory_records_no_source(tokenizer, tmp_path):
+    """export.json's source is the directory the model was loaded from; a model never saved has none: null."""
+    export.to_marian(tiny_model(len(tokenizer)), None, tmp_path / "marian")
+    assert json.loads((tmp_path / "marian" / "export.json").read_text())["source"] is None
+
+
 def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
     marian = to_marian(tiny_model(len(tokenizer)))
     with pytest.raises(
@@ -1126,3 +1161,7 @@ def test_another_model_is_refused_naming_its_class(tokenizer, tmp_path):
     bare = TransformerModel(tiny_model(len(tokenizer)).config)  # what AutoModel loads: of this model_type, no head
     with pytest.raises(TypeError, match=r"got modeling\.modeling_transformer\.TransformerModel\.$"):
         export.export(bare, tokenizer, tmp_path / "out", to="ctranslate2")
+    # Another project's class of the same name, of another model_type: refused as such, not rebuilt as ours.
+    namesake = type("TransformerForConditionalGeneration", (MarianMTModel,), {})(marian.config)
+    with pytest.raises(TypeError, match=r"got test_export\.TransformerForConditionalGeneration\.$"):
+        export.export(namesake, tokenizer, tmp_path / "out", to="ctranslate2")
