@@ -685,6 +685,8 @@ def test_ctranslate2_refuses_what_it_cannot_compute_naming_the_field(tokenizer, 
     with pytest.raises(ValueError, match=refused):
         export.check_ctranslate2(model)  # the check alone, as a caller runs it before a long export
     with pytest.raises(ValueError, match=refused):
+        export.ctranslate2_spec(model, tokenizer)  # the spec alone, as a caller hands it to its own converter
+    with pytest.raises(ValueError, match=refused):
         export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists() and not (tmp_path / "ct2.partial").exists()
 
