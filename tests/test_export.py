@@ -657,7 +657,9 @@ def test_ctranslate2_exports_in_each_weight_type_of_its_converter(tokenizer, tmp
 
 
 def test_ctranslate2_refuses_an_unknown_quantization_in_one_line_before_writing(tokenizer, tmp_path):
-    with pytest.raises(ValueError, match=r"^unknown quantization 'int4'; expected one of \('int8', ") as error:
+    with pytest.raises(
+        ValueError, match=r"^unknown quantization 'int4'; expected float32 \(the default\) or one of \('int8', "
+    ) as error:
         export.to_ctranslate2(tiny_model(len(tokenizer)), tokenizer, tmp_path / "ct2", quantization="int4")
     assert "\n" not in str(error.value)
     assert not any(tmp_path.iterdir())

@@ -355,7 +355,10 @@ def to_ctranslate2(
     from ctranslate2.converters.converter import Converter
 
     if quantization is not None and quantization not in CTRANSLATE2_QUANTIZATIONS + ("float32",):
-        raise ValueError(f"unknown quantization {quantization!r}; expected one of {CTRANSLATE2_QUANTIZATIONS}.")
+        raise ValueError(
+            f"unknown quantization {quantization!r}; expected float32 (the default) or one of "
+            f"{CTRANSLATE2_QUANTIZATIONS}."
+        )
     model = check_ctranslate2(model)
     options, not_expressed = ctranslate2_translate_options(model)
 
