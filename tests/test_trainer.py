@@ -792,11 +792,8 @@ def test_resuming_with_true_takes_the_newest_complete_checkpoint_and_checks_it_l
         {"optim": "sgd"},
         {"optim": "rmsprop"},  # torch's own epsilon, not adam_epsilon
         {"optim": "adafactor", "paper_schedule": False},  # epsilon a pair
-        {
-            "paper_schedule": False,
-            "lr_scheduler_type": "reduce_lr_on_plateau",
-            "eval_strategy": "steps",
-        },  # not a LambdaLR
+        # not a LambdaLR: its state holds neither base rates nor rate functions
+        {"paper_schedule": False, "lr_scheduler_type": "reduce_lr_on_plateau", "eval_strategy": "steps"},
     ],
 )
 def test_resuming_with_unchanged_settings_is_never_refused(tmp_path, settings):
