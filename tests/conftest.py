@@ -22,6 +22,7 @@ from helpers import (
 from hub_server import running_hub_server
 from huggingface_hub import constants, hf_api, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
+from transformers.utils import hub as transformers_hub
 
 import modeling.hub_client as hub_client
 from modeling import TransformerForConditionalGeneration, onednn_transformer
@@ -96,6 +97,17 @@ def datasets_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets_cache"))
 
 
+def use_hub_endpoint(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Point huggingface_hub's calls at `endpoint`, those of the HfApi objects made before the test included:
+    transformers' shared one kept the endpoint of the first test that used it, so a tokenizer's listing of the repo
+    went to a Hub server stopped since, and waited out five retries (48 s) before giving up."""
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
+    monkeypatch.setattr(transformers_hub.hf_api(), "endpoint", endpoint)
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """Start tests/hub_server.py on a free port; yield (endpoint, storage root); stop it by its pid."""
@@ -109,11 +121,8 @@ def hub_here(hub, tmp_path, monkeypatch):
     """The loopback Hub for this process's loads and pushes, datasets' too, with an empty cache: (endpoint, storage
     root)."""
     endpoint, root = hub
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    use_hub_endpoint(monkeypatch, endpoint)
     monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
-    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)  # `file_exists` and its kin: made at import
-    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     return endpoint, root
 
@@ -182,12 +191,7 @@ def quick_hub(monkeypatch):
     monkeypatch.setenv(HUB_ATTEMPTS_ENV, "2")
     monkeypatch.setattr(hub_client, "FIRST_BACKOFF", 0.1)
 
-    def use(endpoint: str) -> None:
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-        template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-
-    yield use
+    yield lambda endpoint: use_hub_endpoint(monkeypatch, endpoint)
     set_client_factory(default_client_factory)  # no 0.3 s client left behind for later tests
 
 
