@@ -152,7 +152,7 @@ def _one_line(error: BaseException, attempts: int) -> str:
             f"{HUB_TIMEOUT_ENV} (seconds)"
         )
     if isinstance(error, httpx2.TransportError):
-        return f"{where}: cannot connect ({error or type(error).__name__}){tries}"
+        return f"{where}: cannot connect ({str(error) or type(error).__name__}){tries}"
     if isinstance(error, HfHubHTTPError):
         response = error.response
         status = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()

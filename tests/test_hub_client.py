@@ -209,6 +209,13 @@ def test_a_failure_that_names_no_request_is_said_of_the_hub(monkeypatch):
         hub_call(_failing(httpx2.ConnectError("[Errno 111] Connection refused")))
 
 
+def test_a_transport_failure_without_a_message_is_named_by_its_kind(monkeypatch):
+    """httpx raises some (a connection the server dropped: `ReadError`) with an empty message: "()" said nothing."""
+    monkeypatch.setenv(HUB_ATTEMPTS_ENV, "1")
+    with pytest.raises(HubError, match=rf"^POST {re.escape(str(COMMIT.url))}: cannot connect \(ReadError\)$"):
+        hub_call(_failing(httpx2.ReadError("", request=COMMIT)))
+
+
 def test_the_commit_of_a_revision_is_asked_of_the_hub_else_read_from_the_hub_cache(
     hub_here, quick_hub, monkeypatch, caplog
 ):
