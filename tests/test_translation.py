@@ -40,7 +40,7 @@ from helpers import (
 )
 from transformers import AutoTokenizer, GenerationConfig
 
-from modeling import translation
+from modeling import TransformerForConditionalGeneration, translation
 from modeling.export import export
 from modeling.files import DiskFullError, UnwritableError
 from modeling.hub_client import HUB_TIMEOUT_ENV, HubError
@@ -589,6 +589,13 @@ def test_a_checkpoint_loads_onto_the_device_asked_for(tiny_checkpoint, monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model, _ = load_model_and_tokenizer(directory)
     assert model.device.type == "cpu"
+    moved_to = []  # where a CUDA device would be taken: this machine may have none to move onto
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        TransformerForConditionalGeneration, "to", lambda model, device: moved_to.append(device) or model
+    )
+    load_model_and_tokenizer(directory)
+    assert [str(device) for device in moved_to] == ["cuda"]
 
 
 def test_truncated_weights_are_named_before_loading(tmp_path):
