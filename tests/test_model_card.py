@@ -631,6 +631,21 @@ def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result)
     assert sacrebleu == [("test", round(eval_result["sacrebleu"], 2)), ("validation", 12.5)]
 
 
+def test_the_training_records_of_the_first_card_input_directory_that_has_them_are_the_cards(tmp_path):
+    """`--card-from runs/x/checkpoint-10 runs/x`: the card is of the checkpoint's log and records, not of the run's
+    later ones that the directory after it holds."""
+    first, later = LOG_HISTORY[:1], LOG_HISTORY
+    write_json(tmp_path / "checkpoint" / "trainer_state.json", {"global_step": 10, "log_history": first})
+    write_json(tmp_path / "checkpoint" / "training_args.json", {"learning_rate": 7e-4})
+    write_json(tmp_path / "checkpoint" / "data_stats.json", {"language_pair": "en-de"})
+    write_json(tmp_path / "run" / "trainer_state.json", {"global_step": 20, "log_history": later})
+    write_json(tmp_path / "run" / "training_args.json", {"learning_rate": 1e-3})
+    write_json(tmp_path / "run" / "data_stats.json", {"language_pair": "en-fr"})
+    inputs = collect_card_inputs([tmp_path / "checkpoint", tmp_path / "run"])
+    assert inputs["log_history"] == first
+    assert inputs["training_args"] == {"learning_rate": 7e-4} and inputs["data_stats"] == {"language_pair": "en-de"}
+
+
 def test_scores_of_another_local_model_are_refused(tmp_path, eval_result):
     (tmp_path / "model").mkdir()
     (tmp_path / "other").mkdir()
