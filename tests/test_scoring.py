@@ -32,6 +32,9 @@ def test_split_compounds_matches_the_perl_one_liner():
     # The one-liner reads bytes: a one-letter part that is two bytes in UTF-8 leaves the next hyphen a match
     # (perl 5.36 printed this for the tokenised "T-Ö-Shirt").
     assert split_compounds("T-Ö-Shirt") == "T ##AT##-##AT## Ö ##AT##-##AT## Shirt"
+    # A hypothesis read from JSON may hold a lone surrogate ("\ud800"): split like any three-byte character, no
+    # encoding error.
+    assert split_compounds("x-\ud800-y a-b") == "x ##AT##-##AT## \ud800 ##AT##-##AT## y a ##AT##-##AT## b"
 
 
 def test_moses_tokenisation_splits_punctuation_and_escapes_like_tokenizer_perl():
