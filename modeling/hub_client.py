@@ -5,7 +5,7 @@ lacks of a model, named before loading.
 file downloads set their own timeouts). `use_hub_timeouts()` gives every request of the process a timeout
 (`HUB_TIMEOUT_ENV`, default 60 s; 10 s to connect); the library calls it before it first reaches the Hub, for a push
 (`hub_call`), a model or tokenizer loaded by name (`modeling.translation`, `modeling.training`) and a Hub dataset
-(`modeling.data`). Pushes are retried a few times with backoff on timeouts, connection errors, 5xx and 429 answers
+(`modeling.data`). Pushes are retried a few times with backoff on timeouts, connection errors, 5xx, 408 and 429 answers
 (safe: a commit is atomic on the Hub and uploaded objects are content-addressed), and a failure ends in `HubError`,
 one line naming the URL and the cause.
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 # Seconds a Hub request may wait for an answer (and at most CONNECT_TIMEOUT of them to connect).
 HUB_TIMEOUT_ENV = "VASWANI_HUB_TIMEOUT"
-# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx and 429 answers).
+# How many times a Hub call is tried before it fails (timeouts, connection errors, 5xx, 408 and 429 answers).
 HUB_ATTEMPTS_ENV = "VASWANI_HUB_ATTEMPTS"
 DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
@@ -140,7 +140,9 @@ def _retriable(error: BaseException) -> bool:
     if isinstance(error, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
         return True
     status = getattr(getattr(error, "response", None), "status_code", None)
-    return isinstance(error, HfHubHTTPError) and status is not None and (status >= 500 or status == 429)
+    # The answers a later try can change: a server's error, a request timeout, too many requests (huggingface_hub's
+    # own backoff retries 408 and 429 too)
+    return isinstance(error, HfHubHTTPError) and status is not None and (status >= 500 or status in (408, 429))
 
 
 def _one_line(error: BaseException, attempts: int) -> str:
@@ -336,7 +338,7 @@ def offline_cache_error(repo_id: str, revision: str | None, wanted: list[tuple[s
 def hub_call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`function(*args, **kwargs)`, a `huggingface_hub` call, with timeouts, retries and one-line errors.
 
-    Timeouts, connection errors and 5xx (or 429) answers are retried up to `hub_attempts()` times in all, after
+    Timeouts, connection errors, 5xx, 408 and 429 answers are retried up to `hub_attempts()` times in all, after
     1, 2, 4, ... seconds; the last failure, and any other HTTP error (401, 403, 404, ...) at once, becomes
     `HubError` naming the URL and the cause."""
     use_hub_timeouts()

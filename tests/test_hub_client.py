@@ -160,8 +160,8 @@ def _answer(status: int, server_message: str | None = None) -> HfHubHTTPError:
     return HfHubHTTPError("refused", response=httpx2.Response(status, request=COMMIT), server_message=server_message)
 
 
-@pytest.mark.parametrize("status", [500, 429])
-def test_a_hub_call_is_retried_after_a_server_error_or_too_many_requests(status, monkeypatch, caplog):
+@pytest.mark.parametrize("status", [500, 429, 408])
+def test_a_hub_call_is_retried_after_a_server_error_a_timeout_or_too_many_requests(status, monkeypatch, caplog):
     monkeypatch.setenv(HUB_ATTEMPTS_ENV, "3")
     waits = []
     monkeypatch.setattr(hub_client.time, "sleep", waits.append)
@@ -169,7 +169,7 @@ def test_a_hub_call_is_retried_after_a_server_error_or_too_many_requests(status,
     with caplog.at_level(logging.WARNING, logger="modeling.hub_client"):
         assert hub_call(call) == "done"
     assert call.calls == 3 and waits == [1.0, 2.0]
-    reason = {500: "Internal Server Error", 429: "Too Many Requests"}[status]
+    reason = {500: "Internal Server Error", 429: "Too Many Requests", 408: "Request Timeout"}[status]
     assert f"POST {COMMIT.url}: HTTP {status} {reason}; trying again in 1 s\n" in caplog.text
 
     call = _failing(*[_answer(status)] * 3)
