@@ -423,17 +423,14 @@ def test_the_test_hub_writes_times_as_huggingface_hub_reads_them(hub):
     assert api.model_info("user/times").last_modified is not None
 
 
-def test_a_push_deletes_the_files_of_the_repos_previous_model(
-    hub, tmp_path, monkeypatch, converted_fairseq_dir, caplog
-):
+def test_a_push_deletes_the_files_of_the_repos_previous_model(hub_here, tmp_path, converted_fairseq_dir, caplog):
     """A repo holding a converted fairseq model (one model.safetensors, its conversion record and tokenizer files),
     then a sharded native model pushed into it: before, the old model.safetensors stayed beside the new index, and
     `from_pretrained` loaded it, the old weights, without a word. A user's own files (a licence, pages, figures,
     notes, code) and subfolders stay."""
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
-    endpoint, root = hub
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    endpoint, root = hub_here
     repo_id = "tester/replaced"
     push_model_dir(converted_fairseq_dir, repo_id, token=HUB_TOKEN)
     api = HfApi(endpoint=endpoint, token=HUB_TOKEN)

@@ -199,14 +199,12 @@ def test_a_truncated_weights_file_is_refused_even_when_a_card_exists(tmp_path, m
     assert message.startswith("error: ") and "model.safetensors is truncated" in message and "\n" not in message
 
 
-def test_train_script_reports_an_unreachable_hub_in_one_line(tmp_path, monkeypatch):
+def test_train_script_reports_an_unreachable_hub_in_one_line(tmp_path, monkeypatch, quick_hub):
     """The push at the end of training is checked first (token, repo): a refused connection is one line."""
-    from huggingface_hub import constants
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed when the block ends: refused
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    quick_hub(endpoint)
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     monkeypatch.setenv(HUB_ATTEMPTS_ENV, "1")
     flags = ["--preset", "tiny", "--use_cpu", "--report_to", "none", "--push_to_hub", "--hub_model_id", REPO_ID]
