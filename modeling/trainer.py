@@ -144,6 +144,19 @@ def _override_refusal(checkpoint: Path, used: list[str]) -> ValueError:
     )
 
 
+def _missing_optimizer_state(checkpoint: Path) -> list[str]:
+    """The files of the optimizer's and the schedule's state that `checkpoint` lacks (one saved with
+    `--save_only_model`, a model directory). The Trainer loads neither unless both are there (`optimizer.bin` or an
+    `optimizer*` folder of sharded states will do for the optimizer) and otherwise trains on with Adam's moments at
+    zero and the warmup begun again, without a word."""
+    optimizer = any(
+        (path.is_dir() and "optimizer" in path.name) or path.name in ("optimizer.pt", "optimizer.bin")
+        for path in checkpoint.iterdir()
+    )
+    held = {"optimizer.pt": optimizer, "scheduler.pt": (checkpoint / "scheduler.pt").is_file()}
+    return [name for name, present in held.items() if not present]
+
+
 def _other_processes_refusal(checkpoint: Path, saved: dict[str, int], batching: dict[str, int]) -> ValueError:
     """A requeue on another number of processes, with micro-batches per update fixed by the arguments: updates of
     another size, and the Trainer would skip another part of the epoch than the one trained on. Says what keeps
@@ -586,6 +599,13 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         arguments, other updates are refused (saying what keeps them); otherwise a warning, since the Trainer then
         skips a count of the new batches, not the data already seen. `total` is the run's number of updates."""
         self._warn_of_another_precision(checkpoint)
+        if not self.is_deepspeed_enabled and (missing := _missing_optimizer_state(checkpoint)):
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: it holds no {' and no '.join(missing)} (saved with "
+                "--save_only_model?), so Adam's moments and the learning-rate warmup would start over in the middle "
+                f"of the run. Train on from its weights as a new run (--model_name_or_path {checkpoint}, another "
+                "--output_dir)"
+            )
         given: list[tuple[str, Any, Any]] = []
         scheduler = checkpoint / "scheduler.pt"
         if scheduler.is_file():

@@ -693,6 +693,29 @@ def test_resuming_an_optimizer_state_of_other_parameters_is_refused_naming_the_c
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
 
 
+@pytest.mark.parametrize(
+    ("saved_with", "missing"),
+    [
+        ({"save_only_model": True}, "optimizer.pt and no scheduler.pt"),
+        ({"lose": "scheduler.pt"}, "scheduler.pt"),  # another Trainer's checkpoint: no marker lists the file
+        ({"lose": "optimizer.pt"}, "optimizer.pt"),
+    ],
+)
+def test_resuming_a_checkpoint_without_optimizer_or_schedule_state_is_refused(tmp_path, saved_with, missing):
+    """The Trainer loads neither state unless both are there, and trained on with Adam's moments at zero and the
+    warmup begun again (at update 4 of a 2-update warmup, the rate of update 1), without a word."""
+    settings = {key: value for key, value in saved_with.items() if key != "lose"}
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3, **settings).train()
+    checkpoint = tmp_path / "checkpoint-3"
+    if "lose" in saved_with:
+        (checkpoint / saved_with["lose"]).unlink()
+        (checkpoint / COMPLETE_MARKER).unlink()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=3)
+    with pytest.raises(ValueError, match=rf"^Cannot resume from .*checkpoint-3: it holds no {missing} \("):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-6").exists()
+
+
 class RunsWhenUnpickled:
     """Pickled, it makes a directory when unpickled: the code a pickle from elsewhere could run."""
 
