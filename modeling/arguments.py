@@ -23,20 +23,20 @@ logger = logging.getLogger(__name__)
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+def _process_count(name: str) -> int | None:
+    """The process count a launcher set in the environment variable `name`, None where it is unset."""
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} in the environment is not a process count; unset it or give one") from None
+
+
 def _launcher_world_size() -> int:
     """The process count a launcher (torchrun, MPI) set, 1 where none did."""
-    sizes = [1]
-    for name in _WORLD_SIZE_ENV:
-        text = os.environ.get(name)
-        if text is None:
-            continue
-        try:
-            sizes.append(int(text))
-        except ValueError:
-            raise ValueError(
-                f"{name}={text!r} in the environment is not a process count; unset it or give one"
-            ) from None
-    return max(sizes)
+    return max([1, *(count for name in _WORLD_SIZE_ENV if (count := _process_count(name)) is not None)])
 
 
 def _home_expanded(path: str | None) -> str | None:
@@ -49,10 +49,10 @@ def _home_expanded(path: str | None) -> str | None:
 def _node_count() -> int | None:
     """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one; None for
     a launcher that sets the world size (above 1) alone, which does not say how many machines it spans."""
-    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    world, local = _process_count("WORLD_SIZE"), _process_count("LOCAL_WORLD_SIZE")
     if world and local:
-        return int(world) // int(local)
-    return None if world and int(world) > 1 else 1
+        return world // local
+    return None if world and world > 1 else 1
 
 
 # The float settings that must be finite numbers.
@@ -120,7 +120,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
-        if self.ddp_backend is not None and _launcher_world_size() <= 1:
+        launched_processes = _launcher_world_size()  # first: accelerate's int() of WORLD_SIZE names no variable
+        if self.ddp_backend is not None and launched_processes <= 1:
             # A config written for torchrun, run as one process (a requeue on one GPU, a test on a laptop): the
             # backend joins processes, and accelerate fails on it with "Default process group has not been
             # initialized", naming no setting.

@@ -186,6 +186,19 @@ def test_a_launcher_variable_that_is_no_process_count_is_refused_naming_it(text,
         TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", ddp_backend="gloo")
 
 
+@pytest.mark.parametrize(("name", "settings"), [("WORLD_SIZE", {}), ("LOCAL_WORLD_SIZE", {"save_on_each_node": True})])
+def test_torchruns_variable_that_is_no_process_count_is_refused_naming_it(
+    name, settings, tmp_path, monkeypatch, no_launcher
+):
+    """accelerate's int() of WORLD_SIZE, and save_on_each_node's count of the machines, failed with a bare "invalid
+    literal for int()" naming no variable."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv(name, "two")
+    with pytest.raises(ValueError, match=rf"^{name}='two' in the environment is not a process count; unset it"):
+        TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **settings)
+
+
 def test_max_steps_0_is_refused_as_transformers_would_train_by_epochs(tmp_path):
     with pytest.raises(ValueError, match=r"^max_steps 0 would train num_train_epochs epochs"):
         training_args(tmp_path, max_steps=0)
