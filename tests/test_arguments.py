@@ -5,6 +5,7 @@ parsing (presets, config files, flags) is tested in tests/scripts/test_train_scr
 
 import dataclasses
 import logging
+import os
 import re
 
 import pytest
@@ -254,3 +255,20 @@ def test_fp16_from_accelerate_launch_is_taken_on_an_accelerator(tmp_path, monkey
         TranslationTrainingArguments, "device", property(lambda self: (cpu.fget(self), torch.device("cuda"))[1])
     )
     assert training_args(tmp_path).fp16
+
+
+def test_the_precision_of_accelerate_launch_is_left_to_the_deepspeed_config_under_deepspeed(tmp_path, monkeypatch):
+    """DeepSpeed's config decides the precision, and transformers refuses arguments that contradict it: taking
+    accelerate's bf16 on as well would contradict a config that trains fp16 or float32. transformers' setup, which
+    would load DeepSpeed (not installed here), is replaced by what it records of the launch, on the main process."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+
+    def setup(self):
+        self.mixed_precision = os.environ["ACCELERATE_MIXED_PRECISION"]
+
+    monkeypatch.setattr(Seq2SeqTrainingArguments, "__post_init__", setup)
+    monkeypatch.setattr(TranslationTrainingArguments, "should_log", True)
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), report_to="none", deepspeed={"fp16": {"enabled": True}}
+    )
+    assert (args.bf16, args.fp16) == (False, False)
