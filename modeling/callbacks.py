@@ -83,7 +83,7 @@ class SaveEveryMinutesCallback(TrainerCallback):
     """
 
     def __init__(self, minutes: float):
-        if minutes <= 0:
+        if not minutes > 0:  # NaN too: no clock time would ever reach it
             raise ValueError(f"minutes must be positive, got {minutes}.")
         self.interval = 60.0 * minutes
         self.last_save = time.monotonic()
@@ -106,7 +106,7 @@ class StopAfterMinutesCallback(TrainerCallback):
     """
 
     def __init__(self, minutes: float):
-        if minutes <= 0:
+        if not minutes > 0:  # NaN too: no clock time would ever reach it
             raise ValueError(f"minutes must be positive, got {minutes}.")
         self.minutes = minutes
         self.start = time.monotonic()

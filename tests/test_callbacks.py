@@ -118,6 +118,8 @@ def test_training_stops_with_a_checkpoint_when_the_minutes_are_spent(clock, capl
 def test_minutes_must_be_positive(callback_class):
     with pytest.raises(ValueError, match="minutes must be positive, got 0"):
         callback_class(minutes=0)
+    with pytest.raises(ValueError, match="minutes must be positive, got nan"):  # never saved, never stopped
+        callback_class(minutes=float("nan"))
     callback_class(minutes=0.5)  # half a minute is a budget like any other
 
 
