@@ -46,6 +46,13 @@ def _home_expanded(path: str | None) -> str | None:
     return os.path.expanduser(path) if path is not None and path.startswith("~") else path
 
 
+def _refuse_empty(arguments: Any, names: tuple[str, ...]) -> None:
+    """Refuse a text setting given as blank: `--name $VAR` with VAR unset."""
+    for name in names:
+        if getattr(arguments, name) is not None and not getattr(arguments, name).strip():
+            raise ValueError(f"--{name} is empty (a shell variable not set?): give its value, or leave it out")
+
+
 def _node_count() -> int | None:
     """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one; None for
     a launcher that sets the world size (above 1) alone, which does not say how many machines it spans."""
@@ -258,6 +265,7 @@ class ModelArguments:
     dropout: float | None = field(default=None, metadata={"help": "Override P_drop (also when fine-tuning)."})
 
     def __post_init__(self):
+        _refuse_empty(self, ("model_name_or_path", "model_revision", "tokenizer_name_or_path"))
         self.model_name_or_path = _home_expanded(self.model_name_or_path)
         self.tokenizer_name_or_path = _home_expanded(self.tokenizer_name_or_path)
 
@@ -303,11 +311,9 @@ class DataArguments:
     )
 
     def __post_init__(self):
-        for name in ("dataset", "language_pair", "data_dir", "source_lang", "target_lang"):
-            if getattr(self, name) is not None and not getattr(self, name).strip():
-                # `--data_dir $DATA` with DATA unset: the current directory was searched for the corpus, even
-                # beside --dataset, which an empty data_dir did not contradict
-                raise ValueError(f"--{name} is empty (a shell variable not set?): give its value, or leave it out")
+        # `--data_dir $DATA` with DATA unset: the current directory was searched for the corpus, even beside
+        # --dataset, which an empty data_dir did not contradict
+        _refuse_empty(self, ("dataset", "dataset_revision", "language_pair", "data_dir", "source_lang", "target_lang"))
         if self.dataset_revision is not None and self.dataset is None:
             raise ValueError("--dataset_revision names a version of --dataset's Hub repo: give that too")
         self.data_dir = _home_expanded(self.data_dir)

@@ -1528,12 +1528,22 @@ def test_a_label_smoothing_factor_outside_0_to_1_is_refused_when_the_arguments_a
         tiny_run_args(tmp_path / "run", label_smoothing_factor=factor)
 
 
-@pytest.mark.parametrize("name", ["data_dir", "dataset", "language_pair", "source_lang", "target_lang"])
+@pytest.mark.parametrize(
+    "name", ["data_dir", "dataset", "dataset_revision", "language_pair", "source_lang", "target_lang"]
+)
 def test_an_empty_data_setting_is_refused_naming_it(name):
     """`--data_dir $DATA` with DATA unset gives `--data_dir ""`: the current directory was searched for the corpus,
     even beside --dataset."""
     with pytest.raises(ValueError, match=rf"^--{name} is empty \(a shell variable not set\?\): give its value"):
         DataArguments(**{"dataset": "wmt/wmt14", name: " " if name == "source_lang" else ""})
+
+
+@pytest.mark.parametrize("name", ["model_name_or_path", "model_revision", "tokenizer_name_or_path"])
+def test_an_empty_model_setting_is_refused_naming_it(name):
+    """`--model_revision ""` asked the Hub for `x/y/resolve//config.json`, and `--model_name_or_path ""` was
+    refused by huggingface_hub as a repo id naming no setting."""
+    with pytest.raises(ValueError, match=rf"^--{name} is empty \(a shell variable not set\?\): give its value"):
+        ModelArguments(**{"model_name_or_path": "user/model", name: ""})
 
 
 def test_max_steps_0_is_refused_rather_than_read_as_unset(tmp_path):
