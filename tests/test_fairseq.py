@@ -409,6 +409,14 @@ def test_dictionary_and_codes_are_read_as_fairseq_and_subword_nmt_read_them(tmp_
     assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]  # a repeated merge keeps its first rank
 
 
+def test_a_bpe_codes_lines_surrounding_spaces_are_no_part_of_its_merge(tmp_path):
+    """subword-nmt reads each line of its codes stripped of spaces and line ends (`strip('\\r\\n ')`): a file with
+    trailing spaces or Windows line ends is the same codes, not one refused."""
+    codes = tmp_path / "codes"
+    codes.write_bytes(b"#version: 0.2\r\na b \r\n c d\r\ne f</w>  \r\n")
+    assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]
+
+
 def test_dictionary_tokens_that_would_share_a_tokenizer_token_are_refused():
     """`x@@` becomes `x`: a dictionary holding `<unk>@@` would give the tokenizer two ids for `<unk>`."""
     symbols = ["<s>", "<pad>", "</s>", "<unk>", "a", "<unk>@@"]
