@@ -699,6 +699,21 @@ def model_files(name_or_path: str | os.PathLike) -> dict[str, Path]:
     }
 
 
+@contextmanager
+def _named_if_removed(directory: str, local: bool) -> Iterator[None]:
+    """A model directory removed while it loads (a checkpoint that the save_total_limit rotation of a run still
+    training there deleted) was looked up as a Hub repo id: "Repo id must be in the form 'repo_name' ..."."""
+    try:
+        yield
+    except Exception as error:
+        if not local or os.path.isdir(directory):
+            raise
+        raise FileNotFoundError(
+            f"Model directory {directory!r} was removed while it was loaded (by the save_total_limit rotation of a "
+            "run still training there?): load it again, or a checkpoint the run keeps."
+        ) from error
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -734,7 +749,8 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
         revision = pinned_hub_revision(name_or_path, revision)
-    with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"):
+    local = os.path.isdir(name_or_path)
+    with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"), _named_if_removed(name_or_path, local):
         try:
             # the dict, not AutoConfig: that names a missing config.json "Unrecognized model", and a model type it
             # does not know in ten lines

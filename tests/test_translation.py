@@ -606,6 +606,29 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
         load_model_and_tokenizer(str(tmp_path))
 
 
+@pytest.mark.parametrize("removed_before", ["get_config_dict", "from_pretrained", "_load_tokenizer"])
+def test_a_checkpoint_removed_while_it_loads_is_named_as_such(tmp_path, monkeypatch, removed_before):
+    """A run still training rotated it out (save_total_limit) once its config.json was read: before, "Repo id must be
+    in the form 'repo_name' or 'namespace/repo_name': '/.../checkpoint-2'" (its path looked up on the Hub)."""
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    save_tiny_checkpoint(checkpoint)
+    owner = {"get_config_dict": translation.TransformerConfig, "from_pretrained": translation.AutoModelForSeq2SeqLM}
+    target = owner.get(removed_before, translation)
+    original = getattr(target, removed_before)
+
+    def rotated_out_first(*args, **kwargs):
+        os.replace(checkpoint, checkpoint.with_name(".checkpoint-2.deleting"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, removed_before, rotated_out_first)
+    with pytest.raises(FileNotFoundError) as refused:
+        load_model_and_tokenizer(str(checkpoint))
+    assert str(refused.value) == (
+        f"Model directory '{checkpoint}' was removed while it was loaded (by the save_total_limit rotation of a run "
+        "still training there?): load it again, or a checkpoint the run keeps."
+    )
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
