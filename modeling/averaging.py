@@ -276,13 +276,15 @@ def _relative(checkpoint: Path, output_dir: Path) -> str:
 
 def usable_checkpoints(checkpoint_paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The complete checkpoints among `checkpoint_paths` (others skipped with a warning naming them), checked to
-    belong to one run: two that differ in config, tokenizer or run identity are refused, both named, and so is a
-    checkpoint given twice (it would weigh double)."""
+    belong to one run: two that differ in config, tokenizer or run identity are refused, both named, and so are a
+    checkpoint given twice (it would weigh double) and one that no longer exists (removed since it was chosen)."""
     usable = []
     seen: dict[Path, Path] = {}
     for path in map(Path, checkpoint_paths):
         if (earlier := seen.setdefault(path.resolve(), path)) is not path:
             raise ValueError(f"{path} is given twice ({earlier} is the same directory): it would weigh double")
+        if not path.exists():  # chosen, then rotated out: skipped, `--last 5` averaged 4 and named 5 as averaged
+            raise _removed_while_averaging(path)
         problems = checkpoint_problems(path, training_state=False)
         if problems:
             logger.warning("Not averaging the incomplete checkpoint %s: %s", path, describe_problems(problems))

@@ -135,6 +135,23 @@ def test_a_checkpoint_removed_while_averaging_is_named_as_such(tmp_path, monkeyp
     )
 
 
+def test_a_checkpoint_rotated_out_between_choosing_and_averaging_is_named_not_skipped(tmp_path):
+    """`--last 3` while a run still trains there: its next save rotated the oldest chosen out. Before, it was skipped
+    as "incomplete" with a warning, two were averaged, and the script said it had averaged all three."""
+    for step in (1, 2, 3):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+    chosen = last_checkpoints(tmp_path, 3)
+    save_trainer_checkpoint(tmp_path / "checkpoint-4", seed=4)
+    os.replace(tmp_path / "checkpoint-1", tmp_path / ".checkpoint-1.deleting")
+    with pytest.raises(FileNotFoundError) as refused:
+        average_checkpoints(chosen, tmp_path / "averaged")
+    assert str(refused.value) == (
+        f"{tmp_path / 'checkpoint-1'} was removed while the checkpoints were averaged (by the save_total_limit "
+        "rotation of a run still training there?): average again, or once the run has ended"
+    )
+    assert not (tmp_path / "averaged").exists()
+
+
 def average_refused(run: Path, error: type[Exception]) -> str:
     """The message of averaging `run`'s checkpoints refused with `error`, having written nothing."""
     with pytest.raises(error) as refused:
