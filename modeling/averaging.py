@@ -333,12 +333,17 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
 
     newest = _newest(checkpoints)
     with replacing_directory(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE, regenerated=MODEL_CARD_FILES) as staging:
-        for path in newest.iterdir():
-            copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
-            if path.is_file() and path.suffix != ".safetensors" and copied:
-                # the content only: copy2's permissions were the checkpoint's (0666 from a run under a umask of 000,
-                # remote code among them), where every file written here has those this user's umask gives
-                shutil.copyfile(path, staging / path.name)
+        try:
+            for path in newest.iterdir():
+                copied = path.name not in _NOT_COPIED and not PICKLED_STATE_RE.match(path.name)
+                if path.is_file() and path.suffix != ".safetensors" and copied:
+                    # the content only: copy2's permissions were the checkpoint's (0666 from a run under a umask of
+                    # 000, remote code among them), where every file written here has those this user's umask gives
+                    shutil.copyfile(path, staging / path.name)
+        except FileNotFoundError:
+            raise _removed_while_averaging(newest) from None
+        if not newest.is_dir():  # rotated out once listed: its files, no longer there, were skipped as not files
+            raise _removed_while_averaging(newest)
         contiguous = {name: tensor.contiguous() for name, tensor in averaged.items()}
         save_file(contiguous, staging / WEIGHTS_NAME, metadata={"format": "pt"})  # "pt": what from_pretrained expects
         record = {

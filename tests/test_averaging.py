@@ -8,6 +8,7 @@ import os
 import shutil
 import weakref
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -150,6 +151,31 @@ def test_a_checkpoint_rotated_out_between_choosing_and_averaging_is_named_not_sk
         "rotation of a run still training there?): average again, or once the run has ended"
     )
     assert not (tmp_path / "averaged").exists()
+
+
+@pytest.mark.parametrize("removed", ["once its files are listed", "while its files are copied"])
+def test_the_newest_checkpoint_removed_while_its_files_are_copied_is_named(tmp_path, monkeypatch, removed):
+    """Its weights summed, then rotated out: before, an average of weights alone (no config.json, no tokenizer) was
+    written and reported as done, or "[Errno 2] No such file or directory: '.../checkpoint-2/tokenizer.json'"."""
+    save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
+    save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
+
+    def rotate_out() -> None:
+        if (tmp_path / "checkpoint-2").exists():
+            os.replace(tmp_path / "checkpoint-2", tmp_path / ".checkpoint-2.deleting")
+
+    if removed == "once its files are listed":
+        pickled = averaging.PICKLED_STATE_RE
+        monkeypatch.setattr(
+            averaging, "PICKLED_STATE_RE", Mock(match=lambda name: rotate_out() or pickled.match(name))
+        )
+    else:
+        copyfile = shutil.copyfile
+        monkeypatch.setattr(shutil, "copyfile", lambda *args: rotate_out() or copyfile(*args))
+    assert average_refused(tmp_path, FileNotFoundError) == (
+        f"{tmp_path / 'checkpoint-2'} was removed while the checkpoints were averaged (by the save_total_limit "
+        "rotation of a run still training there?): average again, or once the run has ended"
+    )
 
 
 def average_refused(run: Path, error: type[Exception]) -> str:
