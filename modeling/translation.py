@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import config_identity, weights_problems
+from .checkpoints import config_identity, list_checkpoints, weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
@@ -735,7 +735,12 @@ def load_model_and_tokenizer(
         refuse_an_export(name_or_path)
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             message = f"{name_or_path!r} has no config.json: it is not a model saved with save_pretrained"
-            if not looks_like_local_path(name_or_path):  # `owner/name` where the command runs
+            if held := list_checkpoints(name_or_path):  # a run still training, whose final model is saved at its end
+                message += (
+                    f" (a training run's directory, its final model not saved yet: load one of its checkpoints, "
+                    f"{held[-1]})"
+                )
+            elif not looks_like_local_path(name_or_path):  # `owner/name` where the command runs
                 message += (
                     " (a directory of this name where the command runs is read instead of the Hub repo of that id: "
                     "run it elsewhere)"

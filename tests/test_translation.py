@@ -606,6 +606,21 @@ def test_truncated_weights_are_named_before_loading(tmp_path):
         load_model_and_tokenizer(str(tmp_path))
 
 
+def test_a_run_directory_without_its_final_model_yet_names_its_newest_checkpoint(tmp_path):
+    """`--model runs/x` while x trains: it holds the tokenizer and checkpoints, config.json only once training ends.
+    Before, only "it is not a model saved with save_pretrained"."""
+    run = tmp_path / "x"
+    save_tiny_checkpoint(run / "checkpoint-8")
+    save_tiny_checkpoint(run / "checkpoint-10")
+    tiny_tokenizer().save_pretrained(run)
+    with pytest.raises(FileNotFoundError) as refused:
+        load_model_and_tokenizer(str(run))
+    assert str(refused.value) == (
+        f"'{run}' has no config.json: it is not a model saved with save_pretrained (a training run's directory, its "
+        f"final model not saved yet: load one of its checkpoints, {run / 'checkpoint-10'})."
+    )
+
+
 @pytest.mark.parametrize("removed_before", ["get_config_dict", "from_pretrained", "_load_tokenizer"])
 def test_a_checkpoint_removed_while_it_loads_is_named_as_such(tmp_path, monkeypatch, removed_before):
     """A run still training rotated it out (save_total_limit) once its config.json was read: before, "Repo id must be
