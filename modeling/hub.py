@@ -14,6 +14,8 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -239,23 +241,40 @@ def push_model_dir(
         # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted
         # here (the file may be the user's); an earlier push's copy leaves the repo with the other stale files.
         ignore_patterns.append(CURVES_FILE)
-    stale = _stale_repo_files(api, repo_url.repo_id, _uploaded_names(model_dir, ignore_patterns))
-    if stale:
-        logger.warning(
-            "Deleting from %s the files of its previous model that this push does not replace: %s",
-            repo_url.repo_id,
-            ", ".join(stale),
+    with _named_if_removed(model_dir):
+        stale = _stale_repo_files(api, repo_url.repo_id, _uploaded_names(model_dir, ignore_patterns))
+        if stale:
+            logger.warning(
+                "Deleting from %s the files of its previous model that this push does not replace: %s",
+                repo_url.repo_id,
+                ", ".join(stale),
+            )
+        hub_call(
+            api.upload_folder,
+            repo_id=repo_url.repo_id,
+            folder_path=model_dir,
+            allow_patterns=list(UPLOAD_PATTERNS),
+            ignore_patterns=ignore_patterns,
+            delete_patterns=[glob.escape(name) for name in stale] or None,
+            commit_message=commit_message,
         )
-    hub_call(
-        api.upload_folder,
-        repo_id=repo_url.repo_id,
-        folder_path=model_dir,
-        allow_patterns=list(UPLOAD_PATTERNS),
-        ignore_patterns=ignore_patterns,
-        delete_patterns=[glob.escape(name) for name in stale] or None,
-        commit_message=commit_message,
-    )
     return str(repo_url)
+
+
+@contextmanager
+def _named_if_removed(model_dir: Path) -> Iterator[None]:
+    """A directory removed while it is pushed (a checkpoint that the save_total_limit rotation of a run still
+    training there deleted) failed as "Provided path: '...' is not a directory" or "[Errno 2] No such file or
+    directory: '.../README.md'", saying neither what happened nor what became of the repo."""
+    try:
+        yield
+    except (OSError, ValueError) as error:
+        if model_dir.is_dir():
+            raise
+        raise FileNotFoundError(
+            f"{model_dir} was removed while it was pushed (by the save_total_limit rotation of a run still training "
+            "there?): the repo is unchanged; push a checkpoint the run keeps, or a copy."
+        ) from error
 
 
 def _uploaded_names(model_dir: Path, ignore_patterns: list[str]) -> set[str]:

@@ -503,6 +503,31 @@ def test_curves_the_card_does_not_show_are_left_out_of_the_push(hub_here, tmp_pa
     assert not (stored / "training_curves.png").exists()
 
 
+def test_a_checkpoint_removed_while_it_is_pushed_is_named_and_the_repo_left_as_it_was(hub_here, tmp_path, monkeypatch):
+    """A run still training rotated it out (save_total_limit) once it was checked: before, "Provided path:
+    '.../checkpoint-4' is not a directory"."""
+    first, checkpoint = tmp_path / "run" / "checkpoint-2", tmp_path / "run" / "checkpoint-4"
+    save_tiny_checkpoint(first)
+    save_tiny_checkpoint(checkpoint)
+    push_model_dir(first, "tester/rotated", token=HUB_TOKEN)
+    stored = hub_here[1] / "tester/rotated"
+    before = {path.name: path.read_bytes() for path in stored.iterdir()}
+    stale_repo_files = hub_module._stale_repo_files
+
+    def rotated_out_once_checked(*args):
+        os.replace(checkpoint, checkpoint.with_name(".checkpoint-4.deleting"))
+        return stale_repo_files(*args)
+
+    monkeypatch.setattr(hub_module, "_stale_repo_files", rotated_out_once_checked)
+    with pytest.raises(FileNotFoundError) as refused:
+        push_model_dir(checkpoint, "tester/rotated", token=HUB_TOKEN)
+    assert str(refused.value) == (
+        f"{checkpoint} was removed while it was pushed (by the save_total_limit rotation of a run still training "
+        "there?): the repo is unchanged; push a checkpoint the run keeps, or a copy."
+    )
+    assert {path.name: path.read_bytes() for path in stored.iterdir()} == before
+
+
 def test_a_private_push_creates_its_repo_private_before_training(hub_here, tmp_path):
     """The repo made before training is the one the push at the end goes to (`exist_ok`): made public, it would
     publish a run asked to be private."""
