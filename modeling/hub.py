@@ -34,6 +34,7 @@ from .checkpoints import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     index_shards,
+    list_checkpoints,
     safetensors_problem,
 )
 from .export.common import refuse_an_export
@@ -80,6 +81,12 @@ def check_model_dir(model_dir: str | Path) -> Path:
     missing += _missing_tokenizer_code(model_dir) + _missing_shards(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         missing.append("*.safetensors")
+    if "config.json" in missing and (held := list_checkpoints(model_dir)):
+        # a run still training, whose final model is saved at its end: no save_pretrained advice applies
+        raise FileNotFoundError(
+            f"{model_dir} lacks {', '.join(missing)}: a training run's directory, its final model not saved yet. "
+            f"Push one of its checkpoints ({held[-1]}), or the directory once the run has ended."
+        )
     if missing:
         raise FileNotFoundError(
             f"{model_dir} lacks {', '.join(missing)}. Save the model with `import modeling` done first "

@@ -72,6 +72,23 @@ def test_check_model_dir_names_the_file_a_directory_lacks(tmp_path, removed, exp
         check_model_dir(tmp_path)
 
 
+def test_a_run_directory_without_its_final_model_yet_names_its_newest_checkpoint(tmp_path):
+    """A push of `runs/x` while x trains (its config.json and weights come at its end): before, "Save the model with
+    `import modeling` done first ...", advice about another case."""
+    run = tmp_path / "x"
+    save_tiny_checkpoint(run / "checkpoint-8")
+    save_tiny_checkpoint(run / "checkpoint-10")
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # written into output_dir as training starts
+        (run / name).write_bytes((run / "checkpoint-10" / name).read_bytes())
+    with pytest.raises(FileNotFoundError) as refused:
+        check_model_dir(run)
+    assert str(refused.value) == (
+        f"{run} lacks config.json, generation_config.json, configuration_transformer.py, modeling_transformer.py, "
+        f"*.safetensors: a training run's directory, its final model not saved yet. Push one of its checkpoints "
+        f"({run / 'checkpoint-10'}), or the directory once the run has ended."
+    )
+
+
 def test_check_model_dir_refuses_a_config_without_auto_map(tmp_path):
     """Saved without `import modeling`: the repo's config names no remote code, which a user without this package
     needs to load it."""
