@@ -74,6 +74,34 @@ def test_a_python_users_evaluation_records_the_weights_a_model_card_checks(tiny_
         collect_card_inputs([tmp_path / "eval"], model_dir)
 
 
+@pytest.mark.parametrize("removed", ["while its weights are hashed", "once it is loaded"])
+def test_a_checkpoint_removed_while_it_is_loaded_for_scoring_is_named_as_such(tmp_path, monkeypatch, removed):
+    """A run still training rotated it out (save_total_limit): before, "[Errno 2] No such file or directory:
+    '.../model.safetensors'", or "its weights changed while they were loaded (averaged or converted again
+    meanwhile?): evaluate it once they are written", which they never would be."""
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    save_tiny_checkpoint(checkpoint)
+
+    def rotate_out() -> None:
+        if checkpoint.exists():
+            checkpoint.rename(checkpoint.with_name(".checkpoint-2.deleting"))
+
+    if removed == "while its weights are hashed":
+        file_states = evaluation.file_states
+        monkeypatch.setattr(evaluation, "file_states", lambda paths: rotate_out() or file_states(paths))
+    else:
+        load = evaluation.load_model_and_tokenizer
+        monkeypatch.setattr(
+            evaluation, "load_model_and_tokenizer", lambda *args, **kwargs: (load(*args, **kwargs), rotate_out())[0]
+        )
+    with pytest.raises(FileNotFoundError) as refused:
+        load_scored_model(str(checkpoint), device="cpu")
+    assert str(refused.value) == (
+        f"Model directory '{checkpoint}' was removed while it was loaded (by the save_total_limit rotation of a run "
+        "still training there?): load it again, or a checkpoint the run keeps."
+    )
+
+
 def test_a_scored_model_is_loaded_onto_the_device_asked_for(tiny_checkpoint):
     # "meta" stands in for a device other than the default one (a GPU machine's user asking for "cpu").
     model, _, _ = load_scored_model(str(tiny_checkpoint[0]), device="meta")
