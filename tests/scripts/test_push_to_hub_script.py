@@ -2,6 +2,7 @@
 then the repo loaded by id in a fresh interpreter that cannot import `modeling` and starts from an empty cache:
 what a user without this project gets from the Hub."""
 
+import fcntl
 import json
 import os
 import runpy
@@ -18,6 +19,7 @@ from huggingface_hub import HfApi, metadata_load
 import modeling.hub as hub_module
 from modeling.files import sole_writer
 from modeling.hub_client import HUB_ATTEMPTS_ENV
+from modeling.training import TRAINING_LOCK_FILE
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -92,6 +94,25 @@ def test_a_push_while_another_process_replaces_the_directory_is_refused_before_a
     pushed = run_push(endpoint, tmp_path / "home", "--model", model_dir, "--repo-id", "user/locked")
     assert pushed.returncode == 0, pushed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged"], "no lock file left"
+
+
+def test_a_push_of_a_run_directory_while_the_run_trains_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A run resumed to train on in the directory of its earlier final model saves its new one there, file by file,
+    when it ends: a push meanwhile uploaded the new weights, unchecked, with the card and scores of the old ones."""
+    run = tmp_path / "run"
+    save_tiny_checkpoint(run)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
+    with open(run / TRAINING_LOCK_FILE, "a+") as training:  # held as the run's process holds it
+        fcntl.flock(training.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        training.write("pid 4242 on node-7, since 2026-12-07 09:00:00 +0000\n")
+        training.flush()
+        message = script_error("push_to_hub.py", "--model", run, "--repo-id", REPO_ID, monkeypatch=monkeypatch)
+    assert message == (
+        f"error: {run} is in use by a training run (pid 4242 on node-7, since 2026-12-07 09:00:00 +0000), which saves "
+        "its final model there when it ends: push it once the run has ended, or push one of its checkpoints"
+    )
+    assert not (run / "README.md").exists()
 
 
 def test_a_push_whose_report_cannot_be_printed_is_pushed(hub, tmp_path):
