@@ -157,6 +157,18 @@ def _missing_optimizer_state(checkpoint: Path) -> list[str]:
     return [name for name, present in held.items() if not present]
 
 
+def _require_still_there(checkpoint: str) -> None:
+    """The Trainer reads a resumed checkpoint's trainer state, optimizer, schedule and random states one after the
+    other, each only if its file is there: a checkpoint that another run still training rotated out meanwhile
+    (save_total_limit) resumed without them (at update 0, Adam's moments at zero, the warmup begun again), without a
+    word."""
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(
+            f"{checkpoint} was removed while it was resumed (by the save_total_limit rotation of a run still training "
+            "there?): resume from a checkpoint that run keeps, or from a copy"
+        )
+
+
 def _other_processes_refusal(checkpoint: Path, saved: dict[str, int], batching: dict[str, int]) -> ValueError:
     """A requeue on another number of processes, with micro-batches per update fixed by the arguments: updates of
     another size, and the Trainer would skip another part of the epoch than the one trained on. Says what keeps
@@ -666,6 +678,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         """The Trainer's loading of the checkpoint's optimizer state, refused where it would override the optimizer
         the arguments just built (another `--optim`, Adam's betas or epsilon, weight decay, `--optim_args`): the
         saved settings would be used where the new ones are logged and recorded."""
+        if checkpoint is not None:
+            _require_still_there(checkpoint)
         optimizer = Path(checkpoint) / "optimizer.pt" if checkpoint is not None else None
         if optimizer is not None and optimizer.is_file() and self.optimizer is not None:
             groups = torch.load(optimizer, map_location="cpu", weights_only=True, mmap=True).get("param_groups")
@@ -695,6 +709,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if used:
                 raise _override_refusal(Path(checkpoint), used)
         super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if checkpoint is not None:
+            _require_still_there(checkpoint)
+        super()._load_rng_state(checkpoint)
 
     def _batching_asked(self) -> dict[str, int | None]:
         """What the arguments ask of the batches, from which `_batching` is derived."""

@@ -716,6 +716,43 @@ def test_resuming_a_checkpoint_without_optimizer_or_schedule_state_is_refused(tm
     assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-6").exists()
 
 
+@pytest.mark.parametrize("removed", ["before its trainer state is read", "once its optimizer state is read"])
+def test_a_checkpoint_rotated_out_while_it_is_resumed_is_named_not_resumed_without_its_states(
+    tmp_path, monkeypatch, removed
+):
+    """Resuming a run's checkpoint into another directory while that run trains on: its rotation removed it after the
+    weights were loaded. Before, the Trainer skipped each state whose file was gone, without a word: the run trained
+    from update 0 (Adam's moments at zero, the warmup begun again), or on with fresh random states."""
+    source = tmp_path / "first"
+    resumable_run(source, save_strategy="steps", save_steps=3, max_steps=3).train()
+    checkpoint = source / "checkpoint-3"
+
+    def rotate_out() -> None:
+        if checkpoint.exists():
+            checkpoint.rename(source / ".checkpoint-3.deleting")
+
+    if removed == "before its trainer state is read":
+        create_scheduler = TokenBudgetSeq2SeqTrainer.create_scheduler
+        monkeypatch.setattr(
+            TokenBudgetSeq2SeqTrainer,
+            "create_scheduler",
+            lambda *args, **kwargs: (rotate_out(), create_scheduler(*args, **kwargs))[1],
+        )
+    else:
+        load = TokenBudgetSeq2SeqTrainer._load_optimizer_and_scheduler
+        monkeypatch.setattr(
+            TokenBudgetSeq2SeqTrainer, "_load_optimizer_and_scheduler", lambda *args: (load(*args), rotate_out())[0]
+        )
+    resumed = resumable_run(tmp_path / "second", save_strategy="steps", save_steps=3)
+    with pytest.raises(FileNotFoundError) as refused:
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert str(refused.value) == (
+        f"{checkpoint} was removed while it was resumed (by the save_total_limit rotation of a run still training "
+        "there?): resume from a checkpoint that run keeps, or from a copy"
+    )
+    assert not list((tmp_path / "second").glob("checkpoint-*"))
+
+
 class RunsWhenUnpickled:
     """Pickled, it makes a directory when unpickled: the code a pickle from elsewhere could run."""
 
