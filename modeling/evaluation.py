@@ -29,6 +29,7 @@ from .translation import (
     as_lines,
     load_model_and_tokenizer,
     pinned_hub_revision,
+    removed_while_loaded,
     translate,
     translate_file,
     translation_identity,
@@ -69,10 +70,10 @@ def load_scored_model(
     except FileNotFoundError:
         if not local or Path(name_or_path).is_dir():
             raise
-        raise _removed_while_loaded(name_or_path) from None
+        raise removed_while_loaded(name_or_path) from None
     model, tokenizer = load_model_and_tokenizer(name_or_path, revision=revision, device=device)
     if local and not Path(name_or_path).is_dir():  # its weights' states, none left, were taken for changed ones
-        raise _removed_while_loaded(name_or_path)
+        raise removed_while_loaded(name_or_path)
     if local and _weight_file_states(name_or_path) != states:
         raise ValueError(
             f"{name_or_path}'s weights changed while they were loaded (averaged or converted again meanwhile?): "
@@ -84,13 +85,6 @@ def load_scored_model(
         model_weights, model_commit = weights_record(snapshot), snapshot.name
     scored = {"model": name_or_path, "model_commit": model_commit, "model_weights": model_weights}
     return model, tokenizer, scored
-
-
-def _removed_while_loaded(directory: str) -> FileNotFoundError:
-    return FileNotFoundError(
-        f"Model directory {directory!r} was removed while it was loaded (by the save_total_limit rotation of a run "
-        "still training there?): load it again, or a checkpoint the run keeps."
-    )
 
 
 def _weight_file_states(directory: str) -> tuple:

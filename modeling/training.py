@@ -337,14 +337,31 @@ def _lock_for_training(handle: IO[str], output_dir: Path) -> None:
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
-        holder = handle.readline().strip() or "a process that has not said who it is"
         raise OutputDirectoryInUseError(
-            f"{output_dir} is in use by another training run ({holder}): wait for it to end or stop it, then run "
-            "this command again"
+            f"{output_dir} is in use by another training run ({_lock_holder(handle)}): wait for it to end or stop it, "
+            "then run this command again"
         ) from None
     except OSError as error:
         logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
+
+
+def _lock_holder(handle: IO[str]) -> str:
+    handle.seek(0)
+    return handle.readline().strip() or "a process that has not said who it is"
+
+
+def training_run_in(directory: str | os.PathLike) -> str | None:
+    """The training run that holds `directory`'s lock (`pid N on HOST, since ...`), None where none does (no lock
+    file, or a file system without locks). Its final model is saved there file by file when it ends."""
+    try:
+        with open(Path(directory) / TRAINING_LOCK_FILE, encoding="utf-8") as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the file, at once
+            except BlockingIOError:
+                return _lock_holder(lock)
+    except OSError:
+        return None
+    return None
 
 
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:

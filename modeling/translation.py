@@ -699,19 +699,25 @@ def model_files(name_or_path: str | os.PathLike) -> dict[str, Path]:
     }
 
 
+def removed_while_loaded(directory: str) -> FileNotFoundError:
+    """The error of a model directory gone while it loads: a checkpoint that the save_total_limit rotation of a run
+    still training there deleted."""
+    return FileNotFoundError(
+        f"Model directory {directory!r} was removed while it was loaded (by the save_total_limit rotation of a run "
+        "still training there?): load it again, or a checkpoint the run keeps."
+    )
+
+
 @contextmanager
 def _named_if_removed(directory: str, local: bool) -> Iterator[None]:
-    """A model directory removed while it loads (a checkpoint that the save_total_limit rotation of a run still
-    training there deleted) was looked up as a Hub repo id: "Repo id must be in the form 'repo_name' ..."."""
+    """A model directory removed while it loads was looked up as a Hub repo id: "Repo id must be in the form
+    'repo_name' ..."."""
     try:
         yield
     except Exception as error:
         if not local or os.path.isdir(directory):
             raise
-        raise FileNotFoundError(
-            f"Model directory {directory!r} was removed while it was loaded (by the save_total_limit rotation of a "
-            "run still training there?): load it again, or a checkpoint the run keeps."
-        ) from error
+        raise removed_while_loaded(directory) from error
 
 
 def load_model_and_tokenizer(

@@ -10,7 +10,6 @@ The token comes from HF_TOKEN or `hf auth login`, never from the command line (s
 """
 
 import argparse
-import fcntl
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from modeling.cli import reporting_on_stdout, summary
 from modeling.files import sole_writer
 from modeling.hub import MissingHubTokenError, check_model_dir, full_repo_id, push_model_dir, resolve_token
 from modeling.model_card import write_model_card
-from modeling.training import TRAINING_LOCK_FILE
+from modeling.training import training_run_in
 
 
 def parse_args() -> argparse.Namespace:
@@ -39,23 +38,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def refuse_a_run_still_training(model_dir: str) -> None:
-    """A run training in `model_dir` (it holds `.training.lock`) saves its final model there file by file when it
-    ends: a push meanwhile uploaded the new weights, unchecked, beside the card and scores of the old ones."""
-    try:
-        with open(Path(model_dir) / TRAINING_LOCK_FILE) as lock:
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # released at once, with the file
-            except BlockingIOError:
-                holder = lock.readline().strip() or "a process that has not said who it is"
-                raise ValueError(
-                    f"{model_dir} is in use by a training run ({holder}), which saves its final model there when it "
-                    "ends: push it once the run has ended, or push one of its checkpoints"
-                ) from None
-    except OSError:  # no lock file (no run trained there), or a file system without locks
-        return
-
-
 def main() -> None:
     args = parse_args()
     try:
@@ -63,7 +45,11 @@ def main() -> None:
         # Before anything is written: a card naming a bad id, or one without its namespace, would stay behind
         repo_id = full_repo_id(args.repo_id, token)
         with sole_writer(args.model):  # what is checked and described is what is uploaded: no average replaces it
-            refuse_a_run_still_training(args.model)
+            if holder := training_run_in(args.model):  # its final save, file by file, would mix two models
+                raise ValueError(
+                    f"{args.model} is in use by a training run ({holder}), which saves its final model there when "
+                    "it ends: push it once the run has ended, or push one of its checkpoints"
+                )
             check_model_dir(args.model)
             if args.card_from or not (Path(args.model) / "README.md").is_file():
                 card = write_model_card(
