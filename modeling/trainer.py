@@ -261,6 +261,21 @@ def _precision(arguments: dict[str, Any]) -> str:
     return "fp32"
 
 
+def _best_rule(arguments: dict[str, Any]) -> tuple[str, bool] | None:
+    """How a run's arguments choose its best checkpoint: the evaluation metric, and whether greater is better; None
+    where they choose none."""
+    metric = arguments.get("metric_for_best_model")
+    if metric is None:
+        return None
+    return (metric if metric.startswith("eval_") else f"eval_{metric}", bool(arguments.get("greater_is_better")))
+
+
+def _describe_best_rule(rule: tuple[str, bool] | None) -> str:
+    if rule is None:
+        return "no metric"
+    return f"{'the highest' if rule[1] else 'the lowest'} {rule[0]}"
+
+
 def _describe_batching(batching: dict[str, int]) -> str:
     return (
         f"{batching['processes']} process(es) × {batching['micro_batches_per_update']} micro-batch(es) per update "
@@ -403,6 +418,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self._staging_root: Path | None = None
         self._kept_undeletable: set[Path] = set()  # checkpoints rotation may not delete, warned once
         self.last_checkpoint: Path | None = None  # the newest checkpoint this trainer saved (complete)
+        self._resumed_checkpoint: Path | None = None  # the checkpoint train() resumes from
         if self.args.save_every_minutes is not None:
             self.add_callback(SaveEveryMinutesCallback(self.args.save_every_minutes))
         if self.args.max_train_minutes is not None:
@@ -505,6 +521,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self.last_checkpoint = None
         with self.preemption.handling():
             checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+            self._resumed_checkpoint = Path(checkpoint) if checkpoint is not None else None
             if checkpoint is not None:
                 self.adopt_checkpoint_batching(checkpoint)
             total = self._total_updates() if checkpoint is not None else 0
@@ -518,6 +535,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 state.is_world_process_zero = self.is_world_process_zero()
                 self.state = state
                 self._best_checkpoint_of_this_run()
+                self._choose_best_again_by_another_rule(Path(checkpoint))
                 if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                     self._load_best_model()
                 return TrainOutput(self.state.global_step, float("nan"), {})
@@ -539,6 +557,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     def _load_callback_state(self) -> None:
         # The Trainer calls this right after it loads the resumed checkpoint's state.
         self._best_checkpoint_of_this_run()
+        if self._resumed_checkpoint is not None:
+            self._choose_best_again_by_another_rule(self._resumed_checkpoint)
         super()._load_callback_state()
 
     def _best_checkpoint_of_this_run(self) -> None:
@@ -562,6 +582,39 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         elif recorded is not None:
             logger.warning("The run's best checkpoint %s is not in %s: forgotten for this run", name, here.parent)
             state.best_model_checkpoint = None
+
+    def _choose_best_again_by_another_rule(self, checkpoint: Path) -> None:
+        """A resume with another `metric_for_best_model` or `greater_is_better` than `checkpoint` was trained with
+        chooses the run's best checkpoint again by the new rule, among the run's evaluations of the checkpoints still
+        in output_dir. The Trainer compared the new rule's values with the best the old rule had kept (another
+        metric's value, or the lowest loss where the highest is now wanted), so that the best it loaded at the end
+        was chosen by neither rule, while the records name the new one."""
+        saved = saved_training_arguments(checkpoint)
+        if saved is None:
+            return
+        before, now = _best_rule(saved), _best_rule(vars(self.args))
+        if now is None or before == now:
+            return
+        metric, greater = now
+        output_dir = Path(self.args.output_dir)
+        scored = [
+            (entry[metric], entry["step"])
+            for entry in self.state.log_history
+            if math.isfinite(entry.get(metric, math.nan)) and (output_dir / f"checkpoint-{entry['step']}").is_dir()
+        ]
+        best = (max if greater else min)(scored, key=lambda score: score[0], default=None)
+        state = self.state
+        state.best_metric, state.best_global_step = best if best is not None else (None, None)
+        state.best_model_checkpoint = str(output_dir / f"checkpoint-{best[1]}") if best is not None else None
+        logger.warning(
+            "Resuming %s with the best checkpoint chosen by %s, where the run chose it by %s: chosen again among its "
+            "evaluations of the checkpoints in %s: %s",
+            checkpoint,
+            _describe_best_rule(now),
+            _describe_best_rule(before),
+            output_dir,
+            f"checkpoint-{best[1]} ({metric} {best[0]:g})" if best is not None else "none evaluated",
+        )
 
     def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
         """Keep `checkpoint`'s batches per update and batch size where `tokens_per_update` now derives others (from

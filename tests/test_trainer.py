@@ -932,6 +932,37 @@ def test_rerunning_a_finished_run_whose_best_checkpoint_was_deleted_keeps_the_we
         assert torch.equal(weights[name], tensor), name
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ({"greater_is_better": False}, {"greater_is_better": True}),
+        ({"metric_for_best_model": None, "load_best_model_at_end": False}, {}),
+    ],
+    ids=["the other direction", "a best asked for by the requeue only"],
+)
+@pytest.mark.parametrize("max_steps", [6, 3])  # 3: a finished run, run again, trains nothing and loads its best
+def test_a_resume_with_another_rule_for_the_best_checkpoint_chooses_it_again_by_that_rule(
+    tmp_path, first, then, max_steps, caplog
+):
+    """The Trainer compared the requeue's evaluations, by its rule, with the best the checkpoint's rule had kept: the
+    best loaded at the end (here the highest loss, asked for the whole run by the records) was chosen by neither."""
+    settings = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    settings |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    resumable_run(tmp_path, max_steps=3, eval_dataset=validation, **(settings | first)).train()
+    resumed = resumable_run(tmp_path, max_steps=max_steps, eval_dataset=validation, **(settings | then))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    evaluated = {entry["step"]: entry["eval_loss"] for entry in resumed.state.log_history if "eval_loss" in entry}
+    highest = max(evaluated, key=evaluated.get)
+    assert len(evaluated) == max_steps and highest != 3
+    assert resumed.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{highest}")
+    assert resumed.state.best_metric == evaluated[highest]
+    weights = resumed.model.state_dict()
+    for name, tensor in load_file(tmp_path / f"checkpoint-{highest}" / "model.safetensors").items():
+        assert torch.equal(weights[name], tensor), name
+    assert "chosen again among its evaluations" in caplog.text
+
+
 @pytest.mark.parametrize("how", ["moved", "copied"])
 @pytest.mark.parametrize("max_steps", [5, 3])  # 3: a finished run, run again, trains nothing and loads its best
 def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps, caplog):
