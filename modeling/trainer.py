@@ -128,6 +128,8 @@ class _StoppedBeforeAnUpdate(Exception):
 # The flags behind optimizer settings; those the schedule sets, or that change how and not what it computes.
 _OPTIMIZER_FLAGS = {"betas": "--adam_beta1/--adam_beta2", "eps": "--adam_epsilon", "weight_decay": "--weight_decay"}
 _SCHEDULED_OR_IMPLEMENTATION = {"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"}
+# Settings of the updates that a resume takes from its first update on: nothing in the checkpoint overrides them.
+_APPLIED_FROM_THE_RESUME = {"label_smoothing_factor": "--label_smoothing_factor", "max_grad_norm": "--max_grad_norm"}
 
 
 def _same(value: Any, saved: Any) -> bool:
@@ -663,7 +665,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         (but for the repeats closing an epoch); on another number of processes with micro-batches fixed by the
         arguments, other updates are refused (saying what keeps them); otherwise a warning, since the Trainer then
         skips a count of the new batches, not the data already seen. `total` is the run's number of updates."""
-        self._warn_of_another_precision(checkpoint)
+        self._warn_of_other_update_settings(checkpoint)
         if not self.is_deepspeed_enabled and (missing := _missing_optimizer_state(checkpoint)):
             raise ValueError(
                 f"Cannot resume from {checkpoint}: it holds no {' and no '.join(missing)} (saved with "
@@ -710,10 +712,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 _describe_batching(saved_batching),
             )
 
-    def _warn_of_another_precision(self, checkpoint: Path) -> None:
+    def _warn_of_other_update_settings(self, checkpoint: Path) -> None:
         """A resume in another precision than the checkpoint's updates so far (`--bf16`, `--fp16`, or neither) is
-        allowed, since a run may move to other hardware; said, since from here on the run's records
-        (training_args.json, the model card) name the new precision only."""
+        allowed, since a run may move to other hardware, and so is another label smoothing or gradient clipping;
+        said, since from here on the run's records (training_args.json, the model card) name the new settings only."""
         saved = saved_training_arguments(checkpoint)
         if saved is None:
             return
@@ -725,6 +727,17 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 now,
                 before,
                 now,
+            )
+        changed = [
+            f"{flag} {_shown(getattr(self.args, key))} (its updates so far: {_shown(saved[key])})"
+            for key, flag in _APPLIED_FROM_THE_RESUME.items()
+            if key in saved and not _same(getattr(self.args, key), saved[key])
+        ]
+        if changed:
+            logger.warning(
+                "Resuming %s with %s: applied from here on, but the run's records will show the new values only",
+                checkpoint,
+                ", ".join(changed),
             )
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

@@ -1056,6 +1056,24 @@ def test_resuming_in_another_precision_says_that_the_records_name_the_new_one(tm
     assert "Resuming" not in caplog.text
 
 
+def test_resuming_with_another_label_smoothing_or_clipping_says_that_the_records_name_the_new_one(tmp_path, caplog):
+    """Nothing in a checkpoint overrides them: the resume applies them from its first update on, and the run's
+    training_args.json and card then show them for the whole run, which nothing said."""
+    resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
+    kept = resumable_run(tmp_path / "kept", max_steps=4)
+    shutil.copytree(tmp_path / "checkpoint-3", tmp_path / "kept" / "checkpoint-3")
+    kept.train(resume_from_checkpoint=str(tmp_path / "kept" / "checkpoint-3"))
+    assert "Resuming" not in caplog.text
+    changed = resumable_run(tmp_path, max_steps=4, label_smoothing_factor=0.3, max_grad_norm=1.0)
+    changed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert losses(changed.state.log_history)[4] != losses(kept.state.log_history)[4]  # applied from update 4
+    assert (
+        f"Resuming {tmp_path / 'checkpoint-3'} with --label_smoothing_factor 0.3 (its updates so far: 0.1), "
+        "--max_grad_norm 1 (its updates so far: 0): applied from here on, but the run's records will show the new "
+        "values only"
+    ) in caplog.text
+
+
 def test_resuming_fp16_updates_in_fp32_says_so(tmp_path, caplog):
     """As with --bf16 above, for a checkpoint of fp16 updates (a GPU's; its pickled arguments say fp16 here)."""
     resumable_run(tmp_path, save_strategy="steps", save_steps=3, max_steps=3).train()
