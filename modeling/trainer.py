@@ -517,7 +517,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         Resuming from a checkpoint already at the run's last update (a run requeued after it, killed while it
         averaged or pushed) trains nothing: its weights and state are loaded (the best checkpoint's weights with
         `load_best_model_at_end`, as at the end of training) and the metrics returned are empty. The Trainer's own
-        loop would make one more update before it checks the count, at every rerun."""
+        loop would make one more update before it checks the count, at every rerun. One past it (a requeue that asks
+        for fewer updates than the checkpoint holds) is refused, naming the --max_steps that ends the run there."""
         self._reset_throughput()  # what a train() stopped between two logs counted is not this one's
         self._sentences_trained = 0  # on this process, in this train()
         self.last_checkpoint = None
@@ -528,6 +529,15 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 self.adopt_checkpoint_batching(checkpoint)
             total = self._total_updates() if checkpoint is not None else 0
             state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
+            if state is not None and state.global_step > total:
+                # Else its model was the run's result while the records named the shorter length, without a word.
+                asked = ("max_steps", self.args.max_steps) if self.args.max_steps > 0 else None
+                length = "--{} {:g}".format(*(asked or ("num_train_epochs", self.args.num_train_epochs)))
+                raise ValueError(
+                    f"Cannot resume from {checkpoint}: it is at update {state.global_step}, past the last update of "
+                    f"this run ({total}, from {length}); to end the run at update {state.global_step}, give "
+                    f"--max_steps {state.global_step}"
+                )
             if state is not None and state.global_step >= total:
                 logger.info("%s is at update %d of %d: nothing left to train", checkpoint, state.global_step, total)
                 if self.is_world_process_zero():  # no save follows to clear them before it

@@ -903,6 +903,23 @@ def test_rerunning_a_finished_run_loads_its_best_checkpoint_as_the_end_of_traini
     assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
 
 
+@pytest.mark.parametrize("shorter", [{"max_steps": 2}, {"max_steps": -1, "num_train_epochs": 0.1}])
+def test_a_resume_asking_for_fewer_updates_than_its_checkpoint_holds_is_refused_naming_the_max_steps_that_ends_it(
+    tmp_path, shorter
+):
+    """It trained nothing and ended with the checkpoint's model, while training_args.json and the card said the shorter
+    run (--max_steps 2 of a model of 4 updates), without a word."""
+    resumable_run(tmp_path, max_steps=4, save_strategy="steps", save_steps=4).train()
+    resumed = resumable_run(tmp_path, save_strategy="steps", save_steps=4, **shorter)
+    asked = "--max_steps 2" if shorter["max_steps"] > 0 else "--num_train_epochs 0.1"
+    refusal = rf"checkpoint-4: it is at update 4, past the last update of this run \(\d, from {asked}\)"
+    with pytest.raises(ValueError, match=refusal + "; to end the run at update 4, give --max_steps 4$"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert not resumed.state.global_step
+    ended = resumable_run(tmp_path, save_strategy="steps", save_steps=4, max_steps=4)
+    assert ended.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4")).metrics == {}
+
+
 def test_rerunning_a_finished_one_update_run_trains_nothing(tmp_path):
     """max_steps=1 is a number of updates as any other: the Trainer's loop would make a second update."""
     resumable_run(tmp_path, max_steps=1, save_strategy="steps", save_steps=1).train()
