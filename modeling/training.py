@@ -104,6 +104,7 @@ from .files import (
     read_json,
     write_files_into,
     write_json,
+    write_text,
 )
 from .hub_client import (
     MODEL_REPO_FILES,
@@ -1173,6 +1174,28 @@ def _write_run_records(
     write_json(Path(args.output_dir) / DATA_STATS_FILE, stats)
 
 
+@contextlib.contextmanager
+def _earlier_records_unless_an_update(
+    trainer: TokenBudgetSeq2SeqTrainer, output_dir: Path, checkpoint: str | None
+) -> Iterator[None]:
+    """A resumed launch that stops before its first update (the trainer refused its settings: another learning
+    rate, fewer updates than the checkpoint holds) puts back the records of the launches that made the run's
+    updates: its own, written before the trainer's checks, named settings no update used (a card pushed from the
+    run said --learning_rate 2 of a run trained at 1)."""
+    names = (TRAINING_ARGS_FILE, DATA_STATS_FILE)
+    earlier, resumed = {}, 0
+    if checkpoint is not None and trainer.is_world_process_zero():
+        earlier = {name: (output_dir / name).read_text("utf-8") for name in names if (output_dir / name).is_file()}
+        resumed = saved_update(checkpoint)
+    try:
+        yield
+    except BaseException:
+        if earlier and trainer.state.global_step <= resumed:
+            for name, content in earlier.items():
+                write_text(output_dir / name, content)
+        raise
+
+
 def _library_versions() -> dict[str, str]:
     """The versions a rerun needs for the same weights: the same seed gives other initial weights, data order (numpy's
     Generator), BPE or kernels under another torch, numpy, tokenizers or transformers."""
@@ -1450,26 +1473,27 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             )
             if checkpoint is not None:  # before the records, which say how the run trains
                 trainer.adopt_checkpoint_batching(checkpoint)
-            if trainer.is_world_process_zero():
-                if checkpoint is not None:
-                    _warn_of_another_training_set(output_dir, text["train"])
-                hub_model_id = hub.repo_id if hub else None
-                _write_run_records(
-                    trainer,
-                    model_args,
-                    data_args,
-                    text,
-                    cleaning,
-                    truncations,
-                    hub_model_id=hub_model_id,
-                    conversion=identity["fairseq_conversion"],
-                    dataset_commit=identity["dataset_commit"],
-                )
-            agreed = preemption.agreed(training_args.device)
-            if agreed is not None:  # a signal while the trainer was being made: stop before the first update
-                step = saved_update(checkpoint) if checkpoint else 0
-                raise _stop_preempted(training_args, agreed.name, step, checkpoint)
-            result = trainer.train(resume_from_checkpoint=checkpoint)
+            with _earlier_records_unless_an_update(trainer, output_dir, checkpoint):
+                if trainer.is_world_process_zero():
+                    if checkpoint is not None:
+                        _warn_of_another_training_set(output_dir, text["train"])
+                    hub_model_id = hub.repo_id if hub else None
+                    _write_run_records(
+                        trainer,
+                        model_args,
+                        data_args,
+                        text,
+                        cleaning,
+                        truncations,
+                        hub_model_id=hub_model_id,
+                        conversion=identity["fairseq_conversion"],
+                        dataset_commit=identity["dataset_commit"],
+                    )
+                agreed = preemption.agreed(training_args.device)
+                if agreed is not None:  # a signal while the trainer was being made: stop before the first update
+                    step = saved_update(checkpoint) if checkpoint else 0
+                    raise _stop_preempted(training_args, agreed.name, step, checkpoint)
+                result = trainer.train(resume_from_checkpoint=checkpoint)
             if trainer.preempted is not None:
                 last = str(trainer.last_checkpoint) if trainer.last_checkpoint else checkpoint
                 raise _stop_preempted(training_args, trainer.preempted["signal"], trainer.preempted["step"], last)

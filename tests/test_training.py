@@ -685,6 +685,24 @@ def test_a_requeue_onto_a_changed_corpus_is_refused_before_reading_it_naming_the
     assert not read
 
 
+@pytest.mark.parametrize("refused", [{"learning_rate": 2.0, "max_steps": 4}, {"max_steps": 1}])
+def test_a_requeue_refused_before_its_first_update_leaves_the_records_of_the_run_as_they_were(
+    tmp_path, datasets_cache, refused
+):
+    """The records were written before the trainer refused the settings: training_args.json then said
+    --learning_rate 2 (or --max_steps 1) of a run whose every update was made at 1 (or that holds 2), and so did a
+    card pushed from it."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
+    records = {name: (run / name).read_text() for name in ("training_args.json", "data_stats.json")}
+    requeue = tiny_run_args(run, resume_from_checkpoint="last", **refused)
+    with pytest.raises(ValueError, match="Cannot resume from .*checkpoint-2"):
+        train(ModelArguments(preset="tiny", **TINY), data, requeue)
+    assert {name: (run / name).read_text() for name in records} == records
+
+
 def test_a_process_that_stops_alone_while_the_data_is_prepared_records_the_preemption(tmp_path, monkeypatch):
     """Under torchrun, a rank still preparing its data stops at once while the main one, done, waits at the next
     collective and then fails: without the record from the rank that stopped, README's requeue loop gave up."""
