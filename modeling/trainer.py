@@ -568,10 +568,26 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
 
     def _load_callback_state(self) -> None:
         # The Trainer calls this right after it loads the resumed checkpoint's state.
+        self._take_the_intervals_asked()
         self._best_checkpoint_of_this_run()
         if self._resumed_checkpoint is not None:
             self._choose_best_again_by_another_rule(self._resumed_checkpoint)
         super()._load_callback_state()
+
+    def _take_the_intervals_asked(self) -> None:
+        """The resumed state's logging, evaluation and save intervals replaced by the arguments': the Trainer kept the
+        checkpoint's (warning that they differ, not which it used), so that a requeue with another --save_steps went
+        on saving at the old interval while training_args.json and the card named the new one."""
+        kinds = ("logging", "eval", "save")
+        saved = {kind: getattr(self.state, f"{kind}_steps") for kind in kinds}
+        self.state.compute_steps(self.args, self._total_updates())
+        changed = [
+            f"--{kind}_steps {getattr(self.state, f'{kind}_steps')} (the checkpoint's: {saved[kind]})"
+            for kind in kinds
+            if getattr(self.state, f"{kind}_steps") != saved[kind]
+        ]
+        if changed:
+            logger.info("Resuming with %s", ", ".join(changed))
 
     def _best_checkpoint_of_this_run(self) -> None:
         """Name the resumed state's best checkpoint by its place in this run's output_dir. The state records it by

@@ -1704,6 +1704,25 @@ def test_a_second_train_call_starts_the_paper_schedule_over(tmp_path):
     assert len(first) == 2 and rates() == first
 
 
+def test_a_resume_with_other_save_eval_and_logging_intervals_takes_them(tmp_path, caplog):
+    """The Trainer kept the checkpoint's intervals, in its state, warning only that they differ from the arguments:
+    a requeue with --save_steps 5 (fewer saves, for the disk) went on saving every 2 updates, evaluating and logging
+    at the old intervals too, while training_args.json and the card said 5."""
+    evaluated = mixed_lengths_dataset(word_tokenizer())
+    steps = {"save_strategy": "steps", "eval_strategy": "steps"}
+    every_2 = {"save_steps": 2, "eval_steps": 2, "logging_steps": 1}
+    resumable_run(tmp_path, None, evaluated, max_steps=4, **steps, **every_2).train()
+    every_5 = {"save_steps": 5, "eval_steps": 5, "logging_steps": 3}
+    resumed = resumable_run(tmp_path, None, evaluated, max_steps=9, **steps, **every_5)
+    with caplog.at_level(logging.INFO, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert [path.name for path in list_checkpoints(tmp_path)] == [f"checkpoint-{step}" for step in (2, 4, 5, 9)]
+    history = resumed.state.log_history
+    assert [entry["step"] for entry in history if "eval_loss" in entry] == [2, 4, 5, 9]  # and at the end
+    assert list(losses(history)) == [1, 2, 3, 4, 6, 9]
+    assert "Resuming with --logging_steps 3 (the checkpoint's: 1), --eval_steps 5 (the checkpoint's: 2)" in caplog.text
+
+
 def test_rotation_deletes_only_the_checkpoints_beyond_the_limit(tmp_path):
     resumable_run(tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=3).train()
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
