@@ -707,7 +707,10 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 given.append(("--learning_rate", self.args.learning_rate, state["base_lrs"][0]))
             noam = (state.get("lr_lambdas") or [None])[0]
             if self.args.paper_schedule and isinstance(noam, dict) and "warmup_steps" in noam:
-                given.append(("--warmup_steps", self.args.get_warmup_steps(total), noam["warmup_steps"]))
+                warmup = self.args.warmup_steps
+                # A ratio's count changes with the run's length: named, or the refusal named a count nobody gave.
+                flag = "--warmup_steps" if warmup >= 1 else f"--warmup_steps {warmup:g} of {total} updates:"
+                given.append((flag, self.args.get_warmup_steps(total), noam["warmup_steps"]))
         used = [
             f"{flag} {_shown(value)} (the checkpoint's: {_shown(saved_value)})"
             for flag, value, saved_value in given

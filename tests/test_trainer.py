@@ -805,6 +805,16 @@ def test_resuming_with_settings_the_checkpoint_state_would_override_is_refused(t
     assert max(losses(resumed.state.log_history), default=0) <= 3 and not (tmp_path / "checkpoint-6").exists()
 
 
+def test_a_warmup_ratio_whose_count_a_longer_run_changes_is_refused_naming_the_ratio(tmp_path):
+    """--warmup_steps 0.5 of a run requeued with more epochs: the refusal named "--warmup_steps 4", a count nobody
+    gave, without the ratio or the run's length it came from."""
+    by_epochs = {"max_steps": -1, "warmup_steps": 0.5, "save_strategy": "steps", "save_steps": 2}
+    resumable_run(tmp_path, num_train_epochs=1, **by_epochs).train()
+    longer = resumable_run(tmp_path, num_train_epochs=2, **by_epochs)
+    with pytest.raises(ValueError, match=r"with --warmup_steps 0\.5 of 8 updates: 4 \(the checkpoint's: 2\)"):
+        longer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+
+
 @pytest.mark.parametrize(
     ("saved", "refusal"),
     [
