@@ -691,7 +691,6 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         (but for the repeats closing an epoch); on another number of processes with micro-batches fixed by the
         arguments, other updates are refused (saying what keeps them); otherwise a warning, since the Trainer then
         skips a count of the new batches, not the data already seen. `total` is the run's number of updates."""
-        self._warn_of_other_update_settings(checkpoint)
         if not self.is_deepspeed_enabled and (missing := _missing_optimizer_state(checkpoint)):
             raise ValueError(
                 f"Cannot resume from {checkpoint}: it holds no {' and no '.join(missing)} (saved with "
@@ -718,6 +717,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         ]
         if used:
             raise _override_refusal(checkpoint, used)
+        self._warn_of_other_update_settings(checkpoint)  # not before a refusal: nothing is applied then
         saved_batching = _checkpoint_batching(checkpoint)
         batching = self._batching()
         if not saved_batching or saved_batching == batching:
