@@ -1091,6 +1091,10 @@ def test_resuming_with_another_label_smoothing_or_clipping_says_that_the_records
     shutil.copytree(tmp_path / "checkpoint-3", tmp_path / "kept" / "checkpoint-3")
     kept.train(resume_from_checkpoint=str(tmp_path / "kept" / "checkpoint-3"))
     assert "Resuming" not in caplog.text
+    refused = resumable_run(tmp_path, max_steps=4, label_smoothing_factor=0.3, learning_rate=2.0)
+    with pytest.raises(ValueError, match="--learning_rate 2"):
+        refused.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert "applied from here on" not in caplog.text  # nothing is
     changed = resumable_run(tmp_path, max_steps=4, label_smoothing_factor=0.3, max_grad_norm=1.0)
     changed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert losses(changed.state.log_history)[4] != losses(kept.state.log_history)[4]  # applied from update 4
