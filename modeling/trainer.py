@@ -580,7 +580,9 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         on saving at the old interval while training_args.json and the card named the new one."""
         kinds = ("logging", "eval", "save")
         saved = {kind: getattr(self.state, f"{kind}_steps") for kind in kinds}
-        self.state.compute_steps(self.args, self._total_updates())
+        # The run's length counts only for a ratio: an epoch run's is a pass over the lengths of the whole corpus.
+        ratio = any(0 < (getattr(self.args, f"{kind}_steps") or 1) < 1 for kind in kinds)
+        self.state.compute_steps(self.args, self._total_updates() if ratio else 0)
         changed = [
             f"--{kind}_steps {getattr(self.state, f'{kind}_steps')} (the checkpoint's: {saved[kind]})"
             for kind in kinds
