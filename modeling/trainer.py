@@ -686,7 +686,8 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         return math.ceil(self.args.num_train_epochs * per_epoch)
 
     def _check_resumable(self, checkpoint: Path, total: int) -> None:
-        """Refuse to resume with a learning rate or warmup that the checkpoint's scheduler state would override
+        """Refuse to resume from a checkpoint without the optimizer's and the schedule's state
+        (`_missing_optimizer_state`), or with a learning rate or warmup that its scheduler state would override
         without a word (the Trainer restores it whole: the new values would be logged and recorded, the old ones
         used; the optimizer's own settings are compared in `_load_optimizer_and_scheduler`). Batches other than the
         checkpoint's: the same batches per update split over another number of processes resume as the same updates
