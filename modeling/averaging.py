@@ -46,6 +46,7 @@ from .checkpoints import (
     marker_record,
     model_differences,
     read_run_identity,
+    removed_by_rotation,
     saved_training_arguments,
     weight_files,
 )
@@ -189,10 +190,7 @@ def _save_strategy(checkpoint: Path) -> str | None:
 
 
 def _removed_while_averaging(path: Path) -> FileNotFoundError:
-    return FileNotFoundError(
-        f"{path} was removed while the checkpoints were averaged (by the save_total_limit rotation of a run still "
-        "training there?): average again, or once the run has ended"
-    )
+    return removed_by_rotation(str(path), "the checkpoints were averaged", "average again, or once the run has ended")
 
 
 def _load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

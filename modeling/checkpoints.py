@@ -90,6 +90,15 @@ def saved_update(checkpoint: str | os.PathLike) -> int:
     return int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"])
 
 
+def removed_by_rotation(subject: str, while_: str, advice: str) -> FileNotFoundError:
+    """The error of a checkpoint or model directory gone while it was read (`subject` "was removed while `while_`"),
+    most likely deleted by the save_total_limit rotation of a run still training beside it."""
+    return FileNotFoundError(
+        f"{subject} was removed while {while_} (by the save_total_limit rotation of a run still training there?): "
+        f"{advice}"
+    )
+
+
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Every `checkpoint-<step>` directory in `directory`, complete or not, by step (checkpoint-900 before -1000)."""
     directory = require_directory(directory, "Checkpoint directory")

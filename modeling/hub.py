@@ -35,6 +35,7 @@ from .checkpoints import (
     WEIGHTS_NAME,
     index_shards,
     list_checkpoints,
+    removed_by_rotation,
     safetensors_problem,
 )
 from .export.common import refuse_an_export
@@ -278,9 +279,8 @@ def _named_if_removed(model_dir: Path) -> Iterator[None]:
     except (OSError, ValueError) as error:
         if model_dir.is_dir():
             raise
-        raise FileNotFoundError(
-            f"{model_dir} was removed while it was pushed (by the save_total_limit rotation of a run still training "
-            "there?): the repo is unchanged; push a checkpoint the run keeps, or a copy."
+        raise removed_by_rotation(
+            str(model_dir), "it was pushed", "the repo is unchanged; push a checkpoint the run keeps, or a copy."
         ) from error
 
 

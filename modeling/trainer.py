@@ -79,6 +79,7 @@ from .checkpoints import (
     complete_checkpoints,
     latest_complete_checkpoint,
     marker_record,
+    removed_by_rotation,
     saved_training_arguments,
     staging_directories,
     write_completeness_marker,
@@ -165,9 +166,8 @@ def _require_still_there(checkpoint: str) -> None:
     (save_total_limit) resumed without them (at update 0, Adam's moments at zero, the warmup begun again), without a
     word."""
     if not os.path.isdir(checkpoint):
-        raise FileNotFoundError(
-            f"{checkpoint} was removed while it was resumed (by the save_total_limit rotation of a run still training "
-            "there?): resume from a checkpoint that run keeps, or from a copy"
+        raise removed_by_rotation(
+            checkpoint, "it was resumed", "resume from a checkpoint that run keeps, or from a copy"
         )
 
 

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import config_identity, list_checkpoints, weights_problems
+from .checkpoints import config_identity, list_checkpoints, removed_by_rotation, weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
@@ -702,9 +702,8 @@ def model_files(name_or_path: str | os.PathLike) -> dict[str, Path]:
 def removed_while_loaded(directory: str) -> FileNotFoundError:
     """The error of a model directory gone while it loads: a checkpoint that the save_total_limit rotation of a run
     still training there deleted."""
-    return FileNotFoundError(
-        f"Model directory {directory!r} was removed while it was loaded (by the save_total_limit rotation of a run "
-        "still training there?): load it again, or a checkpoint the run keeps."
+    return removed_by_rotation(
+        f"Model directory {directory!r}", "it was loaded", "load it again, or a checkpoint the run keeps."
     )
 
 
