@@ -531,8 +531,11 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)) if checkpoint else None
             if state is not None and state.global_step > total:
                 # Else its model was the run's result while the records named the shorter length, without a word.
-                asked = ("max_steps", self.args.max_steps) if self.args.max_steps > 0 else None
-                length = "--{} {:g}".format(*(asked or ("num_train_epochs", self.args.num_train_epochs)))
+                length = (
+                    f"--max_steps {self.args.max_steps}"
+                    if self.args.max_steps > 0
+                    else f"--num_train_epochs {self.args.num_train_epochs:g}"
+                )
                 raise ValueError(
                     f"Cannot resume from {checkpoint}: it is at update {state.global_step}, past the last update of "
                     f"this run ({total}, from {length}); to end the run at update {state.global_step}, give "
