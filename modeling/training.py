@@ -365,6 +365,19 @@ def training_run_in(directory: str | os.PathLike) -> str | None:
     return None
 
 
+def check_outside_live_checkpoints(path: str | os.PathLike, what: str) -> None:
+    """Refuse `what` written at `path` inside a checkpoint of a run still training (`runs/x/checkpoint-N/eval`):
+    rotating its checkpoints (`--save_total_limit`) deletes that directory with all it holds, an evaluation's
+    hypotheses and scores, or a translation resumable from its partial file, with them."""
+    resolved = Path(path).resolve()
+    for checkpoint in resolved.parents:
+        if CHECKPOINT_RE.match(checkpoint.name) and (holder := training_run_in(checkpoint.parent)):
+            raise ValueError(
+                f"{what} {path} lies inside {checkpoint}, which the training run in {checkpoint.parent} ({holder}) "
+                "deletes when it rotates its checkpoints: write it outside that directory"
+            )
+
+
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:
     if training_args.world_size > 1 and training_args.distributed_state is not None:
         training_args.distributed_state.wait_for_everyone()

@@ -42,6 +42,7 @@ from modeling.evaluation import (
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.scoring import check_scorable
+from modeling.training import check_outside_live_checkpoints
 from modeling.translation import TranslationInProgressError, check_workers
 
 SCORE_LINES = (
@@ -126,6 +127,7 @@ def main() -> None:
         )
         for path in filter(None, (metrics_path, hypotheses_path)):  # named now, not after the translating
             check_writable(path)
+            check_outside_live_checkpoints(path, "the output")
         if metrics_path:
             warn_of_replaced_scores(metrics_path, scored)
         check_distinct_outputs(

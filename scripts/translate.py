@@ -28,6 +28,7 @@ from modeling.cli import (
 )
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
+from modeling.training import check_outside_live_checkpoints
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,
@@ -110,6 +111,7 @@ def main() -> None:
             next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:
             check_writable(args.output_file)
+            check_outside_live_checkpoints(args.output_file, "--output-file")
             inputs = {} if args.text else {"--input-file": source}
             check_distinct_outputs({"--output-file": args.output_file}, {**inputs, **model_files(args.model)})
         elif sys.stdout is None:  # started with `>&-`: the translations were an AttributeError, once all done

@@ -4,6 +4,7 @@ Everything is made here, from toy word-for-word language pairs: no downloaded da
 these live in `conftest.py`.
 """
 
+import fcntl
 import gzip
 import io
 import json
@@ -616,3 +617,16 @@ def fed_pipe(path: Path, text: str) -> Iterator[Path]:
         yield path
     finally:
         writer.join(timeout=10)
+
+
+@contextmanager
+def training_run_holding(run: Path) -> Iterator[str]:
+    """`run` held by a training run still going: its `.training.lock`, locked through another open file (which flock
+    treats as another process would be), naming the holder it yields."""
+    holder = "pid 4242 on node-7, since 2026-12-07 09:00:00 +0000"
+    with open(run / ".training.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.truncate(0)  # as a run taking the lock does
+        lock.write(holder + "\n")
+        lock.flush()
+        yield holder

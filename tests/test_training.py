@@ -39,6 +39,7 @@ from helpers import (
     tiny_model,
     tiny_translator,
     training_args,
+    training_run_holding,
     word_for_word,
     word_level_tokenizer,
     word_tokenizer,
@@ -751,17 +752,11 @@ def test_a_second_run_into_a_directory_in_use_is_refused_before_it_deletes_anyth
     run = tmp_path / "run"
     train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
     before = sorted(path.name for path in run.iterdir())
-    # The first run, still going (a job requeued while it runs): its lock, held through another open file, which
-    # flock treats as another process would be, at the path README names (a run of another version locks it too).
-    with open(run / ".training.lock", "a+") as first_run:
-        fcntl.flock(first_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        first_run.truncate(0)  # as a run taking the lock does
-        first_run.write("pid 4242 on node-7, since 2026-12-03 09:00:00 +0000\n")
-        first_run.flush()
+    # The first run, still going (a job requeued while it runs), holding its lock at the path README names (a run of
+    # another version locks it too).
+    with training_run_holding(run) as holder:
         for args in (tiny_run_args(run, overwrite_output_dir=True), tiny_run_args(run, resume_from_checkpoint="last")):
-            with pytest.raises(
-                OutputDirectoryInUseError, match=r"in use by another training run \(pid 4242 on node-7"
-            ):
+            with pytest.raises(OutputDirectoryInUseError, match=re.escape(f"another training run ({holder})")):
                 train(ModelArguments(preset="tiny", **TINY), data, args)
         assert sorted(path.name for path in run.iterdir()) == before, "nothing deleted or written"
     # Released when the holder ends, and by a run that ends (here in an error) as by one that finishes.

@@ -18,6 +18,7 @@ from helpers import (
     script_error,
     subprocess_env,
     synthetic_pairs,
+    training_run_holding,
 )
 from transformers import MarianConfig
 
@@ -229,6 +230,34 @@ def test_an_unwritable_output_is_named_before_the_test_set_is_translated(
     assert message == "error: cannot write -: it would be a file named '-', not standard output"
     message = script_error("evaluate.py", *common, "--hypotheses-file", tmp_path / "h.de.gz", monkeypatch=monkeypatch)
     assert message.startswith(f"error: cannot write {tmp_path / 'h.de.gz'}: the output is plain text")
+
+
+def test_outputs_inside_a_checkpoint_of_a_run_still_training_are_refused_before_translating(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """`--output-dir runs/x/checkpoint-N/eval`, evaluating a checkpoint as the run goes on: its rotation
+    (`--save_total_limit`) deleted the directory, hypotheses and scores with it, while the evaluation went on."""
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("translated")
+
+    monkeypatch.setattr(evaluation, "evaluate_split", not_reached)
+    checkpoint = tmp_path / "run" / "checkpoint-8"
+    shutil.copytree(tiny_checkpoint[0], checkpoint)
+    common = ["--model", checkpoint, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    with training_run_holding(checkpoint.parent) as holder:
+        for output, written in (
+            (["--output-dir", checkpoint / "eval"], checkpoint / "eval" / "eval_results_test.json"),
+            (["--hypotheses-file", checkpoint / "test.de"], checkpoint / "test.de"),
+        ):
+            message = script_error("evaluate.py", *common, *output, monkeypatch=monkeypatch)
+            assert message == (
+                f"error: the output {written} lies inside {checkpoint}, which the training run in {checkpoint.parent} "
+                f"({holder}) deletes when it rotates its checkpoints: write it outside that directory"
+            )
+        outside = tmp_path / "run" / "eval-8"  # beside the checkpoints, in the run's directory: kept
+        with pytest.raises(AssertionError, match="translated"):
+            run_script("evaluate.py", *common, "--output-dir", outside, monkeypatch=monkeypatch)
 
 
 def test_weights_replaced_while_they_load_are_refused_rather_than_recorded_as_scored(

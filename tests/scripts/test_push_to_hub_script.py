@@ -2,7 +2,6 @@
 then the repo loaded by id in a fresh interpreter that cannot import `modeling` and starts from an empty cache:
 what a user without this project gets from the Hub."""
 
-import fcntl
 import json
 import os
 import runpy
@@ -13,13 +12,20 @@ import textwrap
 
 import pytest
 import torch
-from helpers import HUB_TOKEN, REPO_ROOT, hub_env, requests_made, save_tiny_checkpoint, script_error
+from helpers import (
+    HUB_TOKEN,
+    REPO_ROOT,
+    hub_env,
+    requests_made,
+    save_tiny_checkpoint,
+    script_error,
+    training_run_holding,
+)
 from huggingface_hub import HfApi, metadata_load
 
 import modeling.hub as hub_module
 from modeling.files import sole_writer
 from modeling.hub_client import HUB_ATTEMPTS_ENV
-from modeling.training import TRAINING_LOCK_FILE
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -103,14 +109,11 @@ def test_a_push_of_a_run_directory_while_the_run_trains_is_refused_before_anythi
     save_tiny_checkpoint(run)
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     monkeypatch.setattr(hub_module, "HfApi", lambda *args, **kwargs: pytest.fail("nothing may be pushed"))
-    with open(run / TRAINING_LOCK_FILE, "a+") as training:  # held as the run's process holds it
-        fcntl.flock(training.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        training.write("pid 4242 on node-7, since 2026-12-07 09:00:00 +0000\n")
-        training.flush()
+    with training_run_holding(run) as holder:
         message = script_error("push_to_hub.py", "--model", run, "--repo-id", REPO_ID, monkeypatch=monkeypatch)
     assert message == (
-        f"error: {run} is in use by a training run (pid 4242 on node-7, since 2026-12-07 09:00:00 +0000), which saves "
-        "its final model there when it ends: push it once the run has ended, or push one of its checkpoints"
+        f"error: {run} is in use by a training run ({holder}), which saves its final model there when it ends: push "
+        "it once the run has ended, or push one of its checkpoints"
     )
     assert not (run / "README.md").exists()
 

@@ -10,7 +10,16 @@ import subprocess
 import sys
 
 import pytest
-from helpers import HUB_TOKEN, SCRIPTS, closed_port_endpoint, fed_pipe, run_script, script_error, subprocess_env
+from helpers import (
+    HUB_TOKEN,
+    SCRIPTS,
+    closed_port_endpoint,
+    fed_pipe,
+    run_script,
+    script_error,
+    subprocess_env,
+    training_run_holding,
+)
 
 from modeling import translation
 from modeling.quantization import quantize_int8
@@ -87,6 +96,25 @@ def test_an_output_file_that_is_one_of_the_models_files_is_refused_before_loadin
     (model_dir / "test.de").write_text("Eine Katze.\n")  # an earlier translation beside the model: written again
     assert "the model's test.de" not in model_files(model_dir) and "the model's README.md" in model_files(model_dir)
     assert model_files("owner/name") == {}
+
+
+def test_an_output_file_inside_a_checkpoint_of_a_run_still_training_is_refused(tiny_checkpoint, tmp_path, monkeypatch):
+    """`--output-file runs/x/checkpoint-N/test.de`: the run's rotation (`--save_total_limit`) deleted the checkpoint,
+    and with it the translation and the partial file it would resume from. Beside a finished run's, it is written."""
+    checkpoint = tmp_path / "run" / "checkpoint-8"
+    shutil.copytree(tiny_checkpoint[0], checkpoint)
+    output = checkpoint / "test.de"
+    with training_run_holding(checkpoint.parent) as holder:
+        message = script_error(
+            "translate.py", "--model", checkpoint, "--output-file", output, "a cat.", monkeypatch=monkeypatch
+        )
+    assert message == (
+        f"error: --output-file {output} lies inside {checkpoint}, which the training run in {checkpoint.parent} "
+        f"({holder}) deletes when it rotates its checkpoints: write it outside that directory"
+    )
+    assert not output.exists()
+    run_script("translate.py", "--model", checkpoint, "--output-file", output, "a cat.", monkeypatch=monkeypatch)
+    assert output.read_text().count("\n") == 1
 
 
 def test_translate_from_arguments_and_gzipped_file(tiny_checkpoint, tmp_path, monkeypatch, capsys):
