@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import inspect
 import json
 import logging
@@ -41,7 +42,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,17 @@ def _remove_interrupted_saves(run_dir: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def _token_ids_sha256(dataset: datasets.Dataset | dict | None) -> str | None:
+    """sha256 of a tokenised dataset's `input_ids` and `labels`, row by row; None for anything else."""
+    if not isinstance(dataset, datasets.Dataset):
+        return None
+    digest = hashlib.sha256(f"{len(dataset)} examples\n".encode())
+    scored = [name for name in ("input_ids", "labels") if name in dataset.column_names]
+    for batch in dataset.select_columns(scored).iter(batch_size=1024):
+        digest.update(json.dumps(batch).encode())
+    return digest.hexdigest()
+
+
 def evaluation_metrics(bleu: bool, target_lang: str | None = None) -> frozenset[str]:
     """The metrics `TokenBudgetSeq2SeqTrainer.evaluate` reports, with (`bleu`) or without a BLEU sample into
     `target_lang`: what `metric_for_best_model` may name."""
@@ -551,6 +563,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 self.state = state
                 self._best_checkpoint_of_this_run()
                 self._choose_best_again_by_another_rule(Path(checkpoint))
+                self._choose_best_anew_on_other_validation_data(Path(checkpoint))
                 if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                     self._load_best_model()
                 return TrainOutput(self.state.global_step, float("nan"), {})
@@ -575,6 +588,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         self._best_checkpoint_of_this_run()
         if self._resumed_checkpoint is not None:
             self._choose_best_again_by_another_rule(self._resumed_checkpoint)
+            self._choose_best_anew_on_other_validation_data(self._resumed_checkpoint)
         super()._load_callback_state()
 
     def _take_the_intervals_asked(self) -> None:
@@ -648,6 +662,42 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             output_dir,
             f"checkpoint-{best[1]} ({metric} {best[0]:g})" if best is not None else "none evaluated",
         )
+
+    @cached_property
+    def _evaluated_data_sha256(self) -> dict[str, str | None]:
+        """sha256 of the token ids that evaluations score, by the marker field recording them: the validation
+        split's (`eval_*` metrics) and its BLEU sample's (`eval_sample_*`). Edited validation files, another
+        --max_length or --bleu_sample_size change them. None where there is none (or a dict of validation splits)."""
+        return {
+            "validation_sha256": _token_ids_sha256(self.eval_dataset),
+            "bleu_sample_sha256": _token_ids_sha256(self.bleu_dataset),
+        }
+
+    def _choose_best_anew_on_other_validation_data(self, checkpoint: Path) -> None:
+        """A resume whose evaluations score other data than `checkpoint`'s did chooses the run's best checkpoint
+        anew among this launch's evaluations where `metric_for_best_model` is scored on those data: the Trainer
+        compared the new scores with the best of the old data, so that the best it kept and loaded at the end was
+        chosen across two test sets."""
+        recorded = marker_record(checkpoint)
+        changed = [
+            field
+            for field, sha256 in self._evaluated_data_sha256.items()
+            if None not in (sha256, recorded.get(field)) and sha256 != recorded[field]
+        ]
+        if not changed:
+            return
+        metric = self.args.metric_for_best_model or ""
+        scored_on = "bleu_sample_sha256" if metric.removeprefix("eval_").startswith("sample_") else "validation_sha256"
+        forgotten = scored_on in changed and self.state.best_model_checkpoint is not None
+        logger.warning(
+            "Resuming %s with another %s than its evaluations scored (validation files edited, or another "
+            "--max_length or --bleu_sample_size): the scores logged before and after it compare two test sets%s",
+            checkpoint,
+            " and ".join("validation split" if field == "validation_sha256" else "BLEU sample" for field in changed),
+            f"; the best checkpoint ({metric}) is chosen anew from this launch's evaluations" if forgotten else "",
+        )
+        if forgotten:
+            self.state.best_metric = self.state.best_global_step = self.state.best_model_checkpoint = None
 
     def adopt_checkpoint_batching(self, checkpoint: str | os.PathLike) -> None:
         """Keep `checkpoint`'s batches per update and batch size where `tokens_per_update` now derives others (from
@@ -914,6 +964,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             batching=self._batching(),
             batching_asked=self._batching_asked(),
             save_strategy=strategy,
+            **self._evaluated_data_sha256,
         )
         swap_directory(staged, final)
         os.rmdir(staging_root)

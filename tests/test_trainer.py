@@ -990,6 +990,48 @@ def test_a_resume_with_another_rule_for_the_best_checkpoint_chooses_it_again_by_
     assert "chosen again among its evaluations" in caplog.text
 
 
+@pytest.mark.parametrize("max_steps", [6, 3])  # 3: a finished run, run again, trains nothing and loads no best
+def test_a_resume_evaluating_other_validation_data_chooses_the_best_checkpoint_anew(tmp_path, max_steps, caplog):
+    """Validation files edited between launches (or another --max_length): the Trainer compared the requeue's
+    scores with the best of the old data, so that the best kept and loaded at the end was chosen across two test
+    sets, without a word."""
+    settings = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    settings |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    vocab_size = len(word_tokenizer())
+    resumable_run(tmp_path, max_steps=3, eval_dataset=copy_dataset([9, 9, 9], vocab_size, seed=5), **settings).train()
+    edited = copy_dataset([3, 3, 3], vocab_size, seed=6)  # shorter: lower losses, which the old best outranked
+    resumed = resumable_run(tmp_path, max_steps=max_steps, eval_dataset=edited, **settings)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert "with another validation split than its evaluations scored" in caplog.text
+    assert "the best checkpoint (eval_loss) is chosen anew from this launch's evaluations" in caplog.text
+    evaluated = {entry["step"]: entry["eval_loss"] for entry in resumed.state.log_history if "eval_loss" in entry}
+    of_this_launch = {step: loss for step, loss in evaluated.items() if step > 3}
+    best = max(of_this_launch, key=of_this_launch.get, default=3)
+    assert max(evaluated.values()) > max(of_this_launch.values(), default=0), "an old score outranked them all"
+    assert resumed.state.best_model_checkpoint == (str(tmp_path / f"checkpoint-{best}") if of_this_launch else None)
+    weights = resumed.model.state_dict()
+    for name, tensor in load_file(tmp_path / f"checkpoint-{best}" / "model.safetensors").items():
+        assert torch.equal(weights[name], tensor), name
+
+
+def test_a_resume_with_another_bleu_sample_keeps_a_best_checkpoint_chosen_by_the_validation_loss(tmp_path, caplog):
+    """Another --bleu_sample_size changes the `eval_sample_*` scores only: a best chosen by `eval_loss` compares
+    scores on the same validation split, and stays; the warning says the BLEU curve compares two samples."""
+    settings = {"eval_strategy": "steps", "eval_steps": 1, "save_steps": 1, "save_strategy": "steps"}
+    settings |= {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    validation = copy_dataset([4, 5, 6], len(word_tokenizer()), seed=5)
+    finished = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, bleu_dataset=validation, **settings)
+    finished.train()
+    another_sample = validation.select([0])
+    rerun = resumable_run(tmp_path, max_steps=3, eval_dataset=validation, bleu_dataset=another_sample, **settings)
+    with caplog.at_level(logging.WARNING, logger="modeling.trainer"):
+        rerun.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert "with another BLEU sample than its evaluations scored" in caplog.text
+    assert "chosen anew" not in caplog.text
+    assert rerun.state.best_model_checkpoint == finished.state.best_model_checkpoint is not None
+
+
 @pytest.mark.parametrize("how", ["moved", "copied"])
 @pytest.mark.parametrize("max_steps", [5, 3])  # 3: a finished run, run again, trains nothing and loads its best
 def test_a_moved_or_copied_run_keeps_and_loads_its_own_best_checkpoint(tmp_path, how, max_steps, caplog):
