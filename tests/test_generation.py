@@ -347,6 +347,15 @@ def test_max_length_offset_must_be_a_positive_integer_or_none(offset):
         tiny_model().generate(**inputs, max_length_offset=offset)
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_an_empty_list_of_end_of_sentence_tokens_is_refused_naming_none_as_the_way_to_decode_without_one(num_beams):
+    """It failed with an IndexError, in the length limit or (with the limit off) in the beam search."""
+    inputs = sources()
+    for offset in (50, None):
+        with pytest.raises(ValueError, match=r"eos_token_id=\[\] names no end-of-sentence token; give None"):
+            tiny_model().generate(**inputs, eos_token_id=[], num_beams=num_beams, max_length_offset=offset)
+
+
 def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
     inputs = sources()
     lengths = inputs["attention_mask"].sum(dim=-1)
