@@ -49,7 +49,7 @@ from .checkpoints import (
     weights_record,
 )
 from .evaluation import DECODING_SETTINGS
-from .files import atomic_path, read_json, remove_tree, require_directory, write_text
+from .files import atomic_path, fsync_path, read_json, remove_tree, require_directory
 from .generation_transformer import set_paper_decoding, unset_decoding_defaults
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
@@ -655,11 +655,16 @@ def write_model_card(
                 curves = plot_training_curves(inputs["log_history"], staging / CURVES_FILE)
         weights = {"averaged_checkpoints": averaged, "best_checkpoint": best}
         card = _render_card_of(model_dir, repo_id, inputs, template_path, conversion, curves is not None, weights)
-        if curves is not None:
-            shutil.move(curves, model_dir / CURVES_FILE)
+        with atomic_path(model_dir / "README.md") as written:
+            written.write_text(str(card), encoding="utf-8")
+            # On disk before the curves move in: a disk that filled while the card was written kept the earlier
+            # card beside the new curves, which a push without --card-from then uploaded together.
+            fsync_path(written)
+            if curves is not None:
+                shutil.move(curves, model_dir / CURVES_FILE)
     finally:
         remove_tree(staging)
-    return write_text(model_dir / "README.md", str(card))
+    return model_dir / "README.md"
 
 
 def _render_card_of(

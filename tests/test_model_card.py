@@ -2,6 +2,7 @@
 plot."""
 
 import ast
+import errno
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from transformers import GenerationConfig
 from modeling import export, generation_transformer, model_card
 from modeling.arguments import TranslationTrainingArguments
 from modeling.checkpoints import weights_record
-from modeling.files import write_json
+from modeling.files import DiskFullError, write_json
 from modeling.model_card import (
     check_eval_result,
     collect_card_inputs,
@@ -436,6 +437,31 @@ def test_a_card_render_killed_midway_leaves_nothing_that_a_new_conversion_refuse
     kill_a_card_render(model_dir, card_dir)  # and a kill that no render follows
     convert_fairseq_fixture_into(model_dir)
     assert sorted(path.name for path in model_dir.iterdir()) == converted
+
+
+def test_a_card_the_disk_cannot_hold_keeps_the_earlier_card_and_its_curves(
+    converted_fairseq_dir, card_dir, tmp_path, monkeypatch
+):
+    """The new curves were moved in before the card was written: a full disk then kept the earlier card beside the
+    new curves, which push_to_hub.py without --card-from uploaded together."""
+    model_dir = shutil.copytree(converted_fairseq_dir, tmp_path / "model")
+    model_card.write_model_card(model_dir, repo_id=REPO_ID, card_from=[card_dir])
+    before = {name: (model_dir / name).read_bytes() for name in ("README.md", "training_curves.png")}
+    longer = shutil.copytree(card_dir, tmp_path / "longer")
+    write_json(
+        longer / "trainer_state.json", {"global_step": 30, "log_history": [*LOG_HISTORY, {"step": 30, "loss": 1}]}
+    )
+    fsync = os.fsync
+
+    def full_for_the_card(fd):
+        if ".README.md.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_for_the_card)
+    with pytest.raises(DiskFullError, match=f"^No space left on device while writing {model_dir / 'README.md'}"):
+        model_card.write_model_card(model_dir, repo_id=REPO_ID, card_from=[longer])
+    assert {name: (model_dir / name).read_bytes() for name in before} == before
 
 
 def test_a_fine_tuned_models_card_names_its_base_model_as_training_recorded_it():
