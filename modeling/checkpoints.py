@@ -415,8 +415,14 @@ def read_run_identity(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 # Run-identity fields added since runs were first recorded (2026-12-05: `model_revision`, `model_weights`,
-# `fairseq_conversion`, `dataset_commit`).
-IDENTITY_FIELDS_ADDED_LATER = ("model_revision", "model_weights", "fairseq_conversion", "dataset_commit")
+# `fairseq_conversion`, `dataset_commit`; 2026-12-07: `model_commit`).
+IDENTITY_FIELDS_ADDED_LATER = (
+    "model_revision",
+    "model_weights",
+    "fairseq_conversion",
+    "dataset_commit",
+    "model_commit",
+)
 
 
 def identity_differences(

@@ -579,6 +579,20 @@ def _dataset_commit(data_args: DataArguments, output_dir: Path, checkpoint: str 
     return pinned_dataset_commit(data_args.dataset, data_args.language_pair, revision)
 
 
+def _pin_model_to_launch(model_args: ModelArguments, output_dir: Path, checkpoint: str | None) -> None:
+    """Read a Hub `--model_name_or_path` given without `--model_revision` at the commit a resumed run's launch read
+    (its identity's `model_commit`), as `_dataset_commit` reads the dataset: a requeue after a push to the model's
+    repo took its tokenizer and generation config from the new commit (the weights come from the checkpoint) and
+    saved them in the rest of the run's checkpoints and its final model, without a word."""
+    name = model_args.model_name_or_path
+    if name is None or model_args.model_revision is not None or os.path.isdir(name):
+        return
+    recorded = (_recorded_identity(output_dir, checkpoint)[1] or {}).get("model_commit")
+    if recorded is not None and recorded != model_args.model_commit:
+        logger.info("Reading %s at commit %s, as the run's launch did", name, recorded)
+        model_args.model_commit = recorded
+
+
 # --- data, tokenizer, model -----------------------------------------------------------------------------------
 
 
@@ -1124,6 +1138,7 @@ def run_identity(
         "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
         "fairseq_conversion": conversion,
         "dataset_commit": dataset_commit,
+        "model_commit": model_args.model_commit,  # a Hub repo's, pinned by `check_fine_tuning_source`
     }
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
@@ -1383,6 +1398,7 @@ def _prepare_run(
     _check_same_run({"data": data}, output_dir, checkpoint)
     set_seed(training_args.seed)  # the same initial weights on every process and every run
     commit = _dataset_commit(data_args, output_dir, checkpoint)
+    _pin_model_to_launch(model_args, output_dir, checkpoint)
     text, cleaning = _load_text(data_args, evaluate=training_args.eval_strategy != "no", revision=commit)
     vocab_size = _vocab_size(data_args, preset)
     tokenizer = _tokenizer(model_args, data_args, training_args, text["train"], vocab_size)

@@ -450,7 +450,9 @@ def test_a_vocabulary_file_without_tokenizer_json_fingerprints_the_vocabulary(tm
     assert first is not None and saved_vocabulary_fingerprint(tmp_path) not in (None, first)
 
 
-@pytest.mark.parametrize("field", ["model_revision", "model_weights", "fairseq_conversion", "dataset_commit"])
+@pytest.mark.parametrize(
+    "field", ["model_revision", "model_weights", "fairseq_conversion", "dataset_commit", "model_commit"]
+)
 def test_a_field_recorded_since_2026_12_05_is_no_difference_where_one_identity_predates_it(field):
     """A run recorded before the field existed, requeued by a release that records it, is still the same run."""
     recorded = {"model_name_or_path": "/m", "seed": 1}

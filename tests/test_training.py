@@ -63,7 +63,7 @@ from modeling.checkpoints import (
 )
 from modeling.files import DiskFullError, UnwritableError, write_json
 from modeling.generation_transformer import FAIRSEQ_DECODING_FIELDS
-from modeling.hub_client import HubError
+from modeling.hub_client import HubError, pinned_commit
 from modeling.model_card import write_model_card
 from modeling.presets import get_preset
 from modeling.tokenization import train_shared_bpe
@@ -1789,6 +1789,36 @@ def test_a_requeue_reads_the_hub_dataset_at_the_commit_its_launch_read(hub_here,
             data,
             tiny_run_args(run, max_steps=6, resume_from_checkpoint="last", **settings),
         )
+
+
+def test_a_requeue_reads_the_hub_model_fine_tuned_at_the_commit_its_launch_read(
+    hub_here, tmp_path, datasets_cache, caplog
+):
+    """Each launch read the model repo's main branch: a push to it between a run's launch and its requeue gave the
+    rest of the run's checkpoints and its final model the new commit's generation config (and tokenizer), without
+    a word (the identity recorded the repo's name only)."""
+    from modeling.hub import push_model_dir
+
+    model, tokenizer = save_tiny_checkpoint(tmp_path / "first")
+    model.generation_config.num_beams = 4
+    model.generation_config.save_pretrained(tmp_path / "first")
+    other = tiny_translator(len(tokenizer), seed=1)
+    other.generation_config.num_beams = 2
+    other.save_pretrained(tmp_path / "second")
+    tokenizer.save_pretrained(tmp_path / "second")
+    push_model_dir(tmp_path / "first", "tester/base", token=HUB_TOKEN)
+    first = pinned_commit("tester/base", None)
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    run = tmp_path / "run"
+    settings = {"eval_strategy": "no", "resume_from_checkpoint": "last"}
+    train(ModelArguments(model_name_or_path="tester/base"), data, tiny_run_args(run, **settings))
+    push_model_dir(tmp_path / "second", "tester/base", token=HUB_TOKEN)
+    with caplog.at_level(logging.INFO, logger="modeling.training"):
+        train(ModelArguments(model_name_or_path="tester/base"), data, tiny_run_args(run, max_steps=4, **settings))
+    assert json.loads((run / "generation_config.json").read_text())["num_beams"] == 4
+    assert f"Reading tester/base at commit {first}, as the run's launch did" in caplog.text
+    assert read_run_identity(run / "checkpoint-4")["model_commit"] == first
 
 
 def test_a_hub_tokenizer_that_cannot_be_loaded_is_named_in_one_line_before_the_data_is_read(
