@@ -111,6 +111,7 @@ from .hub_client import (
     TOKENIZER_FILES,
     has_any_file,
     holds_tokenizer,
+    is_commit,
     looks_like_local_path,
     naming_hub_failures,
     offline_cache_error,
@@ -1138,8 +1139,9 @@ def run_identity(
         "model_weights": weights_record(model_args.model_name_or_path) if local_model else None,
         "fairseq_conversion": conversion,
         "dataset_commit": dataset_commit,
-        "model_commit": model_args.model_commit,  # a Hub repo's, pinned by `check_fine_tuning_source`
     }
+    if is_commit(model_args.model_commit):  # a Hub repo's, where the Hub told it; offline, a branch's name or none
+        identity["model_commit"] = model_args.model_commit
     return json.loads(json.dumps(identity, default=str))  # as it reads back from run_identity.json
 
 
