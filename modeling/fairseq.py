@@ -41,7 +41,7 @@ from .checkpoints import (
     MODEL_CARD_FILES,
 )
 from .configuration_transformer import TransformerConfig
-from .files import check_replaceable, file_sha256, iter_lines, replacing_directory, write_json
+from .files import check_replaceable, file_sha256, iter_lines, replacing_directory, write_error, write_json
 from .generation_transformer import set_fairseq_decoding
 from .modeling_transformer import TransformerForConditionalGeneration
 from .tokenization_fairseq import FairseqTokenizer, converted_spelling
@@ -503,9 +503,12 @@ def fairseq_tokenizer(
     merges = read_bpe_merges(bpe_codes) if bpe_codes is not None else []
     with tempfile.TemporaryDirectory() as directory:  # the tokenizer reads its files once, when built
         files = {name: Path(directory) / name for name in ("vocab-src.json", "vocab-tgt.json", "merges.txt")}
-        for name in ("vocab-src.json", "vocab-tgt.json"):
-            files[name].write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
-        files["merges.txt"].write_text("".join(merge + "\n" for merge in merges), encoding="utf-8")
+        try:
+            for name in ("vocab-src.json", "vocab-tgt.json"):
+                files[name].write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
+            files["merges.txt"].write_text("".join(merge + "\n" for merge in merges), encoding="utf-8")
+        except OSError as error:  # a full TMPDIR was "[Errno 28] No space left on device", naming no file
+            raise (write_error(error, directory) or error) from error
         extra = {"model_max_length": model_max_length} if model_max_length else {}
         return FairseqTokenizer(
             langs=[source_lang, target_lang],

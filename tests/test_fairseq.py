@@ -3,16 +3,19 @@ log-probabilities and fairseq's translations, token for token, in every recorded
 cannot be converted exactly is refused, naming the field."""
 
 import argparse
+import errno
 import gzip
 import hashlib
 import io
 import json
 import logging
 import os
+import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
 import zipfile
@@ -40,12 +43,14 @@ from modeling.fairseq import (
     fairseq_config,
     fairseq_model_args,
     fairseq_state_dict,
+    fairseq_tokenizer,
     from_fairseq,
     load_fairseq_checkpoint,
     read_bpe_merges,
     read_fairseq_dictionary,
     tokenizer_vocabulary,
 )
+from modeling.files import DiskFullError
 from modeling.translation import load_model_and_tokenizer
 
 PAD, EOS = 1, 2
@@ -407,6 +412,25 @@ def test_dictionary_and_codes_are_read_as_fairseq_and_subword_nmt_read_them(tmp_
     codes = tmp_path / "codes"
     codes.write_text("#version: 0.2\na b\nc d\na b\ne f</w>\n", encoding="utf-8")
     assert read_bpe_merges(codes) == ["a b", "c d", "e f</w>"]  # a repeated merge keeps its first rank
+
+
+def test_a_full_temporary_directory_is_named_where_the_tokenizers_files_are_written(tmp_path, monkeypatch):
+    """The converted tokenizer is built from files written to TMPDIR: a full one was "[Errno 28] No space left on
+    device", naming no file (scripts/convert_fairseq.py printed it as it was)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    write_text = pathlib.Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name == "vocab-src.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    symbols = read_fairseq_dictionary(FAIRSEQ_FIXTURES / "dict.en.txt")
+    written = re.escape(str(tmp_path / "tmp"))
+    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {written}/tmp"):
+        fairseq_tokenizer(symbols, source_lang="en", target_lang="de")
 
 
 def test_a_bpe_codes_lines_surrounding_spaces_are_no_part_of_its_merge(tmp_path):
