@@ -106,6 +106,18 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
+def model_card_files(directory: str | os.PathLike) -> list[Path]:
+    """The model card files in `directory` (`MODEL_CARD_FILES`, those there): README.md only where it begins with a
+    card's metadata block (a user's notes do not)."""
+    found = [Path(directory) / name for name in MODEL_CARD_FILES if os.path.lexists(Path(directory) / name)]
+    card = Path(directory) / "README.md"
+    if card in found:
+        with open(card, "rb") as handle:
+            if handle.read(4) != b"---\n":
+                found.remove(card)
+    return found
+
+
 def staging_directories(directory: str | os.PathLike) -> list[Path]:
     """Hidden `.checkpoint-<step>.partial` (`.old`, `.deleting`) directories: what saves, replacements and
     rotations that were interrupted left (or those under way)."""
@@ -528,6 +540,7 @@ __all__ = [
     "complete_checkpoints",
     "identity_differences",
     "index_shards",
+    "model_card_files",
     "latest_complete_checkpoint",
     "list_checkpoints",
     "marker_record",

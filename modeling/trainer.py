@@ -80,6 +80,7 @@ from .checkpoints import (
     complete_checkpoints,
     latest_complete_checkpoint,
     marker_record,
+    model_card_files,
     removed_by_rotation,
     saved_training_arguments,
     staging_directories,
@@ -1045,6 +1046,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
             if self.args.should_save:
                 publish_tree(staging)
                 replace_files(staging, output_dir)
+                self._remove_earlier_card(output_dir)
         except Exception as error:
             failure = error
         if any_rank(failure is not None, self.args.device):
@@ -1057,6 +1059,24 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 f"Saving the model to {output_dir} failed on another process (its error says why)."
             )
         return output_dir
+
+    @staticmethod
+    def _remove_earlier_card(output_dir: Path) -> None:
+        """A model card in output_dir describes the final model saved before this one: a run pushed at its end, then
+        trained on, kept its card ("steps: 2", that model's loss) beside the new weights, and a push without
+        --card-from uploaded it as theirs."""
+        stale = model_card_files(output_dir)
+        for path in stale:
+            if path.is_dir():
+                remove_tree(path)
+            else:
+                path.unlink()
+        if stale:
+            logger.info(
+                "Removed the model card of the earlier final model from %s (%s): a push renders this model's",
+                output_dir,
+                ", ".join(path.name for path in stale),
+            )
 
     # --- optimisation ---
 

@@ -77,6 +77,7 @@ from .checkpoints import (
     identity_differences,
     latest_complete_checkpoint,
     list_checkpoints,
+    model_card_files,
     read_run_identity,
     require_complete_checkpoint,
     saved_update,
@@ -409,16 +410,15 @@ def _earlier_run_paths(output_dir: Path) -> list[Path]:
     logs = output_dir / "runs"  # the Trainer's TensorBoard logs, OUT/runs/<date>_<host>: else the new run is shown
     if logs.is_dir():  # beside the one it replaces
         directories += [path for path in logs.iterdir() if path.is_dir() and any(path.glob("events.out.tfevents.*"))]
-    names = [*RUN_RECORD_FILES, *MODEL_FILES, "training_curves.png"]
+    names = [*RUN_RECORD_FILES, *MODEL_FILES]
     if (output_dir / FAIRSEQ_TOKENIZER_CODE).is_file():
         names += FAIRSEQ_TOKENIZER_FILES
     files = [*(output_dir / name for name in names), *output_dir.glob("model*.safetensors")]
-    card = output_dir / "README.md"
-    if card.is_file():
-        with open(card, "rb") as handle:
-            if handle.read(4) == b"---\n":  # a model card's metadata; a user's notes stay
-                files.append(card)
-    return [path for path in directories if path.is_dir()] + [path for path in files if path.is_file()]
+    return [
+        *(path for path in directories if path.is_dir()),
+        *(path for path in files if path.is_file()),
+        *model_card_files(output_dir),
+    ]
 
 
 def _remove_earlier_run(output_dir: Path) -> None:

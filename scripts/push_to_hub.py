@@ -5,7 +5,8 @@
 
 `--card-from` directories are searched for `eval_results_*.json` (scripts/evaluate.py), `trainer_state.json`,
 `training_args.json` and `data_stats.json`; the card (README.md) and `training_curves.png` are written into the
-model directory, then pushed with it. Without `--card-from`, an existing README.md is kept as it is.
+model directory, then pushed with it. Without `--card-from`, an existing README.md is kept as it is (a run
+that saves a new final model removes the card of its earlier one).
 The token comes from HF_TOKEN or `hf auth login`, never from the command line (shell history, `ps`).
 """
 

@@ -58,6 +58,7 @@ from modeling.checkpoints import (
     IncompleteCheckpointError,
     RunMismatchError,
     identity_differences,
+    model_card_files,
     read_run_identity,
     write_completeness_marker,
 )
@@ -944,6 +945,26 @@ def test_overwrite_removes_a_model_card_but_not_a_users_readme(tmp_path):
     assert tmp_path / "merges.txt" not in _earlier_run_paths(tmp_path)
     (tmp_path / "tokenization_fairseq.py").write_text("# the fine-tuned fairseq model's tokenizer\n")
     assert {tmp_path / "merges.txt", tmp_path / "tokenization_fairseq.py"} <= set(_earlier_run_paths(tmp_path))
+
+
+def test_a_run_trained_on_removes_the_card_of_its_earlier_final_model_and_keeps_a_users_notes(
+    tmp_path, datasets_cache
+):
+    """A run pushed at its end (its card rendered into output_dir), then resumed with more updates: the card of the
+    earlier model ("steps: 2", its loss and curves) stayed beside the new final model, and a push without
+    --card-from uploaded it as the card of those weights."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    run = tmp_path / "run"
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run))
+    card = write_model_card(run, repo_id="someone/run")  # as the push at the end of the run renders it
+    assert card.read_text().startswith("---\n")
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=4, resume_from_checkpoint="last"))
+    assert model_card_files(run) == [] and not (run / "README.md").exists()
+    notes = run / "README.md"
+    notes.write_text("My notes on this run\n")
+    train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(run, max_steps=6, resume_from_checkpoint="last"))
+    assert notes.read_text() == "My notes on this run\n"
 
 
 def test_an_output_directory_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
