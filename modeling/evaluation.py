@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -266,20 +267,40 @@ def warn_of_unreachable_references(tokenizer: PreTrainedTokenizerBase, reference
         )
 
 
-def warn_of_replaced_scores(metrics_path: str | os.PathLike, scored: dict[str, Any]) -> None:
+def warn_of_replaced_scores(
+    metrics_path: str | os.PathLike, scored: dict[str, Any], evaluated: Mapping[str, Any] | None = None
+) -> None:
     """Warn, before any translating, where `metrics_path` holds the scores of other weights than those `scored`
     (`load_scored_model`): an evaluation of another model into the same directory, or of the same directory since
-    trained on or averaged again, replaced them without a word. An unreadable file is replaced as it is."""
+    trained on or averaged again, replaced them without a word. So does another evaluation of the same weights,
+    one of the `evaluated` fields of whose record (the test set, the direction, the sentences scored, the beam)
+    differs: a quick check with `--limit`, or another test set of the same split name, replaced the full one's
+    scores, which the card then showed no more. An unreadable file is replaced as it is."""
     try:
         earlier = json.loads(Path(metrics_path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if isinstance(earlier, dict) and earlier.get("model_weights") != scored["model_weights"]:
+    if not isinstance(earlier, dict):
+        return
+    if earlier.get("model_weights") != scored["model_weights"]:
         logger.warning(
             "%s holds the scores of other weights (those of %s then), which this evaluation replaces: "
             "another output directory keeps both",
             metrics_path,
             earlier.get("model", "a model it does not name"),
+        )
+        return
+    differs = [  # a field an older record lacks says nothing
+        f"{name} {earlier[name]!r}, not {value!r}"
+        for name, value in (evaluated or {}).items()
+        if name in earlier and earlier[name] != value
+    ]
+    if differs:
+        logger.warning(
+            "%s holds the scores of another evaluation of these weights (%s), which this evaluation replaces: "
+            "another output directory keeps both",
+            metrics_path,
+            "; ".join(differs),
         )
 
 

@@ -128,8 +128,6 @@ def main() -> None:
         for path in filter(None, (metrics_path, hypotheses_path)):  # named now, not after the translating
             check_writable(path)
             check_outside_live_checkpoints(path, "the output")
-        if metrics_path:
-            warn_of_replaced_scores(metrics_path, scored)
         check_distinct_outputs(
             {"the hypotheses file": hypotheses_path, "the metrics file": metrics_path},
             split_files(args.data_dir, args.source_lang, args.target_lang, split_name),
@@ -139,6 +137,20 @@ def main() -> None:
     sentences_in_split = len(split)
     if args.limit is not None:
         split = split.select(range(min(args.limit, sentences_in_split)))
+    dataset = args.dataset or Path(args.data_dir).resolve().name
+    if metrics_path:  # the record's fields that tell its scores from another evaluation's of the same weights
+        evaluated = {
+            "dataset": dataset,
+            "dataset_commit": commit,
+            "language_pair": args.language_pair,
+            "split": split_name,
+            "source_lang": args.source_lang,
+            "target_lang": args.target_lang,
+            "num_sentences": len(split),
+            "num_beams": args.num_beams or model.generation_config.num_beams,
+            "int8": args.int8,
+        }
+        warn_of_replaced_scores(metrics_path, scored, evaluated)
 
     try:  # with a hypotheses file, a killed evaluation resumes from the hypotheses written (evaluate_split)
         metrics, _ = evaluate_split(
@@ -163,7 +175,7 @@ def main() -> None:
     metrics = evaluation_record(
         scored,
         metrics,
-        dataset=args.dataset or Path(args.data_dir).resolve().name,
+        dataset=dataset,
         dataset_commit=commit,
         language_pair=args.language_pair,
         split=split_name,

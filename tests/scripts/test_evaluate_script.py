@@ -92,6 +92,30 @@ def test_scores_of_other_weights_in_the_output_directory_are_replaced_with_a_war
     assert "which this evaluation replaces" not in caplog.text
 
 
+def test_scores_of_another_evaluation_of_the_same_weights_are_replaced_with_a_warning(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch, caplog
+):
+    """A quick check (`--limit`, another beam) of the model evaluated into the directory of its full evaluation
+    replaced the full test set's scores without a word, and the card then showed the quick ones."""
+    common = ["--model", tiny_checkpoint[0], "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    run_script("evaluate.py", *common, "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    caplog.clear()
+    run_script(
+        "evaluate.py", *common, "--limit", "2", "--num-beams", "1", "--output-dir", tmp_path, monkeypatch=monkeypatch
+    )
+    replaced = [message for message in caplog.messages if "which this evaluation replaces" in message]
+    assert replaced == [
+        f"{tmp_path / 'eval_results_test.json'} holds the scores of another evaluation of these weights "
+        "(num_sentences 6, not 2; num_beams 4, not 1), which this evaluation replaces: another output directory "
+        "keeps both"
+    ]
+    caplog.clear()
+    run_script(
+        "evaluate.py", *common, "--limit", "2", "--num-beams", "1", "--output-dir", tmp_path, monkeypatch=monkeypatch
+    )
+    assert "which this evaluation replaces" not in caplog.text
+
+
 class FullDisk(io.StringIO):
     """Standard output redirected to a file on a full disk."""
 
