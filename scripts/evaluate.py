@@ -12,6 +12,7 @@ scoring, it scores the hypotheses written without translating them again.
 """
 
 import argparse
+import fnmatch
 import logging
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.scoring import check_scorable
 from modeling.training import check_outside_live_checkpoints
-from modeling.translation import TranslationInProgressError, check_workers
+from modeling.translation import TranslationInProgressError, check_workers, model_files
 
 SCORE_LINES = (
     ("sacrebleu", "sacreBLEU", "sacrebleu_signature"),
@@ -82,6 +83,13 @@ def split_files(data_dir: Path | None, source_lang: str, target_lang: str, split
     files = discover_parallel_files(data_dir, source_lang, target_lang, [split])[split]
     roles = ("the source file", "the reference file") if files.kind == "text" else ("the data file",)
     return {role: Path(path) for role, path in zip(roles, files.paths, strict=True)}
+
+
+def own_model_files(model: str) -> dict[str, Path]:
+    """The model directory's own files (`model_files`), which the outputs must not overwrite; not the scores of an
+    earlier evaluation into that directory (`--output-dir` the model's), which this one writes again."""
+    earlier_scores = metrics_filename("*")
+    return {role: path for role, path in model_files(model).items() if not fnmatch.fnmatch(path.name, earlier_scores)}
 
 
 def main() -> None:
@@ -130,7 +138,7 @@ def main() -> None:
             check_outside_live_checkpoints(path, "the output")
         check_distinct_outputs(
             {"the hypotheses file": hypotheses_path, "the metrics file": metrics_path},
-            split_files(args.data_dir, args.source_lang, args.target_lang, split_name),
+            split_files(args.data_dir, args.source_lang, args.target_lang, split_name) | own_model_files(args.model),
         )
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")

@@ -326,6 +326,28 @@ def test_outputs_that_would_overwrite_the_test_set_or_each_other_are_refused(
     assert message == f"error: the hypotheses file and the metrics file are one file, {both}: give each its own"
 
 
+def test_outputs_that_would_overwrite_the_models_files_are_refused_and_its_directory_still_holds_scores(
+    tiny_checkpoint, eval_data_dir, tmp_path, monkeypatch
+):
+    """`--metrics-json MODEL/config.json` wrote the scores over the model's config (exit 0), as `translate.py
+    --output-file` no longer could. Evaluated into the model's directory, its earlier scores are written again."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint[0], model_dir)
+    config = (model_dir / "config.json").read_text()
+    common = ["--model", model_dir, "--data-dir", eval_data_dir, "--source-lang", "en", "--target-lang", "de"]
+    message = script_error(
+        "evaluate.py", *common, "--metrics-json", model_dir / "config.json", monkeypatch=monkeypatch
+    )
+    assert message == (
+        f"error: the metrics file {model_dir / 'config.json'} is the model's config.json {model_dir / 'config.json'}: "
+        "writing it would destroy it; choose another path"
+    )
+    assert (model_dir / "config.json").read_text() == config
+    for _ in range(2):
+        run_script("evaluate.py", *common, "--output-dir", model_dir, monkeypatch=monkeypatch)
+    assert json.loads((model_dir / "eval_results_test.json").read_text())["num_sentences"] == 6
+
+
 def test_a_hub_model_s_scores_record_the_commit_and_the_weights_scored(hub, tiny_checkpoint, eval_data_dir, tmp_path):
     """Scores of `--model owner/name` recorded `model_weights: null` and no version: not tied to what was scored."""
     from huggingface_hub import HfApi, snapshot_download
