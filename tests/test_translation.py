@@ -1045,6 +1045,27 @@ def test_standard_input_is_translated_into_a_file(tokenizer, tmp_path, monkeypat
     assert (tmp_path / "news.de").read_text() == "".join(line.strip() + "\n" for line in lines)
 
 
+def test_a_translation_into_a_link_replaces_the_file_it_leads_to_and_the_link_stays(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """`--output-file news.de`, a link to the file a service reads: the translation was renamed over the link, and
+    the file it led to kept the earlier translation (the text arguments' path, `write_text`, replaced it)."""
+    source, lines, model, expected = file_to_translate
+    served = tmp_path / "served" / "news.de"
+    served.parent.mkdir()
+    served.write_text("an earlier translation\n")
+    destination = tmp_path / "news.de"
+    destination.symlink_to(served)
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert partial_translation_path(destination) == served.parent / ".news.de.partial"
+    counting_translate(monkeypatch)
+    assert translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS) == len(lines)
+    assert destination.is_symlink() and served.read_text().split("\n")[:-1] == expected
+    assert sorted(path.name for path in served.parent.iterdir()) == ["news.de"]
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["same command", "with 2 workers"])
 def test_a_killed_translation_resumes_after_its_last_chunk(
     workers, file_to_translate, tokenizer, tmp_path, monkeypatch
