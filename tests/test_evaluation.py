@@ -198,6 +198,24 @@ def test_references_the_outputs_can_never_match_are_named(tokenizer, caplog):
     assert caplog.text == ""
 
 
+def test_tokenised_references_scored_against_detokenised_outputs_are_named(tokenizer, caplog):
+    """A test set as fairseq's preparation leaves it (Moses-tokenised, escaped): perfect translations of four sentences
+    scored sacreBLEU 66, without a word. A model whose outputs are tokenised alike is scored alike, quietly."""
+    pairs = [("er sagte : ja .", "er sagte : ja ."), ('er sagte: "ja".', "er sagte : &quot; ja &quot; .")]
+    split = Dataset.from_list([{"translation": {"en": en, "de": de}} for en, de in pairs])
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        evaluate_split(EchoModel(), tokenizer, split, source_lang="en", target_lang="de")
+    assert (
+        "1 of 2 references hold the Moses tokeniser's escapes or hyphen marks (the first: line 2, "
+        "'er sagte : &quot; ja &quot; .'), which no hypothesis holds" in caplog.text
+    )
+    caplog.clear()
+    references = [de for _, de in pairs]
+    with caplog.at_level(logging.WARNING, logger="modeling.evaluation"):
+        evaluation.warn_of_tokenised_references(["er sagte : &quot; nein &quot; .", "ja ."], references)
+    assert caplog.text == ""
+
+
 def test_a_converted_fairseq_models_decoding_settings_are_recorded(tokenizer):
     model = EchoModel()  # with the generation config that scripts/convert_fairseq.py writes
     set_fairseq_decoding(model.generation_config, pad_token_id=tokenizer.pad_token_id, num_beams=5)
