@@ -234,6 +234,31 @@ def _named(given: Path, written: Path) -> str:
     return str(given) if written == given else f"{given} (which leads to {written})"
 
 
+_SPECIAL_FILES = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _special_file_error(path: Path, named: str) -> UnwritableError | None:
+    """The refusal of `path` if it is neither a file nor a directory (`/dev/null`, a FIFO): the file written would
+    be renamed over it, and a root user's (a container's) `--output-file /dev/null` made /dev/null a file of
+    translations; another user's was `Permission denied`, which /dev/null is not."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kind = next((kind for is_kind, kind in _SPECIAL_FILES if is_kind(mode)), None)
+    if kind is None:
+        return None
+    return UnwritableError(
+        errno.EINVAL,
+        f"cannot write {named}: it is {kind}, not a file, which the output would replace; give a file name",
+    )
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` to write to; on success it replaces `path` atomically.
@@ -247,6 +272,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = _written(given)
     if path.is_dir():  # else the work was done, then refused naming the temporary file ("Is a directory: .x.tmp-…")
         raise UnwritableError(errno.EISDIR, f"cannot write {_named(given, path)}: it is a directory; give a file name")
+    if (special := _special_file_error(path, _named(given, path))) is not None:
+        raise special
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary_name(path)
     umask_mode = temporary.stat().st_mode & 0o777  # made with the umask's permissions, which the result keeps
@@ -327,6 +354,8 @@ def check_writable(path: str | os.PathLike) -> None:
     named = _named(given, path)
     if path.is_dir():
         raise UnwritableError(errno.EISDIR, f"cannot write {named}: it is a directory; give a file name")
+    if (special := _special_file_error(path, named)) is not None:
+        raise special
     existing = next(parent for parent in (*path.parents, Path(".")) if parent.exists())
     if not existing.is_dir():
         raise UnwritableError(errno.ENOTDIR, f"cannot write {named}: {existing} is a file, not a directory")

@@ -106,6 +106,22 @@ def test_a_directory_where_a_file_is_written_is_refused_before_the_writer_runs(t
     assert writers == [] and leftovers(tmp_path) == []
 
 
+def test_a_device_or_a_pipe_where_a_file_is_written_is_refused_and_stays(tmp_path):
+    """`--output-file /dev/null` run as root (a container's user): the translations were renamed over /dev/null,
+    which became a file of them for every later process; run as another user, it was `Permission denied`. A FIFO
+    stands in for the device here (making one needs no root)."""
+    fifo = tmp_path / "null"
+    os.mkfifo(fifo)
+    message = f"cannot write {fifo}: it is a named pipe, not a file, which the output would replace; give a file name"
+    with pytest.raises(UnwritableError, match=f"^{re.escape(message)}$"):
+        check_writable(fifo)
+    writers = []
+    with pytest.raises(UnwritableError, match=f"^{re.escape(message)}$"):
+        with atomic_path(fifo):
+            writers.append("ran")
+    assert writers == [] and stat.S_ISFIFO(fifo.stat().st_mode) and leftovers(tmp_path) == []
+
+
 def test_a_directory_required_is_refused_naming_its_role_where_a_file_or_nothing_is(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert require_directory(str(tmp_path), "Model directory") == tmp_path
