@@ -107,6 +107,8 @@ def main() -> None:
     logging.getLogger("modeling").setLevel(logging.INFO)  # resuming a translation, or starting it over
     source = args.input_file or "-"
     try:  # the input and the destination first: a mistake in either is named before any model is loaded
+        if not args.text and source == "-" and sys.stdin is None:  # `<&-` (cron, a service): a traceback at the end
+            raise ValueError("standard input is closed, where the sentences are read from: give --input-file")
         if not args.text and not reads_once(source):  # a pipe's first line, read here, would be lost to the model
             next(iter_lines(source), None)  # opens it and decodes its first line
         if args.output_file:

@@ -280,6 +280,15 @@ def test_a_closed_standard_output_is_refused_in_one_line(tiny_checkpoint, monkey
     assert message == "error: standard output is closed, where the translations go: give --output-file"
 
 
+def test_a_closed_standard_input_is_refused_in_one_line_before_loading(monkeypatch):
+    """`translate.py --model M <&-` (a cron job, a service without standard input): Python's `sys.stdin` is None, and
+    reading the sentences from it was a traceback (AttributeError) once the model had loaded."""
+    monkeypatch.setattr(sys, "stdin", None)
+    for source in ([], ["--input-file", "-"]):
+        message = script_error("translate.py", "--model", "no/such-model", *source, monkeypatch=monkeypatch)
+        assert message == "error: standard input is closed, where the sentences are read from: give --input-file"
+
+
 class FullDisk(io.StringIO):
     """Standard error redirected to a log file on a full disk."""
 
