@@ -586,7 +586,25 @@ def _read_tsv(path: str, columns: tuple[str, str], languages: tuple[str, str]) -
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(f"{path}:{line_number}: expected 2 tab-separated columns, found {len(fields)}")
+        if line_number == 1 and _is_header(fields, columns, path):
+            continue
         yield (fields[1], fields[0]) if swap else (fields[0], fields[1])
+
+
+def _is_header(fields: list[str], columns: tuple[str, str], path: str) -> bool:
+    """Whether a TSV's first line names its columns (pandas' `to_csv(sep="\\t", index=False)` writes one) rather
+    than holds a sentence pair: read as one, it was a training pair, or a reference no translation matches. One naming
+    the languages the other way round than `columns` is refused: every pair would be read backwards."""
+    named = tuple(field.strip().lower() for field in fields)
+    if named in (("source", "target"), ("src", "tgt"), tuple(lang.lower() for lang in columns)):
+        return True
+    if named == tuple(lang.lower() for lang in reversed(columns)):
+        raise ValueError(
+            f"{path}:1: its header names the columns {fields[0]!r}, {fields[1]!r}, but they would be read as "
+            f"{columns[0]!r}, {columns[1]!r}: swap the columns, or name the file "
+            f"{Path(path).name.partition('.')[0]}.{named[0]}-{named[1]}.tsv in the data directory"
+        )
+    return False
 
 
 def _read_jsonl(path: str, languages: tuple[str, str]) -> Iterator[tuple[str, str]]:

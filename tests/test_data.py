@@ -107,6 +107,21 @@ def test_tsv_files_with_column_order_from_name(tmp_path):
     assert pairs(ds["valid"]) == [("a dog .", "ein hund .")]
 
 
+@pytest.mark.parametrize("header", ["en\tde", "EN\tDE", "source\ttarget", "src\ttgt"])
+def test_a_tsv_header_row_is_not_a_sentence_pair(tmp_path, header):
+    write_lines(tmp_path / "train.tsv", [header] + [f"{e}\t{d}" for e, d in zip(EN, DE, strict=True)])
+    assert pairs(load(tmp_path)["train"]) == list(zip(EN, DE, strict=True))
+
+
+def test_a_tsv_header_naming_the_columns_the_other_way_round_is_refused(tmp_path):
+    write_lines(tmp_path / "train.tsv", ["de\ten"] + [f"{d}\t{e}" for e, d in zip(EN, DE, strict=True)])
+    with pytest.raises(
+        ValueError,
+        match=r"train\.tsv:1: its header names the columns 'de', 'en', but .* name the file train\.de-en\.tsv",
+    ):
+        load(tmp_path)
+
+
 def test_jsonl_files_in_wmt_schema(tmp_path):
     rows = [json.dumps({"translation": {"de": d, "en": e, "fr": "x"}}) for e, d in zip(EN, DE, strict=True)]
     write_lines(tmp_path / "train.jsonl.gz", rows)
