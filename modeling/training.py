@@ -144,6 +144,10 @@ logger = logging.getLogger(__name__)
 REPRODUCIBILITY_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy")
 BLEU_SAMPLE_SEED = 0  # the validation sample scored by BLEU is the same for every run, whatever the training seed
 MARIAN_MODEL_TYPE = "marian"
+# A given tokenizer is tried on this many training pairs; a side with more than this share of its tokens unknown is
+# warned of (a BPE trained on both sides has none; a tokenizer trained on one language, a whole script of the other).
+UNKNOWN_TOKEN_SAMPLE_PAIRS = 1000
+UNKNOWN_TOKEN_WARNING_SHARE = 0.01
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
 RUN_RECORD_FILES = (
     RUN_IDENTITY_FILE,
@@ -722,6 +726,7 @@ def _tokenizer(
         tokenizer = _without_loading_arguments(AutoTokenizer.from_pretrained(name, **_revision_of(name, model_args)))
         _take_the_run_languages(tokenizer, name, data_args)
         _check_given_tokenizer(tokenizer, name, train_text[0]["translation"], data_args)
+        _warn_of_unknown_tokens(tokenizer, name, train_text, data_args)
         return tokenizer
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(local=False, desc="shared BPE"):
@@ -780,6 +785,34 @@ def _check_given_tokenizer(
             f"first training target ends with {labels[-5:]}, and a model trained on such targets never learns to "
             "stop; append it in the tokenizer's post-processor"
         )
+
+
+def _warn_of_unknown_tokens(
+    tokenizer: PreTrainedTokenizerBase, name: str, train_text: datasets.Dataset, data_args: DataArguments
+) -> None:
+    """Warn of a side of the training pairs that the given tokenizer reads largely as its unknown token: characters it
+    never saw (a tokenizer trained on one side's files alone, a model fine-tuned on a language of another script),
+    which the model can neither read nor learn to write. The run went on without a word, a Russian target learnt as a
+    row of `<unk>`."""
+    if tokenizer.unk_token_id is None:
+        return
+    pairs = train_text.select(range(min(UNKNOWN_TOKEN_SAMPLE_PAIRS, len(train_text))))["translation"]
+    languages = data_args.source_lang, data_args.target_lang
+    encoded = tokenizer([pair[languages[0]] for pair in pairs], text_target=[pair[languages[1]] for pair in pairs])
+    for language, sequences in zip(languages, (encoded["input_ids"], encoded["labels"]), strict=True):
+        ids = [token for sequence in sequences for token in sequence]
+        share = ids.count(tokenizer.unk_token_id) / max(len(ids), 1)
+        if share > UNKNOWN_TOKEN_WARNING_SHARE:
+            logger.warning(
+                "The tokenizer %s reads %.0f%% of the %r tokens of the first %d training pairs as %s: text it never "
+                "saw, which the model can neither read nor learn to write. Was it trained on the other language "
+                "alone? Train one on both sides (scripts/train_tokenizer.py --data-dir).",
+                name,
+                100 * share,
+                language,
+                len(pairs),
+                tokenizer.unk_token,
+            )
 
 
 def _revision_of(name: str, model_args: ModelArguments) -> dict[str, str]:

@@ -26,6 +26,7 @@ import torch
 import transformers
 from helpers import (
     HUB_TOKEN,
+    WORDS,
     convert_fairseq_fixture,
     copy_dataset,
     hub_cache_snapshot,
@@ -1350,6 +1351,25 @@ def test_a_given_tokenizer_that_cannot_pad_or_end_targets_is_refused_before_the_
     with pytest.raises(ValueError, match=rf"^The tokenizer {tmp_path / 'tokenizer'} {message}"):
         train(model_args, data, tiny_run_args(tmp_path / "run"))
     assert not (tmp_path / "run" / "run_identity.json").exists()
+
+
+def test_a_given_tokenizer_that_reads_a_side_as_unknown_tokens_is_warned_of(tmp_path, datasets_cache, caplog):
+    """A BPE trained on the English files alone, for an English-Russian run: every Cyrillic letter was <unk>, and the
+    model learnt to write rows of <unk> without a word."""
+    train_shared_bpe([" ".join(WORDS)] * 3, vocab_size=64, min_frequency=1).save_pretrained(tmp_path / "tokenizer")
+    cyrillic = str.maketrans("abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстужвхыз")
+    data_dir = write_corpus(tmp_path / "data", 40, lambda words: " ".join(words).translate(cyrillic))
+    for split in ("train", "val"):
+        (data_dir / f"{split}.de").rename(data_dir / f"{split}.ru")
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="ru")
+    model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / "tokenizer"), **TINY)
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(model_args, data, tiny_run_args(tmp_path / "run", save_strategy="no"))
+    warned = [record.getMessage() for record in caplog.records if "never saw" in record.getMessage()]
+    assert len(warned) == 1, "the English side, which it knows, is not warned of"
+    assert re.match(
+        rf"The tokenizer {re.escape(str(tmp_path / 'tokenizer'))} reads \d+% of the 'ru' tokens", warned[0]
+    )
 
 
 def test_a_tokenizer_that_pads_on_the_left_trains_as_one_that_pads_on_the_right(tmp_path, datasets_cache):
