@@ -665,6 +665,10 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         with ExitStack() as stack:
             for raw in _refusing_carriage_return_lines(_open_binary(path, stack), path):
                 line_number += 1
+                if b"\0" in raw:  # valid UTF-8, but no text's: UTF-16 read so gave sentences of every other letter
+                    raise ValueError(
+                        f"{name}:{line_number}: holds a NUL byte, which no text does{_nul_cause(raw, line_number)}"
+                    )
                 line = raw.decode("utf-8").rstrip("\r\n")
                 # Windows editors start UTF-8 files with one: kept, it would open the first sentence (a reference
                 # that no hypothesis matches, a vocabulary entry).
@@ -678,6 +682,15 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         if isinstance(err, OSError) and err.errno is not None:  # the file system's (not found, ...), not the data's
             raise
         raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
+
+
+def _nul_cause(line: bytes, line_number: int) -> str:
+    """Why a line holds a NUL byte, and the way out: UTF-16 text without a byte order mark holds one in its first
+    line (before every letter of big-endian, after every one of little-endian); one further on is damage."""
+    if line_number > 1:
+        return " (a damaged file, or not text?)"
+    encoding = "utf-16be" if line.startswith(b"\0") else "utf-16le"
+    return f" (UTF-16 without a byte order mark?): convert the file to UTF-8 (e.g. iconv -f {encoding} -t utf-8)"
 
 
 def _refusing_carriage_return_lines(lines: Iterable[bytes], path: str) -> Iterator[bytes]:

@@ -794,6 +794,23 @@ def test_utf16_text_is_named_as_such(tmp_path, encoding):
         list(iter_lines(path))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_utf16_text_without_a_byte_order_mark_is_refused_not_read_as_letters_and_nul_bytes(tmp_path, encoding):
+    """Valid UTF-8 byte for byte: read as 't\\x00h\\x00e\\x00', the line breaks' NUL bytes opening the next lines
+    (and a last line of a NUL alone), every sentence a row of NULs and letters."""
+    path = tmp_path / "train.en.gz"
+    path.write_bytes(gzip.compress("the cat\na dog\n".encode(encoding)))
+    with pytest.raises(
+        ValueError,
+        match=rf"^.*train\.en\.gz:1: holds a NUL byte, which no text does \(UTF-16 without a byte order mark\?\): "
+        rf"convert the file to UTF-8 \(e\.g\. iconv -f utf-16{encoding[-2:]} -t utf-8\)$",
+    ):
+        list(iter_lines(path))
+    path.write_bytes(gzip.compress(b"a cat\na \x00dog\n"))
+    with pytest.raises(ValueError, match=r"train\.en\.gz:2: holds a NUL byte, which no text does \(a damaged file"):
+        list(iter_lines(path))
+
+
 def test_gzip_data_without_the_gz_suffix_is_read_as_gzip(tmp_path, monkeypatch):
     # Its first bytes, 1f 8b, cannot start UTF-8 text, so reading it as gzip cannot misread a text file.
     path = tmp_path / "train.txt"
