@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from modeling.cli import reporting_on_stdout
-from modeling.data import load_parallel_dataset, split_source
+from modeling.data import SplitNotFoundError, load_parallel_dataset, split_source
 from modeling.files import check_writable, write_files_into
 from modeling.tokenization import check_tokenizer_destination, iter_corpus_text, iter_text_files, train_shared_bpe
 
@@ -95,6 +95,8 @@ def main() -> None:
             show_progress=True,
             source=training_source(args),
         )
+    except SplitNotFoundError as error:  # the message lists the splits there are; a KeyError's str() quotes it
+        sys.exit(f"error: the BPE is trained on the training split: {error.args[0]}")
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
     seconds = time.perf_counter() - start

@@ -75,6 +75,17 @@ def test_cli_reports_a_missing_file_and_a_too_small_vocabulary_in_one_line(corpu
         assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code)
 
 
+def test_cli_reports_a_data_directory_without_a_training_split_in_one_line(tmp_path, monkeypatch):
+    for language in ("en", "de"):
+        (tmp_path / f"training.{language}").write_text("a cat\n", encoding="utf-8")
+    args = ["--data-dir", tmp_path, "--source-lang", "en", "--target-lang", "de", "--vocab-size", "64"]
+    message = script_error("train_tokenizer.py", *args, "--output-dir", tmp_path / "bpe", monkeypatch=monkeypatch)
+    assert message == (
+        "error: the BPE is trained on the training split: no split 'train' (or alias ['train']) among ['training']"
+    )
+    assert not any((tmp_path / "bpe").iterdir())
+
+
 def test_cli_refuses_files_without_text_and_saves_nothing(tmp_path, monkeypatch):
     (tmp_path / "train.en").write_text("")
     (tmp_path / "train.de").write_text("\n  \n")
