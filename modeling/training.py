@@ -40,6 +40,7 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import datasets
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -148,6 +149,9 @@ MARIAN_MODEL_TYPE = "marian"
 # warned of (a BPE trained on both sides has none; a tokenizer trained on one language, a whole script of the other).
 UNKNOWN_TOKEN_SAMPLE_PAIRS = 1000
 UNKNOWN_TOKEN_WARNING_SHARE = 0.01
+# The share of validation pairs found in the training data past which they are warned of: a few short ones ("Thank
+# you.") are in any large corpus.
+VALIDATION_IN_TRAINING_WARNING_SHARE = 0.01
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
 RUN_RECORD_FILES = (
     RUN_IDENTITY_FILE,
@@ -627,6 +631,8 @@ def _load_text(
         key: require_rows(part, name, split_source(name, **where))
         for key, (name, part) in zip(keys, raw.items(), strict=True)
     }
+    if evaluate:
+        _warn_of_validation_pairs_in_training(splits, raw, where)
     text, cleaning = datasets.DatasetDict(splits), {}
     if data_args.clean:
         text, counts = clean_parallel_dataset(
@@ -636,6 +642,36 @@ def _load_text(
     if data_args.max_train_samples is not None:
         text["train"] = text["train"].select(range(min(data_args.max_train_samples, len(text["train"]))))
     return text, cleaning
+
+
+def _warn_of_validation_pairs_in_training(
+    splits: dict[str, datasets.Dataset], raw: datasets.DatasetDict, where: dict[str, Any]
+) -> None:
+    """Warn where more than `VALIDATION_IN_TRAINING_WARNING_SHARE` of the validation pairs are training pairs too (a
+    validation set sampled from the corpus and left in it): its loss and BLEU, and the checkpoint they pick, measured
+    what the model learnt by heart, without a word. Counted before cleaning, whose selection would copy the corpus."""
+    languages = where["source_lang"], where["target_lang"]
+
+    def pairs(translations: Any) -> list[tuple[str, str]]:
+        sides = (pc.struct_field(translations, language).to_pylist() for language in languages)
+        return list(zip(*sides, strict=True))
+
+    validation = splits["validation"].with_format("arrow")["translation"]
+    train = splits["train"].with_format("arrow")["translation"]
+    # Sources first, in Arrow: only the few training pairs with a validation source (of WMT's 4.5M) reach Python.
+    sources = pc.struct_field(validation, languages[0])
+    trained = set(pairs(train.filter(pc.is_in(pc.struct_field(train, languages[0]), value_set=sources))))
+    count = sum(pair in trained for pair in pairs(validation))
+    if count > VALIDATION_IN_TRAINING_WARNING_SHARE * len(validation):
+        names = list(raw)
+        logger.warning(
+            "%d of the %d validation pairs (%s) are training pairs too (%s): the validation loss and BLEU, and the "
+            "checkpoint they pick, measure what the model learnt by heart; take them out of the training data",
+            count,
+            len(validation),
+            split_source(names[1], **where),
+            split_source(names[0], **where),
+        )
 
 
 def _check_earlier_bpe(tokenizer: PreTrainedTokenizerBase, path: Path, vocab_size: int) -> None:

@@ -1372,6 +1372,27 @@ def test_a_given_tokenizer_that_reads_a_side_as_unknown_tokens_is_warned_of(tmp_
     )
 
 
+def test_validation_pairs_that_are_training_pairs_too_are_warned_of(tmp_path, datasets_cache, caplog):
+    """A validation set sampled from the corpus and left in it: the validation loss and BLEU measured what the model
+    learnt by heart, without a word."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    model_args = ModelArguments(preset="tiny", **TINY)
+    for language in ("en", "de"):  # 4 of the 16 validation pairs, the last a source with another target
+        lines = (data_dir / f"train.{language}").read_text(encoding="utf-8").splitlines()
+        held = (data_dir / f"val.{language}").read_text(encoding="utf-8").splitlines()
+        copied = lines[:3] + [lines[3] if language == "en" else "anders"]
+        (data_dir / f"val.{language}").write_text("\n".join(copied + held[4:]) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(model_args, data, tiny_run_args(tmp_path / "run", eval_strategy="steps", eval_steps=2))
+    warned = [record.getMessage() for record in caplog.records if "training pairs too" in record.getMessage()]
+    assert warned == [
+        f"3 of the 16 validation pairs ({data_dir / 'val.en'} + {data_dir / 'val.de'}) are training pairs too "
+        f"({data_dir / 'train.en'} + {data_dir / 'train.de'}): the validation loss and BLEU, and the checkpoint they "
+        "pick, measure what the model learnt by heart; take them out of the training data"
+    ]
+
+
 def test_a_tokenizer_that_pads_on_the_left_trains_as_one_that_pads_on_the_right(tmp_path, datasets_cache):
     """The collator pads on the tokenizer's side: left padding shifted the sources' positions and put padding
     between the decoder's start token and the target, which generate() never does."""
