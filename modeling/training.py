@@ -152,6 +152,9 @@ UNKNOWN_TOKEN_WARNING_SHARE = 0.01
 # The share of validation pairs found in the training data past which they are warned of: a few short ones ("Thank
 # you.") are in any large corpus.
 VALIDATION_IN_TRAINING_WARNING_SHARE = 0.01
+# The share of training pairs with the same text on both sides past which they are warned of: names, numbers and URLs
+# make about 1% of WMT's; far more is copy noise, or one language's file given for both.
+COPIED_PAIRS_WARNING_SHARE = 0.1
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
 RUN_RECORD_FILES = (
     RUN_IDENTITY_FILE,
@@ -631,6 +634,7 @@ def _load_text(
         key: require_rows(part, name, split_source(name, **where))
         for key, (name, part) in zip(keys, raw.items(), strict=True)
     }
+    _warn_of_copied_pairs(splits["train"], split_source(next(iter(raw)), **where), where)
     if evaluate:
         _warn_of_validation_pairs_in_training(splits, raw, where)
     text, cleaning = datasets.DatasetDict(splits), {}
@@ -642,6 +646,23 @@ def _load_text(
     if data_args.max_train_samples is not None:
         text["train"] = text["train"].select(range(min(data_args.max_train_samples, len(text["train"]))))
     return text, cleaning
+
+
+def _warn_of_copied_pairs(train: datasets.Dataset, source: str, where: dict[str, Any]) -> None:
+    """Warn where more than `COPIED_PAIRS_WARNING_SHARE` of the training pairs have the same text on both sides
+    (`source`: where they come from): cleaning keeps them, as Moses' does, and a model trained on them learns to copy
+    its input; the same file under both languages' names trained one that translates nothing, without a word."""
+    pairs = train.with_format("arrow")["translation"]
+    sides = (pc.struct_field(pairs, where[language]) for language in ("source_lang", "target_lang"))
+    copies = pc.sum(pc.equal(*sides)).as_py() or 0
+    if copies > COPIED_PAIRS_WARNING_SHARE * len(train):
+        logger.warning(
+            "%d of the %d training pairs (%s) have the same text on both sides: a model learns to copy its input. "
+            "Copy noise, or one language's text given for both?",
+            copies,
+            len(train),
+            source,
+        )
 
 
 def _warn_of_validation_pairs_in_training(

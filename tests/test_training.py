@@ -1372,6 +1372,22 @@ def test_a_given_tokenizer_that_reads_a_side_as_unknown_tokens_is_warned_of(tmp_
     )
 
 
+def test_training_pairs_with_the_same_text_on_both_sides_are_warned_of(tmp_path, datasets_cache, caplog):
+    """The English file copied under the German name: a model trained to copy its input, without a word."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    lines = (data_dir / "train.en").read_text(encoding="utf-8").splitlines()
+    german = (data_dir / "train.de").read_text(encoding="utf-8").splitlines()
+    (data_dir / "train.de").write_text("\n".join(lines[:35] + german[35:]) + "\n", encoding="utf-8")
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", vocab_size=64)
+    with caplog.at_level(logging.WARNING, logger="modeling.training"):
+        train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "run", save_strategy="no"))
+    warned = [record.getMessage() for record in caplog.records if "same text on both sides" in record.getMessage()]
+    assert warned == [
+        f"35 of the 40 training pairs ({data_dir / 'train.en'} + {data_dir / 'train.de'}) have the same text on both "
+        "sides: a model learns to copy its input. Copy noise, or one language's text given for both?"
+    ]
+
+
 def test_validation_pairs_that_are_training_pairs_too_are_warned_of(tmp_path, datasets_cache, caplog):
     """A validation set sampled from the corpus and left in it: the validation loss and BLEU measured what the model
     learnt by heart, without a word."""
