@@ -784,6 +784,7 @@ def _tokenizer(
         _take_the_run_languages(tokenizer, name, data_args)
         _check_given_tokenizer(tokenizer, name, train_text[0]["translation"], data_args)
         _warn_of_unknown_tokens(tokenizer, name, train_text, data_args)
+        _warn_of_special_tokens_read_in_text(tokenizer, name, train_text, data_args)
         return tokenizer
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(local=False, desc="shared BPE"):
@@ -870,6 +871,39 @@ def _warn_of_unknown_tokens(
                 len(pairs),
                 tokenizer.unk_token,
             )
+
+
+def _warn_of_special_tokens_read_in_text(
+    tokenizer: PreTrainedTokenizerBase, name: str, train_text: datasets.Dataset, data_args: DataArguments
+) -> None:
+    """Warn of training sentences holding a special token's text ("</s>": HTML's strikethrough in web-crawled text)
+    that the given tokenizer reads as that token, as one built with 🤗 tokenizers does unless told to split them (this
+    project's BPE reads them as text): a target holding "</s>" taught the model to stop there, without a word."""
+    read_as_control = [
+        token
+        for token in tokenizer.all_special_tokens
+        if tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+    ]
+    if not read_as_control:
+        return
+    pairs = train_text.data.column("translation")  # the corpus before cleaning: selecting from it would copy it
+    for language in (data_args.source_lang, data_args.target_lang):
+        sentences = pc.struct_field(pairs, language)
+        for token in read_as_control:
+            count = pc.sum(pc.match_substring(sentences, token)).as_py() or 0
+            if count:
+                logger.warning(
+                    "%d %r sentences of the training data hold %r, which the tokenizer %s reads as its special token "
+                    "(id %d), not as text: a target holding '</s>' teaches the model to stop there. To read them as "
+                    "text, save it so: AutoTokenizer.from_pretrained(%r, split_special_tokens=True)"
+                    ".save_pretrained(...)",
+                    count,
+                    language,
+                    token,
+                    name,
+                    tokenizer.convert_tokens_to_ids(token),
+                    name,
+                )
 
 
 def _revision_of(name: str, model_args: ModelArguments) -> dict[str, str]:

@@ -46,7 +46,7 @@ from helpers import (
     word_tokenizer,
     write_corpus,
 )
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 import modeling.files as files_module
 import modeling.hub as hub_module
@@ -1370,6 +1370,39 @@ def test_a_given_tokenizer_that_reads_a_side_as_unknown_tokens_is_warned_of(tmp_
     assert re.match(
         rf"The tokenizer {re.escape(str(tmp_path / 'tokenizer'))} reads \d+% of the 'ru' tokens", warned[0]
     )
+
+
+def test_special_token_text_in_the_training_data_that_a_given_tokenizer_reads_as_the_token_is_warned_of(
+    tmp_path, datasets_cache, caplog
+):
+    """A tokenizer built with 🤗 tokenizers reads "</s>" written in a sentence as its end-of-sentence token: training
+    targets holding it taught the model to stop there, without a word. This project's BPE reads it as text."""
+    data_dir = write_corpus(tmp_path / "data", 40, word_for_word)
+    german = (data_dir / "train.de").read_text(encoding="utf-8").splitlines()
+    german[:2] = [f"{german[0]} </s> Katze", f"</s> {german[1]}"]
+    (data_dir / "train.de").write_text("\n".join(german) + "\n", encoding="utf-8")
+    data = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de")
+    bpe = word_tokenizer()
+    bpe.save_pretrained(tmp_path / "bpe")
+    special_tokens = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "</s>"}
+    # The same BPE, wrapped as a user wraps one built with 🤗 tokenizers
+    PreTrainedTokenizerFast(tokenizer_object=bpe.backend_tokenizer, **special_tokens).save_pretrained(tmp_path / "own")
+    warned = {}
+    for tokenizer in ("own", "bpe"):
+        model_args = ModelArguments(preset="tiny", tokenizer_name_or_path=str(tmp_path / tokenizer), **TINY)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="modeling.training"):
+            train(model_args, data, tiny_run_args(tmp_path / f"run-{tokenizer}", save_strategy="no"))
+        warned[tokenizer] = [
+            record.getMessage() for record in caplog.records if "special token" in record.getMessage()
+        ]
+    assert warned["own"] == [
+        f"2 'de' sentences of the training data hold '</s>', which the tokenizer {tmp_path / 'own'} reads as its "
+        "special token (id 2), not as text: a target holding '</s>' teaches the model to stop there. To read them as "
+        f"text, save it so: AutoTokenizer.from_pretrained('{tmp_path / 'own'}', split_special_tokens=True)"
+        ".save_pretrained(...)"
+    ]
+    assert warned["bpe"] == []
 
 
 def test_training_pairs_with_the_same_text_on_both_sides_are_warned_of(tmp_path, datasets_cache, caplog):
