@@ -7,6 +7,7 @@
 """
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -41,6 +42,13 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.dataset_revision is not None and args.dataset is None:
         parser.error("--dataset-revision names a version of a Hub dataset (--dataset)")
+    for path in args.train_files or []:
+        # read line by line, a BPE learnt JSON's syntax and escapes ("\u00fc" for ü, which it then read as <unk>)
+        if kind := re.search(r"\.(jsonl|tsv)(\.(gz|xz|bz2))?$", path, re.IGNORECASE):
+            parser.error(
+                f"{path} is {kind[1].upper()}: --train-files reads plain text, one sentence per line; give its folder "
+                "as --data-dir, with --source-lang and --target-lang"
+            )
     if args.train_files is None:
         pair = args.language_pair.split("-") if args.language_pair else [None, None]
         args.source_lang = args.source_lang or pair[0]

@@ -86,6 +86,20 @@ def test_cli_reports_a_data_directory_without_a_training_split_in_one_line(tmp_p
     assert not any((tmp_path / "bpe").iterdir())
 
 
+@pytest.mark.parametrize("name", ["train.jsonl", "train.en-de.tsv.gz"])
+def test_cli_refuses_jsonl_or_tsv_as_train_files_pointing_to_data_dir(name, tmp_path, monkeypatch, capsys):
+    """Read as lines of text, a JSONL file trained a BPE of its syntax and escapes, in which "ü" was <unk>."""
+    (tmp_path / name).write_text('{"translation": {"en": "over", "de": "\\u00fcber"}}\n', encoding="utf-8")
+    args = ["--train-files", tmp_path / name, "--vocab-size", "64", "--output-dir", tmp_path / "bpe"]
+    assert script_error("train_tokenizer.py", *args, monkeypatch=monkeypatch) == "2"
+    kind = "JSONL" if name.endswith(".jsonl") else "TSV"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train_tokenizer.py: error: {tmp_path / name} is {kind}: --train-files reads plain text, one sentence per "
+        "line; give its folder as --data-dir, with --source-lang and --target-lang"
+    )
+    assert not (tmp_path / "bpe").exists()
+
+
 def test_cli_refuses_files_without_text_and_saves_nothing(tmp_path, monkeypatch):
     (tmp_path / "train.en").write_text("")
     (tmp_path / "train.de").write_text("\n  \n")
