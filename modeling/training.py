@@ -879,9 +879,11 @@ def _warn_of_special_tokens_read_in_text(
     """Warn of training sentences holding a special token's text ("</s>": HTML's strikethrough in web-crawled text)
     that the given tokenizer reads as that token, as one built with 🤗 tokenizers does unless told to split them (this
     project's BPE reads them as text): a target holding "</s>" taught the model to stop there, without a word."""
+    # Not the additional special tokens: a multilingual model's language tags (">>de<<") are written in its sources.
+    roles = (tokenizer.pad_token, tokenizer.unk_token, tokenizer.eos_token, tokenizer.bos_token)
     read_as_control = [
         token
-        for token in tokenizer.all_special_tokens
+        for token in dict.fromkeys(role for role in roles if role is not None)
         if tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
     ]
     if not read_as_control:
