@@ -721,7 +721,15 @@ def _train_bpe(data_args: DataArguments, train_text: datasets.Dataset, vocab_siz
     """A shared BPE of `vocab_size` over both sides of the training text (`train_shared_bpe` warns when the
     corpus's characters alone make it larger)."""
     languages = [data_args.source_lang, data_args.target_lang]
-    return train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size)
+    source = split_source(  # named where the text is all blank (--no_clean), not as "the input"
+        "train",
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        dataset=data_args.dataset,
+        language_pair=data_args.language_pair,
+        data_dir=data_args.data_dir,
+    )
+    return train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size, source=source)
 
 
 def _check_unrecorded_bpe(

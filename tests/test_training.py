@@ -1191,6 +1191,13 @@ def test_an_empty_split_names_its_files_and_cleaning_that_empties_one_says_so(tm
     (data_dir / "train.en").write_text("".join("one\n" for _ in range(10)))  # every pair fails the ratio rule
     with pytest.raises(ValueError, match=r"cleaning removed every one of the 10 pairs of split 'train'.*10 with a"):
         train(ModelArguments(preset="tiny", **TINY), data, tiny_run_args(tmp_path / "b"))
+    for language in ("en", "de"):  # uncleaned, blank lines reach the BPE, which names their files, not "the input"
+        (data_dir / f"train.{language}").write_text("\n \n\u200b\n")
+    uncleaned = DataArguments(data_dir=str(data_dir), source_lang="en", target_lang="de", clean=False)
+    with pytest.raises(
+        ValueError, match=rf"^no text to train the BPE on: {re.escape(str(data_dir / 'train.en'))} \+ .*train\.de hold"
+    ):
+        train(ModelArguments(preset="tiny", **TINY), uncleaned, tiny_run_args(tmp_path / "c"))
 
 
 def test_a_bpe_larger_than_vocab_size_resumes_and_a_foreign_one_is_refused(tmp_path, datasets_cache, caplog):
