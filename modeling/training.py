@@ -149,11 +149,11 @@ MARIAN_MODEL_TYPE = "marian"
 # warned of (a BPE trained on both sides has none; a tokenizer trained on one language, a whole script of the other).
 UNKNOWN_TOKEN_SAMPLE_PAIRS = 1000
 UNKNOWN_TOKEN_WARNING_SHARE = 0.01
-# The share of validation pairs found in the training data past which they are warned of: a few short ones ("Thank
-# you.") are in any large corpus.
+# The share of validation pairs found in the training data past which they are warned of: a large corpus may hold a
+# few short ones ("Thank you.") by chance.
 VALIDATION_IN_TRAINING_WARNING_SHARE = 0.01
 # The share of training pairs with the same text on both sides past which they are warned of: names, numbers and URLs
-# make about 1% of WMT's; far more is copy noise, or one language's file given for both.
+# are the same in both languages; a tenth of a corpus is copy noise, or one language's file given for both.
 COPIED_PAIRS_WARNING_SHARE = 0.1
 # What `train()` writes into output_dir, removed by --overwrite_output_dir (other files are left alone).
 RUN_RECORD_FILES = (
