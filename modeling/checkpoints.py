@@ -18,6 +18,7 @@ Only the standard library is needed here: deployment tools (`modeling.translatio
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -29,7 +30,7 @@ import struct
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .files import file_sha256, read_json, require_directory, write_json
 
@@ -56,6 +57,8 @@ CURVES_FILE = "training_curves.png"
 MODEL_CARD_STAGING = ".model_card.partial"
 MODEL_CARD_FILES = ("README.md", CURVES_FILE, MODEL_CARD_STAGING)
 DATA_STATS_FILE = "data_stats.json"
+# Held by a training run for as long as it writes into its output directory (`modeling.training.training_lock`).
+TRAINING_LOCK_FILE = ".training.lock"
 PICKLED_STATE_RE = re.compile(r"^(optimizer|scheduler|scaler)\.pt$|^rng_state(_\d+)?\.pth$")
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm", "merges.txt", "spm.model")
 # Config fields that change without the model changing: library version, where it was loaded from, dtype.
@@ -524,6 +527,42 @@ def model_differences(first: str | os.PathLike, second: str | os.PathLike) -> li
     return differences
 
 
+# --- a run still training in a directory ---------------------------------------------------------------------
+
+
+def training_lock_holder(handle: IO[str]) -> str:
+    """Who holds a training lock, as its holder wrote it into the file (`pid N on HOST, since ...`)."""
+    handle.seek(0)
+    return handle.readline().strip() or "a process that has not said who it is"
+
+
+def training_run_in(directory: str | os.PathLike) -> str | None:
+    """The training run that holds `directory`'s lock (`pid N on HOST, since ...`), None where none does (no lock
+    file, or a file system without locks). Its final model is saved there file by file when it ends."""
+    try:
+        with open(Path(directory) / TRAINING_LOCK_FILE, encoding="utf-8") as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the file, at once
+            except BlockingIOError:
+                return training_lock_holder(lock)
+    except OSError:
+        return None
+    return None
+
+
+def check_outside_live_checkpoints(path: str | os.PathLike, what: str) -> None:
+    """Refuse `what` written at `path` inside a checkpoint of a run still training (`runs/x/checkpoint-N/eval`):
+    rotating its checkpoints (`--save_total_limit`) deletes that directory with all it holds, an evaluation's
+    hypotheses and scores, or a translation resumable from its partial file, with them."""
+    resolved = Path(path).resolve()
+    for checkpoint in resolved.parents:
+        if CHECKPOINT_RE.match(checkpoint.name) and (holder := training_run_in(checkpoint.parent)):
+            raise ValueError(
+                f"{what} {path} lies inside {checkpoint}, which the training run in {checkpoint.parent} ({holder}) "
+                "deletes when it rotates its checkpoints: write it outside that directory"
+            )
+
+
 __all__ = [
     "COMPLETE_MARKER",
     "CURVES_FILE",
@@ -535,6 +574,8 @@ __all__ = [
     "RUN_IDENTITY_FILE",
     "RunMismatchError",
     "TRAINING_ARGS_FILE",
+    "TRAINING_LOCK_FILE",
+    "check_outside_live_checkpoints",
     "checkpoint_problems",
     "checkpoint_step",
     "complete_checkpoints",
@@ -548,6 +589,8 @@ __all__ = [
     "read_run_identity",
     "require_complete_checkpoint",
     "safetensors_problem",
+    "training_lock_holder",
+    "training_run_in",
     "weights_record",
     "write_completeness_marker",
 ]

@@ -70,6 +70,7 @@ from .checkpoints import (
     RUN_IDENTITY_FILE,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_FILE,
+    TRAINING_LOCK_FILE,
     RunMismatchError,
     checkpoint_step,
     config_identity,
@@ -83,6 +84,7 @@ from .checkpoints import (
     require_complete_checkpoint,
     saved_update,
     staging_directories,
+    training_lock_holder,
     vocabulary_fingerprint,
     weights_problems,
     weights_record,
@@ -205,7 +207,6 @@ class OutputDirectoryInUseError(ValueError):
     process is writing into."""
 
 
-TRAINING_LOCK_FILE = ".training.lock"
 # The training locks this process holds: a forked child (a DataLoader worker) closes its copies at once.
 _HELD_TRAINING_LOCKS: set[IO[str]] = set()
 
@@ -352,43 +353,11 @@ def _lock_for_training(handle: IO[str], output_dir: Path) -> None:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise OutputDirectoryInUseError(
-            f"{output_dir} is in use by another training run ({_lock_holder(handle)}): wait for it to end or stop it, "
-            "then run this command again"
+            f"{output_dir} is in use by another training run ({training_lock_holder(handle)}): wait for it to end or "
+            "stop it, then run this command again"
         ) from None
     except OSError as error:
         logger.warning("Cannot lock %s (%s): a second run into it is not refused", handle.name, error)
-
-
-def _lock_holder(handle: IO[str]) -> str:
-    handle.seek(0)
-    return handle.readline().strip() or "a process that has not said who it is"
-
-
-def training_run_in(directory: str | os.PathLike) -> str | None:
-    """The training run that holds `directory`'s lock (`pid N on HOST, since ...`), None where none does (no lock
-    file, or a file system without locks). Its final model is saved there file by file when it ends."""
-    try:
-        with open(Path(directory) / TRAINING_LOCK_FILE, encoding="utf-8") as lock:
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the file, at once
-            except BlockingIOError:
-                return _lock_holder(lock)
-    except OSError:
-        return None
-    return None
-
-
-def check_outside_live_checkpoints(path: str | os.PathLike, what: str) -> None:
-    """Refuse `what` written at `path` inside a checkpoint of a run still training (`runs/x/checkpoint-N/eval`):
-    rotating its checkpoints (`--save_total_limit`) deletes that directory with all it holds, an evaluation's
-    hypotheses and scores, or a translation resumable from its partial file, with them."""
-    resolved = Path(path).resolve()
-    for checkpoint in resolved.parents:
-        if CHECKPOINT_RE.match(checkpoint.name) and (holder := training_run_in(checkpoint.parent)):
-            raise ValueError(
-                f"{what} {path} lies inside {checkpoint}, which the training run in {checkpoint.parent} ({holder}) "
-                "deletes when it rotates its checkpoints: write it outside that directory"
-            )
 
 
 def _wait_for_everyone(training_args: TranslationTrainingArguments) -> None:

@@ -17,6 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
+from modeling.checkpoints import check_outside_live_checkpoints
 from modeling.cli import (
     add_decoding_arguments,
     add_model_arguments,
@@ -43,7 +44,6 @@ from modeling.evaluation import (
 from modeling.files import check_distinct_outputs, check_writable, write_json
 from modeling.quantization import quantize_int8
 from modeling.scoring import check_scorable
-from modeling.training import check_outside_live_checkpoints
 from modeling.translation import TranslationInProgressError, check_workers, model_files
 
 SCORE_LINES = (

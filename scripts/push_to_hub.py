@@ -14,11 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from modeling.checkpoints import training_run_in
 from modeling.cli import reporting_on_stdout, summary
 from modeling.files import sole_writer
 from modeling.hub import MissingHubTokenError, check_model_dir, full_repo_id, push_model_dir, resolve_token
 from modeling.model_card import write_model_card
-from modeling.training import training_run_in
 
 
 def parse_args() -> argparse.Namespace:

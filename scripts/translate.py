@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+from modeling.checkpoints import check_outside_live_checkpoints
 from modeling.cli import (
     add_decoding_arguments,
     add_model_arguments,
@@ -28,7 +29,6 @@ from modeling.cli import (
 )
 from modeling.files import check_distinct_outputs, check_writable, iter_lines, reads_once, write_text
 from modeling.quantization import quantize_int8
-from modeling.training import check_outside_live_checkpoints
 from modeling.translation import (
     TranslationInProgressError,
     as_lines,
