@@ -639,9 +639,10 @@ class TransformerModel(TransformerPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The matrix that `input_ids` are looked up in (what `inputs_embeds` stand for): the shared one, or the
-        encoder's own when untied."""
-        return self.shared if self.shared is not None else self.encoder.embed_tokens
+        """The module that the encoder looks `input_ids` up in (what `inputs_embeds` stand for): tied, its weight is
+        the shared matrix. The encoder's module, not `shared`, as MarianMT's: a hook on it (the Trainer's NEFTune, a
+        user's own) must run on the lookup, and `shared` itself looks nothing up."""
+        return self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         """The shared matrix of both stacks; untied, the encoder's alone (as MarianMT's)."""

@@ -13,6 +13,7 @@ from accelerate import infer_auto_device_map
 from helpers import EOS, FAIRSEQ_FIXTURES, PAD, batch, labelled_batch, sources, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.integrations.neftune import activate_neftune
 
 from modeling import TransformerForConditionalGeneration, TransformerModel, modeling_transformer
 from modeling.modeling_transformer import sinusoidal_positional_encoding
@@ -597,6 +598,23 @@ def test_resize_token_embeddings_keeps_the_three_way_tie():
         -1
     ] == (VOCAB + 6)
     assert model.get_input_embeddings() is model.model.shared and model.get_output_embeddings() is model.lm_head
+
+
+@pytest.mark.parametrize("tie_word_embeddings", [True, False], ids=["tied", "untied"])
+def test_a_hook_on_the_input_embeddings_sees_the_encoders_lookup_as_neftune_needs(tie_word_embeddings):
+    """The Trainer's `neftune_noise_alpha` (as a user's own hook) hooks `get_input_embeddings()`: tied, that was
+    `shared`, whose weight the stacks look up through modules of their own, so the hook never ran and NEFTune trained
+    without noise, silently (MarianMT's noise reaches its encoder)."""
+    model = tiny_model(tie_word_embeddings=tie_word_embeddings, dropout=0.0).train()
+    clean = model(**labelled_batch()).loss
+    handle = activate_neftune(model, neftune_noise_alpha=5.0)
+    try:
+        torch.manual_seed(0)
+        noisy = model(**labelled_batch()).loss
+    finally:
+        handle.remove()
+    assert noisy != clean, "the noise reached the encoder's input"
+    assert torch.equal(model(**labelled_batch()).loss, clean)
 
 
 def test_untied_embeddings_are_three_matrices_that_inputs_embeds_and_resizing_follow():
