@@ -368,10 +368,11 @@ class TransformerPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, refused in one line before anything is written for a model whose
-        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`) or whose config
-        holds a value set by hand that the model cannot be built from. The generation config is saved without the
-        library defaults that `Seq2SeqTrainer` wrote into it (`generate()` says why). The config's `auto_map` names
-        `TransformerModel` for `AutoModel` too: transformers writes only the saved class's."""
+        linear layers torch's dynamic quantisation replaced (`modeling.quantization.quantize_int8`), whose config
+        holds a value set by hand that the model cannot be built from, or whose generation config transformers would
+        refuse. The generation config is saved without the library defaults that `Seq2SeqTrainer` wrote into it
+        (`generate()` says why). The config's `auto_map` names `TransformerModel` for `AutoModel` too: transformers
+        writes only the saved class's."""
         self.config.check_values()
         int8_layers = int8_layer_names(self)
         if int8_layers:
@@ -382,6 +383,8 @@ class TransformerPreTrainedModel(PreTrainedModel):
             )
         if hasattr(self, "undo_library_default_fill"):
             self.undo_library_default_fill()
+        if self.can_generate():
+            self._check_generation_config(save_directory)
         if self._auto_class is not None:  # where transformers writes an auto_map and copies the code at all
             module = TransformerModel.__module__.rsplit(".", 1)[-1]  # as transformers names remote code
             self.config.auto_map = {
@@ -389,6 +392,22 @@ class TransformerPreTrainedModel(PreTrainedModel):
                 "AutoModel": f"{module}.TransformerModel",
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _check_generation_config(self, save_directory) -> None:
+        """transformers refuses to save a generation config changed since loading that its strict validation faults
+        (greedy decoding, `num_beams = 1`, beside the paper's early stopping and length penalty), but only after
+        config.json and the code files are written: refused here first, in one line."""
+        config = self.generation_config
+        if getattr(config, "_original_object_hash", None) == hash(config):  # unchanged: transformers only warns
+            return
+        try:
+            config.validate(strict=True)
+        except ValueError as error:
+            raise ValueError(
+                f"cannot save to {save_directory}: {' '.join(str(error).split())} Or leave the model's generation "
+                "config as it was and pass the setting to generate() (num_beams=1 to generate greedily; "
+                "Seq2SeqTrainingArguments(generation_num_beams=1) to evaluate so)."
+            ) from None
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         """`PreTrainedModel`'s, refusing a checkpoint whose embeddings do not match `tie_word_embeddings` (an

@@ -539,6 +539,21 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert torch.allclose(*gradients, atol=1e-6)
 
 
+def test_a_generation_config_transformers_would_refuse_is_refused_before_anything_is_written(tmp_path):
+    """Greedy decoding set on the model (`num_beams = 1`) leaves the paper's beam-only settings (early stopping, a
+    length penalty), which transformers refuses to save, after config.json and the code files are written: a
+    directory without weights, or a Trainer's checkpoint, half-written. Refused first, in one line saying how."""
+    model = tiny_model()
+    model.generation_config.num_beams = 1
+    with pytest.raises(ValueError, match=r"cannot save to .*early_stopping.*num_beams=1 to generate") as error:
+        model.save_pretrained(tmp_path / "saved")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "saved").exists()
+    model.generation_config.update(early_stopping=None, length_penalty=None)
+    model.save_pretrained(tmp_path / "saved")
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "saved").generation_config.num_beams == 1
+
+
 def test_save_load_round_trip_keeps_logits_and_one_shared_storage(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)
