@@ -246,8 +246,9 @@ def _sees_each_row_alone(processor: LogitsProcessor) -> bool:
 
 
 # What generate() hands the decoding loop per row of the batch (besides the cache); any other tensor takes
-# transformers' own loop, since the batch could not be cut safely.
-PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs")
+# transformers' own loop, since the batch could not be cut safely. Labels, which `Seq2SeqTrainer` generates beside,
+# transformers never hands the model while generating (`prepare_inputs_for_generation`): they change nothing.
+PER_ROW_GENERATION_KWARGS = ("attention_mask", "decoder_attention_mask", "encoder_outputs", "labels")
 
 
 def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool, int | None]:
