@@ -73,6 +73,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.dataset_revision is not None and args.dataset is None:
         parser.error("--dataset-revision names a version of a Hub dataset (--dataset)")
+    if args.language_pair is not None and args.dataset is None:  # else ignored, yet recorded with the scores
+        parser.error("--language-pair names a configuration of a Hub dataset (--dataset)")
     return args
 
 

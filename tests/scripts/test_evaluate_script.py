@@ -68,6 +68,9 @@ def test_a_hub_test_set_is_read_at_the_revision_asked_for_and_its_commit_reaches
     local = ["--model", tiny_checkpoint[0], "--data-dir", tmp_path, "--source-lang", "en", "--target-lang", "de"]
     assert script_error("evaluate.py", *local, "--dataset-revision", first, monkeypatch=monkeypatch) == "2"
     assert "error: --dataset-revision names a version of a Hub dataset (--dataset)" in capsys.readouterr().err
+    # ignored beside local files, it was recorded with the scores and in the card's model-index
+    assert script_error("evaluate.py", *local, "--language-pair", "de-en", monkeypatch=monkeypatch) == "2"
+    assert "error: --language-pair names a configuration of a Hub dataset (--dataset)" in capsys.readouterr().err
 
 
 def test_scores_of_other_weights_in_the_output_directory_are_replaced_with_a_warning(
