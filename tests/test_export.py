@@ -32,6 +32,7 @@ from helpers import (
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
+    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     GenerationConfig,
     LogitsProcessor,
@@ -912,6 +913,27 @@ def test_marian_exports_tokenizer_warns_of_sources_longer_than_the_positional_ta
 def test_marian_refuses_what_it_cannot_compute_naming_the_field(tokenizer, tmp_path, override, message):
     with pytest.raises(ValueError, match=f"^cannot export to MarianMT exactly: {message}"):
         export.to_marian(tiny_model(len(tokenizer), **override), tokenizer, tmp_path / "marian")
+    assert not (tmp_path / "marian").exists()
+
+
+def test_marian_refuses_in_one_line_a_greedy_generation_config_set_by_hand_that_transformers_refuses_to_save(
+    tokenizer, tmp_path
+):
+    """num_beams=1 written into generation_config.json beside the paper's early stopping and length penalty: the
+    model loads it with a warning and translates greedily; MarianMTModel.save_pretrained failed on the twin's copy
+    with transformers' dozen lines ("GenerationConfig is invalid")."""
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    path = tmp_path / "model" / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_beams": 1}))
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError) as refused:
+        export.to_marian(model, tokenizer, tmp_path / "marian")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"cannot export to MarianMT: transformers refuses to save the generation config of {tmp_path / 'model'} ("
+    )
+    assert "unset `early_stopping`" in message and "unset `length_penalty`" in message
     assert not (tmp_path / "marian").exists()
 
 

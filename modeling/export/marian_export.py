@@ -64,6 +64,22 @@ def _check_marian_positions(model: TransformerForConditionalGeneration, marian) 
             )
 
 
+def _check_marian_generation_config(model: TransformerForConditionalGeneration, marian) -> None:
+    """Refuse, in one line naming the settings, a generation config that `MarianMTModel.save_pretrained` refuses in
+    a dozen lines (`GenerationConfig is invalid`): greedy decoding (`num_beams=1`, as a user sets it in
+    generation_config.json) beside the paper's early stopping and length penalty. This model loads and saves such a
+    config unchanged with a warning; the twin's copy of it is new to transformers, which validates it strictly."""
+    try:
+        marian.generation_config.validate(strict=True)
+    except ValueError as error:
+        lines = str(error).splitlines()
+        faults = " ".join(line[2:] for line in lines if line.startswith("- ")) or " ".join(str(error).split())
+        source = getattr(model.config, "_name_or_path", "") or "the model"
+        raise ValueError(
+            f"cannot export to MarianMT: transformers refuses to save the generation config of {source} ({faults})"
+        ) from None
+
+
 def _fairseq_decoding_not_expressed(model: TransformerForConditionalGeneration) -> list[str]:
     """The fields of fairseq's decoding (`set_fairseq_decoding`) set in the generation config, which transformers'
     beam search, MarianMTModel's, does not have."""
@@ -100,6 +116,7 @@ def to_marian(
     check_tokenizer_fits(model, tokenizer, "MarianMTModel")
     marian = convert_to_marian(model)
     _check_marian_positions(model, marian)
+    _check_marian_generation_config(model, marian)
     not_expressed = paper_decoding_not_expressed(model, "MarianMTModel") + _fairseq_decoding_not_expressed(model)
     limits = marian.generation_config
     if limits.max_length is None and limits.max_new_tokens is None:
