@@ -1071,6 +1071,22 @@ def test_an_int8_model_is_refused_in_one_line_naming_the_float_path(tokenizer, t
     assert "\n" not in str(error.value) and not any(tmp_path.iterdir())
 
 
+def test_onnx_refuses_in_one_line_before_tracing_a_generation_config_set_greedy_that_transformers_refuses(
+    tokenizer, tmp_path
+):
+    """num_beams=1 set on a model beside the paper's early stopping and length penalty: generation_config.json,
+    saved after both graphs were traced, failed in transformers' dozen lines ("GenerationConfig is invalid")."""
+    model = tiny_model(len(tokenizer))
+    model.generation_config.num_beams = 1
+    with pytest.raises(ValueError) as refused:
+        export.to_onnx(model, tmp_path / "onnx", tokenizer=tokenizer)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"cannot save to {tmp_path / 'onnx'}: GenerationConfig is invalid"
+    )
+    assert not (tmp_path / "onnx").exists()
+
+
 def test_onnx_export_of_a_bfloat16_model_writes_float32_graphs_that_load(tokenizer, tmp_path):
     model = tiny_model(len(tokenizer), seed=4).to(torch.bfloat16)
     export.to_onnx(model, tmp_path / "onnx", tokenizer=tokenizer)
