@@ -47,6 +47,7 @@ from modeling.convert import from_marian, to_marian
 from modeling.generation_transformer import set_fairseq_decoding
 from modeling.modeling_transformer import TransformerModel
 from modeling.quantization import quantize_int8
+from modeling.translation import translate
 
 FAIRSEQ_PAD = 1  # fairseq's dictionaries: <s> <pad> </s> <unk>, the same </s> as this project's
 SETTINGS = {"num_beams": 4, "max_new_tokens": 24, "length_penalty": 0.6, "early_stopping": True, "do_sample": False}
@@ -631,6 +632,31 @@ def test_the_ctranslate2_readme_file_translation_writes_a_line_break_inside_a_tr
     capsys.readouterr()
     # was a line of each piece; then " a dog runs fast now " where translate() strips them
     assert (tmp_path / "news.de").read_bytes() == b"a dog runs fast now\n" * 2
+
+
+def test_the_ctranslate2_readme_decodes_translations_without_special_tokens_as_translate_does(
+    trained, tokenizer, tmp_path, monkeypatch, capsys
+):
+    """A model that emits `<unk>` and, resized beyond its tokenizer, a placeholder row: translate() leaves both out
+    of the text (skip_special_tokens); the README's code wrote `<unk>` for each."""
+    model, extended = copy.deepcopy(trained["interleaved", False]), copy.deepcopy(tokenizer)
+    extended.add_tokens(["<ent>", "Zürich"])
+    model.resize_token_embeddings(len(extended), pad_to_multiple_of=8)  # 98 tokens, 104 rows
+    generation = model.generation_config
+    generation.length_penalty_type, generation.max_length_offset, generation.max_new_tokens = "transformers", None, 24
+    with torch.no_grad():  # rows that outscore frequent words: the model emits them in their place
+        embeddings = model.get_input_embeddings().weight
+        embeddings[extended.unk_token_id] = 1.3 * embeddings[extended.convert_tokens_to_ids("▁Ball")]
+        embeddings[-1] = 1.3 * embeddings[extended.convert_tokens_to_ids("▁heute")]
+    generated = model.generate(**extended(SOURCES[:6], padding=True, return_tensors="pt"))
+    assert (generated == extended.unk_token_id).any() and (generated == model.config.vocab_size - 1).any()
+    export.to_ctranslate2(model, extended, tmp_path / "ct2")
+    blocks = re.findall(r"```python\n(.*?)```", (tmp_path / "ct2" / "README.md").read_text(), flags=re.DOTALL)
+    (tmp_path / "news.en").write_text("".join(line + "\n" for line in SOURCES[:6]))
+    monkeypatch.chdir(tmp_path)
+    exec(blocks[0] + blocks[1], {})
+    capsys.readouterr()
+    assert (tmp_path / "news.de").read_text().splitlines() == translate(model, extended, SOURCES[:6])
 
 
 def test_ctranslate2_int8_export_is_smaller_translates_and_leaves_the_model_alone(trained, tokenizer, tmp_path):

@@ -301,8 +301,17 @@ translator = ctranslate2.Translator("{name}", device="cpu", compute_type="defaul
 options = json.load(open("{name}/{options_file}"))
 sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(["A man is riding a bicycle."])["input_ids"]]
 results = translator.translate_batch(sources, **options)
-print([tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0])) for r in results])
+
+
+def detokenize(tokens):  # without special tokens, as `modeling.translation.translate` decodes
+    return tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
+
+
+print([detokenize(r.hypotheses[0]) for r in results])
 ```
+
+A translation is decoded as `translate` decodes it: the special tokens the model emits (its `<unk>`, a special token
+added to the tokenizer, the placeholder of an embedding row beyond the tokenizer) are left out of the text.
 
 A file of one sentence per line: CTranslate2 reads it in chunks, sorts each by length into batches of at most
 `max_batch_size` tokens, and writes one line per line, in order (a line empty or of spaces stays empty; the
@@ -314,7 +323,7 @@ sentence.
 
 ```python
 def one_line(tokens):
-    return " ".join(tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens)).splitlines()).strip()
+    return " ".join(detokenize(tokens).splitlines()).strip()
 
 
 translator.translate_file(
