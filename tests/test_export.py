@@ -760,6 +760,13 @@ def test_ctranslate2_refusal_of_a_gap_lists_ten_missing_ids_then_an_ellipsis(tmp
         assert str(error.value).endswith(f"no token has id {listed}.")
 
 
+def test_ctranslate2_refuses_in_one_line_to_export_without_a_tokenizer(tokenizer, tmp_path):
+    """`export` takes None, as MarianMT and ONNX do; CTranslate2 failed with an AttributeError in its converter."""
+    with pytest.raises(ValueError, match="^cannot export to CTranslate2 without a tokenizer: .*pass the model's"):
+        export.export(tiny_model(len(tokenizer)), None, tmp_path / "ct2", to="ctranslate2")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("target", ["ctranslate2", "marian", "onnx"])
 def test_every_export_refuses_a_tokenizer_larger_than_the_vocabulary(tokenizer, tmp_path, target):
     """MarianMT and ONNX wrote such an export, whose runtime then failed on the first id beyond the rows."""

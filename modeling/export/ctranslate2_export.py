@@ -368,6 +368,11 @@ def to_ctranslate2(
             f"unknown quantization {quantization!r}; expected float32 (the default) or one of "
             f"{CTRANSLATE2_QUANTIZATIONS}."
         )
+    if tokenizer is None:  # `export` passes the None that MarianMT and ONNX take; this failed in the converter
+        raise ValueError(
+            "cannot export to CTranslate2 without a tokenizer: its vocabulary (shared_vocabulary.json) is the "
+            "tokenizer's tokens in id order; pass the model's tokenizer."
+        )
     model = check_ctranslate2(model)
     options, not_expressed = ctranslate2_translate_options(model)
 
