@@ -1120,6 +1120,16 @@ def test_onnx_refuses_in_one_line_before_tracing_a_generation_config_set_greedy_
     assert not (tmp_path / "onnx").exists()
 
 
+def test_onnx_refuses_an_opset_the_exporter_cannot_convert_to_rather_than_record_it_beside_graphs_of_another(
+    tokenizer, tmp_path
+):
+    """opset 16 (an older onnxruntime's): LayerNormalization has no version before 17, and torch kept opset 18 with
+    a warning; export.json recorded opset_version=16 beside graphs of opset 18."""
+    with pytest.raises(ValueError, match=r"^cannot export to ONNX at opset_version=16: .*encoder\.onnx.*opset 18"):
+        export.to_onnx(tiny_model(len(tokenizer)), tmp_path / "onnx", opset_version=16)
+    assert not (tmp_path / "onnx").exists()
+
+
 def test_onnx_export_of_a_bfloat16_model_writes_float32_graphs_that_load(tokenizer, tmp_path):
     model = tiny_model(len(tokenizer), seed=4).to(torch.bfloat16)
     export.to_onnx(model, tmp_path / "onnx", tokenizer=tokenizer)

@@ -194,4 +194,13 @@ def _export_graph(module, args, path: Path, input_names, output_names, dynamic_s
             external_data=False,
             verbose=False,
         )
+    # Below the opsets it implements (18), torch converts the graph down, and where that fails (LayerNormalization
+    # has no version before 17) it keeps 18 with a warning: the graph would then hold another opset than the one
+    # asked for, and export.json would record the one asked for.
+    written = program.model.opset_imports.get("")
+    if written != opset_version:
+        raise ValueError(
+            f"cannot export to ONNX at opset_version={opset_version}: torch's exporter could not convert {path.name} "
+            f"to it (it holds opset {written}); pass a later opset_version (the default is {ONNX_OPSET})."
+        )
     program.save(str(path))
