@@ -370,6 +370,23 @@ def test_ctranslate2_options_stop_translations_where_generate_stops_them(tokeniz
     assert ct2_translations(tmp_path / "ct2", tokenizer, **options) == [strip(row) for row in generated.tolist()]
 
 
+@pytest.mark.parametrize("cap", [{"max_new_tokens": 80}, {"max_length": 81}], ids=lambda value: ",".join(value))
+def test_ctranslate2_options_list_a_cap_beyond_the_positional_table_that_they_cut_there(tokenizer, cap):
+    """generate() runs on beyond the table's 64 positions (the model computes the rows beyond it) to the cap;
+    CTranslate2 has no such position: it stops at 64, which export.json did not say."""
+    model = tiny_model(len(tokenizer))  # random: its translations run to the cap
+    for name, value in {"length_penalty_type": "transformers", "max_length_offset": None, **cap}.items():
+        setattr(model.generation_config, name, value)
+    options, not_expressed = export.ctranslate2_translate_options(model)
+    assert options["max_decoding_length"] == 64
+    assert model.generate(**tokenizer(SOURCES[:1], return_tensors="pt")).shape[1] == 81  # start token + 80
+    assert [line for line in not_expressed if line.startswith("a limit of")] == [
+        "a limit of 80 new tokens (max_length or max_new_tokens): CTranslate2 stops every sentence at "
+        "max_decoding_length=64 tokens (it has no position beyond the positional table), where generate() lets a "
+        "translation run on to 80"
+    ]
+
+
 def test_ctranslate2_options_let_a_long_source_translate_as_far_as_the_paper_limit_lets_generate(tokenizer, tmp_path):
     """Under the paper's limit (source + 50) and no cap, the options took CTranslate2's 256 tokens: the translation
     of a source over 206 tokens, whole from generate(), was cut there without a word."""

@@ -251,6 +251,12 @@ def ctranslate2_translate_options(model: TransformerForConditionalGeneration) ->
             f"{options['max_decoding_length']} tokens (its default, within the positional table), where generate() "
             "stops at transformers' default of 20 new tokens"
         )
+    if cap is not None and not fairseq_limit and cap > options["max_decoding_length"]:
+        not_expressed.append(
+            f"a limit of {cap} new tokens (max_length or max_new_tokens): CTranslate2 stops every sentence at "
+            f"max_decoding_length={options['max_decoding_length']} tokens (it has no position beyond the positional "
+            f"table), where generate() lets a translation run on to {cap}"
+        )
     if fairseq_limit:
         forced = getattr(generation, "forced_eos_keeps_log_prob", False)
         not_expressed.append(
