@@ -922,6 +922,25 @@ def test_marian_export_keeps_the_generation_configs_max_length(tokenizer, tmp_pa
     assert not any(line.startswith("no max_length") for line in record["not_expressed"])
 
 
+@pytest.mark.parametrize("cap", [{"max_new_tokens": 80}, {"max_length": 81}], ids=lambda value: ",".join(value))
+def test_marian_export_cuts_a_cap_beyond_the_positional_table_there_and_lists_it(tokenizer, tmp_path, cap):
+    """generate() runs on beyond the table's 64 positions to the cap; the twin, given the cap, failed there with an
+    IndexError that named no limit."""
+    model = tiny_model(len(tokenizer))  # random: its translations run to the cap
+    for name, value in cap.items():
+        setattr(model.generation_config, name, value)
+    export.to_marian(model, tokenizer, tmp_path / "marian")
+    marian = MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    with torch.no_grad():
+        assert marian.generate(**tokenizer(SOURCES[:1], return_tensors="pt"), num_beams=2).shape[1] == 64
+    not_expressed = json.loads((tmp_path / "marian" / "export.json").read_text())["not_expressed"]
+    assert [line for line in not_expressed if line.startswith("a limit of")] == [
+        "a limit of 80 new tokens (max_length or max_new_tokens): MarianMTModel stops every sentence at "
+        "max_length=64 tokens (the positional table: beyond it, it fails with an IndexError), where generate() lets "
+        "a translation run on to 80"
+    ]
+
+
 def test_marian_export_does_not_cut_translations_at_transformers_default_length(tokenizer, tmp_path):
     """Without a cap in the generation config (this model's limit is per sentence), the twin's cap is the
     positional table, not transformers' default of 20 tokens: an untrained model, which runs to its limit, shows it."""

@@ -119,13 +119,22 @@ def to_marian(
     _check_marian_generation_config(model, marian)
     not_expressed = paper_decoding_not_expressed(model, "MarianMTModel") + _fairseq_decoding_not_expressed(model)
     limits = marian.generation_config
+    positions = model.config.max_position_embeddings
     if limits.max_length is None and limits.max_new_tokens is None:
-        limits.max_length = model.config.max_position_embeddings
+        limits.max_length = positions
         not_expressed.append(
             f"no max_length or max_new_tokens: MarianMTModel stops every sentence at max_length={limits.max_length} "
             "tokens (the positional table), where transformers' default would be 20"
         )
-    positions = model.config.max_position_embeddings
+    else:  # max_new_tokens, where both are set, is the one generate() applies
+        new_tokens = limits.max_new_tokens if limits.max_new_tokens is not None else limits.max_length - 1
+        if new_tokens >= positions:  # MarianMTModel failed at the table's end (IndexError) where ours ran on
+            limits.max_length, limits.max_new_tokens = positions, None
+            not_expressed.append(
+                f"a limit of {new_tokens} new tokens (max_length or max_new_tokens): MarianMTModel stops every "
+                f"sentence at max_length={positions} tokens (the positional table: beyond it, it fails with an "
+                f"IndexError), where generate() lets a translation run on to {new_tokens}"
+            )
     not_expressed.append(
         f"sources over {positions} tokens: MarianMTModel fails on them (IndexError: index out of range in self, its "
         f"positional table has {positions} rows), where generate() encodes them whole; a tokenizer exported with it "
