@@ -11,6 +11,7 @@ import signal
 from unittest import mock
 
 import pytest
+import torch
 from helpers import (
     LOG_HISTORY,
     convert_fairseq_fixture_into,
@@ -35,6 +36,7 @@ from modeling.model_card import (
     training_summary,
 )
 from modeling.scoring import corpus_scores
+from modeling.translation import translate
 
 REPO_ID = "tester/tiny-transformer"
 
@@ -587,6 +589,27 @@ def test_the_cards_ctranslate2_code_runs_as_written_on_an_export(tmp_path, monke
     exec(code, {})
     printed = ast.literal_eval(capsys.readouterr().out.strip())
     assert isinstance(printed, list) and len(printed) == 1
+
+
+def test_the_cards_ctranslate2_code_decodes_without_special_tokens_as_translate_does(tmp_path, monkeypatch, capsys):
+    """A model that emits `<unk>`: translate() leaves it out of the text (skip_special_tokens); the card's code
+    printed `<unk>` for each."""
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID).text
+    code = re.search(r"```python\n(.*?)```", card.split("## Deploy with CTranslate2", 1)[1], flags=re.DOTALL).group(1)
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(len(tokenizer), tie_word_embeddings=False)
+    head = torch.nn.Linear(model.config.d_model, model.config.vocab_size)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()[tokenizer.unk_token_id] = 5.0  # <unk> outscores every word
+    model.set_output_embeddings(head)
+    generation = model.generation_config
+    generation.length_penalty_type, generation.max_length_offset, generation.max_new_tokens = "transformers", None, 6
+    export.to_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    sentence = re.search(r'tokenizer\(\["(.*?)"\]\)', code).group(1)
+    assert ast.literal_eval(capsys.readouterr().out.strip()) == translate(model, tokenizer, [sentence])
 
 
 @pytest.mark.parametrize(
