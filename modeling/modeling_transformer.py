@@ -12,6 +12,7 @@ This file travels with every checkpoint as remote code: it imports only torch, t
 """
 
 import math
+import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -384,7 +385,7 @@ class TransformerPreTrainedModel(PreTrainedModel):
         if hasattr(self, "undo_library_default_fill"):
             self.undo_library_default_fill()
         if self.can_generate():
-            self._check_generation_config(save_directory)
+            self.check_generation_config_savable(save_directory)
         if self._auto_class is not None:  # where transformers writes an auto_map and copies the code at all
             module = TransformerModel.__module__.rsplit(".", 1)[-1]  # as transformers names remote code
             self.config.auto_map = {
@@ -393,7 +394,7 @@ class TransformerPreTrainedModel(PreTrainedModel):
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
 
-    def _check_generation_config(self, save_directory) -> None:
+    def check_generation_config_savable(self, save_directory: str | os.PathLike) -> None:
         """transformers refuses to save a generation config changed since loading that its strict validation faults
         (greedy decoding, `num_beams = 1`, beside the paper's early stopping and length penalty), but only after
         config.json and the code files are written: refused here first, in one line."""

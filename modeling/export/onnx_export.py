@@ -121,7 +121,7 @@ def to_onnx(
     model = check_model(model)
     check_tokenizer_fits(model, tokenizer, "ONNX")
     # in one line before the tracing: transformers refused the generation config in a dozen lines after it
-    model._check_generation_config(output_dir)
+    model.check_generation_config_savable(output_dir)
     if model.dtype != torch.float32:
         # onnxruntime's CPU kernels lack bfloat16 and float16 for most operators: such a graph would not even load.
         model = copy.deepcopy(model).float()
