@@ -33,6 +33,7 @@ import random
 import shutil
 import socket
 import time
+import traceback
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -200,6 +201,37 @@ class TrainingPreempted(Exception):
             f"Training was preempted ({signal_name}) at update {step}, with "
             f"{where}; run the same command with --resume_from_checkpoint last to continue."
         )
+
+
+# Where a collective's failure is raised: torch.distributed's functions and DistributedDataParallel's.
+_COLLECTIVE_CODE = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
+
+
+def lost_process_message(error: BaseException, training_args: TranslationTrainingArguments) -> str | None:
+    """The line that says what a collective's failure on a run of several processes means, or None for any other
+    error. A process that died (killed by the OOM killer, a node lost, a crash of its own) left the others with
+    gloo's "Connection reset by peer" from deep inside torch.distributed or DistributedDataParallel, a traceback
+    naming neither the run, nor that another process had stopped, nor the checkpoint a requeue resumes."""
+    frames = traceback.extract_tb(error.__traceback__)
+    from_a_collective = isinstance(error, torch.distributed.DistError) or (
+        isinstance(error, RuntimeError)
+        and bool(frames)
+        and any(part in Path(frames[-1].filename).as_posix() for part in _COLLECTIVE_CODE)
+    )
+    if not from_a_collective or training_args.world_size < 2:
+        return None
+    output_dir, others = training_args.output_dir, training_args.world_size - 1
+    newest = latest_complete_checkpoint(output_dir)
+    resumes = (
+        f"the newest complete checkpoint is {newest}, which --resume_from_checkpoint last resumes"
+        if newest is not None
+        else "no complete checkpoint was saved: --resume_from_checkpoint last starts the run again"
+    )
+    return (
+        f"error: A collective operation of process {training_args.process_index} with the other {others} of the "
+        f"run in {output_dir} failed (the {type(error).__name__} above), most likely because one of them stopped "
+        f"(its own log says why); {resumes}."
+    )
 
 
 class OutputDirectoryInUseError(ValueError):

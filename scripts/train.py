@@ -88,7 +88,7 @@ from modeling.cli import giving_up_broken_output, log_to_stderr, reporting_on_st
 from modeling.config_files import ARGUMENT_GROUPS, read_config_file
 from modeling.presets import get_preset
 from modeling.trainer import TrainingDiverged
-from modeling.training import TrainingPreempted, train
+from modeling.training import TrainingPreempted, lost_process_message, train
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
@@ -243,8 +243,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
         preempted = str(stop)
     except (OSError, ValueError, TrainingDiverged) as error:  # OSError: a full disk, Hub errors; one line each
         failure = one_line(error)
-    except Exception:  # a bug, or a device's error (out of memory): its traceback, as text
+    except Exception as error:  # a bug, or a device's error (out of memory): its traceback, as text
         crash = traceback.format_exc()
+        # After it, the line that says what a collective's failure means: its traceback ends deep in torch.
+        lost = lost_process_message(error, training_args)
+        crash += f"{lost}\n" if lost is not None else ""
     except KeyboardInterrupt:  # a second Ctrl-C (or one during the push): out at once, as asked
         interrupted = True
     try:

@@ -14,6 +14,9 @@ import random
 import re
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,6 +38,7 @@ from helpers import (
     push_translation_dataset,
     save_tiny_checkpoint,
     seeded_marian,
+    subprocess_env,
     synthetic_pairs,
     tiny_config,
     tiny_model,
@@ -704,6 +708,56 @@ def test_a_requeue_refused_before_its_first_update_leaves_the_records_of_the_run
     with pytest.raises(ValueError, match="Cannot resume from .*checkpoint-2"):
         train(ModelArguments(preset="tiny", **TINY), data, requeue)
     assert {name: (run / name).read_text() for name in records} == records
+
+
+LOST_PROCESS_WORKER = """
+import os, sys
+from types import SimpleNamespace
+import torch, torch.distributed as dist
+from modeling.training import lost_process_message
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    os._exit(1)  # as the OOM killer ends a process
+try:
+    dist.all_reduce(torch.zeros(1))
+except RuntimeError as error:
+    print(lost_process_message(error, SimpleNamespace(process_index=0, world_size=2, output_dir=sys.argv[1])))
+    os._exit(0)
+"""
+
+
+def test_a_process_left_by_another_that_died_says_so_naming_the_checkpoint_to_resume(tmp_path):
+    """gloo's "Connection reset by peer", raised in the collective that the survivor was in (a save's agreement, the
+    gradients' sum), ended its log in a traceback from deep inside torch.distributed, naming neither the run, nor
+    that another process had stopped, nor the checkpoint that the requeue resumes."""
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    write_completeness_marker(run / "checkpoint-2", step=2)
+    worker = tmp_path / "worker.py"
+    worker.write_text(LOST_PROCESS_WORKER)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(run)],
+            env=subprocess_env(**env, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    survivor = ranks[0].communicate(timeout=120)[0]
+    ranks[1].wait(timeout=120)
+    assert survivor == (
+        f"error: A collective operation of process 0 with the other 1 of the run in {run} failed (the RuntimeError "
+        "above), most likely because one of them stopped (its own log says why); the newest complete checkpoint is "
+        f"{run / 'checkpoint-2'}, which --resume_from_checkpoint last resumes.\n"
+    )
+    args = SimpleNamespace(process_index=0, world_size=2, output_dir=str(run))
+    assert training.lost_process_message(RuntimeError("CUDA out of memory"), args) is None, "not a collective's"
+    assert training.lost_process_message(torch.distributed.DistBackendError("NCCL error"), args) is not None
 
 
 def test_a_process_that_stops_alone_while_the_data_is_prepared_records_the_preemption(tmp_path, monkeypatch):
