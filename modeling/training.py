@@ -229,8 +229,8 @@ def lost_process_message(error: BaseException, training_args: TranslationTrainin
     )
     return (
         f"error: A collective operation of process {training_args.process_index} with the other {others} of the "
-        f"run in {output_dir} failed (the {type(error).__name__} above), most likely because one of them stopped "
-        f"(its own log says why); {resumes}."
+        f"run in {output_dir} failed (the {type(error).__name__} above), most likely because one of them stopped or "
+        f"hung (its own log says why); {resumes}."
     )
 
 

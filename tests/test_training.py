@@ -752,8 +752,8 @@ def test_a_process_left_by_another_that_died_says_so_naming_the_checkpoint_to_re
     ranks[1].wait(timeout=120)
     assert survivor == (
         f"error: A collective operation of process 0 with the other 1 of the run in {run} failed (the RuntimeError "
-        "above), most likely because one of them stopped (its own log says why); the newest complete checkpoint is "
-        f"{run / 'checkpoint-2'}, which --resume_from_checkpoint last resumes.\n"
+        "above), most likely because one of them stopped or hung (its own log says why); the newest complete "
+        f"checkpoint is {run / 'checkpoint-2'}, which --resume_from_checkpoint last resumes.\n"
     )
     args = SimpleNamespace(process_index=0, world_size=2, output_dir=str(run))
     assert training.lost_process_message(RuntimeError("CUDA out of memory"), args) is None, "not a collective's"
