@@ -11,9 +11,12 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from accelerate import PartialState
 from transformers import Seq2SeqTrainingArguments
+from transformers.utils import strtobool
 
 from .presets import PRESETS
 
@@ -135,6 +138,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         self.resume_from_checkpoint = _home_expanded(self.resume_from_checkpoint)
+        on_cpus = self.use_cpu or strtobool(os.environ.get("ACCELERATE_USE_CPU", "False"))
+        if launched_processes > 1 and on_cpus and PartialState._shared_state == {}:
+            # transformers passes ddp_timeout to the process group on accelerators only: on CPUs (gloo) a
+            # collective waited for a hung process torch's default 30 minutes whatever ddp_timeout said (the
+            # presets' 4 hours, which the other processes need while the main one trains the BPE, among them).
+            # The state made here is the one transformers then sets up on: its group is kept.
+            PartialState(cpu=True, backend=self.ddp_backend, timeout=timedelta(seconds=self.ddp_timeout))
         super().__post_init__()
         self._take_launcher_precision()
         # Checked here, not where they are first used: that is after the BPE is trained and the run recorded, and a

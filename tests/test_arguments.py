@@ -7,10 +7,14 @@ import dataclasses
 import logging
 import os
 import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import LAUNCHER_PROCESS_COUNTS, training_args
+from helpers import LAUNCHER_PROCESS_COUNTS, subprocess_env, training_args
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from modeling import arguments
@@ -272,3 +276,45 @@ def test_the_precision_of_accelerate_launch_is_left_to_the_deepspeed_config_unde
         output_dir=str(tmp_path), report_to="none", deepspeed={"fp16": {"enabled": True}}
     )
     assert (args.bf16, args.fp16) == (False, False)
+
+
+TIMEOUT_WORKER = """
+import os, sys, time
+sys.path.insert(0, {tests_dir!r})
+import torch, torch.distributed as dist
+from helpers import training_args
+args = training_args({out!r}, ddp_backend="gloo", ddp_timeout=3)
+if args.process_index == 1:
+    time.sleep(12)  # hung (an NFS write, a stopped process): then gone
+    os._exit(0)
+start = time.monotonic()
+try:
+    dist.all_reduce(torch.zeros(1))
+except RuntimeError as error:
+    print(round(time.monotonic() - start), "Timed out" in str(error))
+os._exit(0)
+"""
+
+
+def test_ddp_timeout_bounds_a_collective_on_cpus_as_on_accelerators(tmp_path):
+    """transformers passes ddp_timeout to the process group on accelerators only: on CPUs (gloo), a process left
+    waiting for a hung one waited torch's default 30 minutes, whatever ddp_timeout (or the presets' 4 hours) said."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(TIMEOUT_WORKER.format(tests_dir=str(Path(__file__).parent), out=str(tmp_path)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    launched = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(worker)],
+            env=subprocess_env(**launched, RANK=str(rank), LOCAL_RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    waited = ranks[0].communicate(timeout=120)[0]
+    ranks[1].kill()
+    ranks[1].wait(timeout=120)
+    assert waited.split() == ["3", "True"], "gave up after ddp_timeout, not when the hung process was gone"
