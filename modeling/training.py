@@ -609,6 +609,17 @@ def _pin_model_to_launch(model_args: ModelArguments, output_dir: Path, checkpoin
 # --- data, tokenizer, model -----------------------------------------------------------------------------------
 
 
+def _data_source(data_args: DataArguments) -> dict[str, str | None]:
+    """Where the pairs come from, as `load_parallel_dataset` and `split_source` take it."""
+    return {
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
+        "dataset": data_args.dataset,
+        "language_pair": data_args.language_pair,
+        "data_dir": data_args.data_dir,
+    }
+
+
 def _load_text(
     data_args: DataArguments, *, evaluate: bool, revision: str | None = None
 ) -> tuple[datasets.DatasetDict, dict[str, int]]:
@@ -617,13 +628,7 @@ def _load_text(
 
     Only these splits are read (validation only when evaluating, the only use of it, BLEU included): a test set
     training never sees, blind or with unaligned files, is no obstacle."""
-    where = {
-        "source_lang": data_args.source_lang,
-        "target_lang": data_args.target_lang,
-        "dataset": data_args.dataset,
-        "language_pair": data_args.language_pair,
-        "data_dir": data_args.data_dir,
-    }
+    where = _data_source(data_args)
     keys = ("train", "validation") if evaluate else ("train",)
     try:  # one load: from the Hub, each load asks it for the split names
         raw = load_parallel_dataset(**where, splits=list(keys), revision=revision)
@@ -722,14 +727,7 @@ def _train_bpe(data_args: DataArguments, train_text: datasets.Dataset, vocab_siz
     """A shared BPE of `vocab_size` over both sides of the training text (`train_shared_bpe` warns when the
     corpus's characters alone make it larger)."""
     languages = [data_args.source_lang, data_args.target_lang]
-    source = split_source(  # named where the text is all blank (--no_clean), not as "the input"
-        "train",
-        source_lang=data_args.source_lang,
-        target_lang=data_args.target_lang,
-        dataset=data_args.dataset,
-        language_pair=data_args.language_pair,
-        data_dir=data_args.data_dir,
-    )
+    source = split_source("train", **_data_source(data_args))  # named where the text is all blank (--no_clean)
     return train_shared_bpe(iter_corpus_text(train_text, languages), vocab_size, source=source)
 
 
