@@ -256,6 +256,8 @@ def check_eval_result(path: Path, result: Any, model_dir: str | Path | None = No
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             expected = {str: "string", bool: "boolean"}.get(kind, "number")
             raise ValueError(f"{path}: {key!r} is {value!r}, not a {expected}.")
+        if isinstance(value, float) and not math.isfinite(value):  # json reads NaN; the Hub would list it as a score
+            raise ValueError(f"{path}: {key!r} is {value!r}, not a score: evaluate again, or remove it from the file.")
     scored = _scored_dir(result) if result.get("model_weights") is None else None
     if model_dir is not None and scored is not None:
         if scored.resolve() != Path(model_dir).resolve():

@@ -639,6 +639,16 @@ def test_an_unexpected_eval_json_is_refused_naming_file_and_field(tmp_path, eval
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("score", ["NaN", "Infinity"])
+def test_an_evaluation_json_whose_score_is_not_finite_is_refused_naming_it(tmp_path, eval_result, score):
+    """json reads NaN and Infinity as floats: they reached model-index as the model's sacreBLEU."""
+    text = json.dumps({**eval_result, "sacrebleu": 0.0}).replace('"sacrebleu": 0.0', f'"sacrebleu": {score}')
+    (tmp_path / "eval_results_test.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"eval_results_test\.json: 'sacrebleu' is {score.lower()[:3]}") as error:
+        collect_card_inputs([tmp_path])
+    assert "\n" not in str(error.value)
+
+
 def test_an_evaluation_json_without_a_score_shows_it_as_not_measured(tmp_path, eval_result):
     """A JSON from before chrF was scored: the scores it holds reach the card, the one it lacks is "not measured"."""
     older = {key: value for key, value in eval_result.items() if not key.startswith("chrf")}
