@@ -490,10 +490,22 @@ def _conversion_decoding_changed(conversion: dict[str, Any] | None, generation_c
 
 def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str | None) -> list[EvalResult]:
     """The `model-index` entries of `results`, each the model's own score on its whole split (no `result_caveats`)."""
-    metadata = []
+    metadata: list[EvalResult] = []
+    slots: dict[tuple[str | None, ...], dict[str, Any]] = {}
     for result in results:
         dataset = result.get("dataset") or dataset_name or "unknown"
         pair = result.get("language_pair") or f"{result['source_lang']}-{result['target_lang']}"
+        # the Hub lists each as the model's score on that split: two of them gave it two numbers, neither said which
+        slot = (dataset, pair, result.get("language_pair"), result.get("split"), result.get("dataset_commit"))
+        if (other := slots.setdefault(slot, result)) is not result:
+            if all(other.get(key) == result.get(key) for key, _, _ in CARD_METRICS):
+                continue  # the same scores, evaluated again (in a copy of the run): listed once
+            raise ValueError(
+                f"Two evaluations score the model on {dataset} {pair}, split {result.get('split', '?')}, with its "
+                f"own decoding ({other['num_sentences']:,} sentences, sacreBLEU {other.get('sacrebleu')}; "
+                f"{result['num_sentences']:,} sentences, sacreBLEU {result.get('sacrebleu')}): give the card one of "
+                "them (remove the other's eval_results JSON from the --card-from directories)."
+            )
         for key, metric_type, metric_name in CARD_METRICS:
             if result.get(key) is None:
                 continue

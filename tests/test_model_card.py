@@ -690,6 +690,26 @@ def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result)
     assert sacrebleu == [("test", round(eval_result["sacrebleu"], 2)), ("validation", 12.5)]
 
 
+def test_two_evaluations_of_one_split_with_the_models_decoding_and_other_scores_are_refused(eval_result):
+    """Evaluated again (another sacreBLEU, another copy of the test set under the same name): model-index held two
+    sacreBLEU scores for one split, and the card did not say which was the model's. The same scores twice are
+    listed once."""
+    again = {**eval_result, "sacrebleu": 12.5, "model": "/runs/copy"}
+    with pytest.raises(
+        ValueError, match=r"^Two evaluations score the model on synthetic en-de, split test, "
+    ) as error:
+        render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result, again])
+    assert "sacreBLEU 12.5" in str(error.value) and "\n" not in str(error.value)
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result, {**eval_result, "model": "x"}]
+    )
+    assert [r.metric_value for r in card.data.eval_results if r.metric_name == "sacreBLEU"] == [
+        round(eval_result["sacrebleu"], 2)
+    ]
+    limited = {**again, "limit": 5, "num_sentences": 5, "sentences_in_split": 10}  # labelled, not in model-index
+    render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result, limited])
+
+
 def test_the_training_records_of_the_first_card_input_directory_that_has_them_are_the_cards(tmp_path):
     """`--card-from runs/x/checkpoint-10 runs/x`: the card is of the checkpoint's log and records, not of the run's
     later ones that the directory after it holds."""
