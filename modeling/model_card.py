@@ -574,6 +574,13 @@ def render_model_card(
     decoding = model_decoding(generation_config) or _paper_decoding()  # without the file, generate() does the paper's
     caveats = [result_caveats(result, decoding, known) for result in eval_results]
     own_scores = [result for result, said in zip(eval_results, caveats, strict=True) if not said]
+    # model-index groups scores by dataset and split, not by direction: a de → en score was listed as en → de's
+    if len(directions := list(dict.fromkeys((r["source_lang"], r["target_lang"]) for r in own_scores))) > 1:
+        raise ValueError(
+            f"The evaluations translate {' and '.join(' → '.join(pair) for pair in directions)}, and no record says "
+            "which way the model translates (data_stats.json's source_lang and target_lang): give the card the "
+            "evaluations of its direction only."
+        )
     metadata = _eval_results_metadata(own_scores, dataset_name)
     fine_tuned_from = _public((training_args or {}).get("model_name_or_path"))
     card_data = ModelCardData(

@@ -710,6 +710,21 @@ def test_two_evaluations_of_one_split_with_the_models_decoding_and_other_scores_
     render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result, limited])
 
 
+def test_evaluations_of_both_directions_without_the_trainings_are_refused(eval_result):
+    """With no data_stats.json to say the model's direction, a de → en score reached model-index under the en → de
+    score's dataset name (the Hub groups results by dataset and split): the card listed it as en → de's."""
+    reverse = {**eval_result, "source_lang": "de", "target_lang": "en", "sacrebleu": 11.0}
+    with pytest.raises(ValueError, match=r"^The evaluations translate en → de and de → en, and no record") as error:
+        render_model_card(model_name="tiny", repo_id=REPO_ID, eval_results=[eval_result, reverse])
+    assert "\n" not in str(error.value)
+    card = render_model_card(
+        model_name="tiny", repo_id=REPO_ID, source_lang="en", target_lang="de", eval_results=[eval_result, reverse]
+    )
+    assert {r.metric_value for r in card.data.eval_results if r.metric_name == "sacreBLEU"} == {
+        round(eval_result["sacrebleu"], 2)
+    }, "the training's direction known: the other one is labelled and kept out"
+
+
 def test_the_training_records_of_the_first_card_input_directory_that_has_them_are_the_cards(tmp_path):
     """`--card-from runs/x/checkpoint-10 runs/x`: the card is of the checkpoint's log and records, not of the run's
     later ones that the directory after it holds."""
