@@ -672,6 +672,14 @@ def test_nested_data_statistics_are_shown_by_their_dotted_names():
     assert "| sentence_pairs.train | 200 |" in card.text and "| sentence_pairs.removed.too_long | 3 |" in card.text
 
 
+def test_a_bar_or_a_line_break_in_a_recorded_value_stays_in_its_table_cell():
+    """A `|` in a data statistic or a hyperparameter split its row into more cells; a line break ended the table."""
+    stats = {"filter": "len < 250 | ratio < 1.5", "note": "cleaned\nby hand"}
+    card = render_model_card(model_name="tiny", repo_id=REPO_ID, data_stats=stats, training_args={"rule": "a|b"})
+    assert "| filter | len < 250 \\| ratio < 1.5 |" in card.text and "| note | cleaned by hand |" in card.text
+    assert "| rule | a\\|b |" in card.text
+
+
 def test_a_result_found_in_two_directories_is_listed_once(tmp_path, eval_result):
     """`--card-from runs/x runs/x/averaged` where evaluate.py's JSON was copied into both: the card listed the
     same scores twice, and model-index held every metric twice."""
