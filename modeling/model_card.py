@@ -503,8 +503,8 @@ def _eval_results_metadata(results: Sequence[dict[str, Any]], dataset_name: str 
             raise ValueError(
                 f"Two evaluations score the model on {dataset} {pair}, split {result.get('split', '?')}, with its "
                 f"own decoding ({other['num_sentences']:,} sentences, sacreBLEU {other.get('sacrebleu')}; "
-                f"{result['num_sentences']:,} sentences, sacreBLEU {result.get('sacrebleu')}): give the card one of "
-                "them (remove the other's eval_results JSON from the --card-from directories)."
+                f"{result['num_sentences']:,} sentences, sacreBLEU {result.get('sacrebleu')}): remove the "
+                "eval_results JSON of the one the card should not report."
             )
         for key, metric_type, metric_name in CARD_METRICS:
             if result.get(key) is None:
