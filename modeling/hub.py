@@ -305,12 +305,18 @@ REMOTE_CODE_MODULES = frozenset(
 )
 
 
+# Weights of the other formats that transformers loads (`use_safetensors=False`, TensorFlow, Flax), single or
+# sharded: a push never uploads them, so an earlier model's stayed beside the new safetensors and were loaded instead.
+OTHER_WEIGHTS_PATTERNS = ("pytorch_model*.bin", "tf_model*.h5", "flax_model*.msgpack")
+
+
 def _is_model_file(name: str) -> bool:
     """Whether a repo's top-level file is of what a model directory is made of, which loading reads or which
-    describes the model: weights, JSON (configs, tokenizer files, records, scores), a tokenizer's vocabulary, the
-    project's remote code, the card's curves. Not a user's own pages, figures, notes or code."""
+    describes the model: weights (any format), JSON (configs, tokenizer files, records, scores), a tokenizer's
+    vocabulary, the project's remote code, the card's curves. Not a user's own pages, figures, notes or code."""
     return (
         fnmatch(name, "*.safetensors")
+        or any(fnmatch(name, pattern) for pattern in OTHER_WEIGHTS_PATTERNS)
         or fnmatch(name, "*.json")
         or fnmatch(name, "*.model")
         or name in VOCABULARY_FILES

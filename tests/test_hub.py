@@ -664,3 +664,24 @@ def test_nothing_is_asked_of_the_hub_without_push_to_hub_or_off_the_main_process
     )
     monkeypatch.setattr(TranslationTrainingArguments, "process_index", property(lambda self: 1))
     assert prepare_push(args) is None
+
+
+def test_an_earlier_models_weights_of_another_format_are_deleted_by_a_push(hub_here, tmp_path):
+    """A repo holding another model's `pytorch_model.bin` (and TensorFlow weights), then this project's model pushed
+    into it: before, they stayed beside the new model.safetensors, and `from_pretrained(repo_id,
+    use_safetensors=False)` loaded the earlier model's weights."""
+    from huggingface_hub import HfApi
+
+    endpoint, root = hub_here
+    repo_id = "tester/other-formats"
+    api = HfApi(endpoint=endpoint, token=HUB_TOKEN)
+    api.create_repo(repo_id)
+    for name in ("pytorch_model.bin", "pytorch_model-00001-of-00002.bin", "tf_model.h5", "flax_model.msgpack"):
+        api.upload_file(path_or_fileobj=b"an earlier model's weights", path_in_repo=name, repo_id=repo_id)
+    api.upload_file(path_or_fileobj=b"a user's own", path_in_repo="notes.bin", repo_id=repo_id)
+    model_dir = tmp_path / "model"
+    save_tiny_checkpoint(model_dir)
+
+    push_model_dir(model_dir, repo_id, token=HUB_TOKEN)
+    stored = {path.name for path in (root / repo_id).iterdir() if path.is_file()}
+    assert stored == {path.name for path in model_dir.iterdir()} | {"notes.bin"}
