@@ -246,16 +246,33 @@ def pinned_commit(repo_id: str, revision: str | None) -> str | None:
     Found by downloading config.json, which every load reads first: that also records the branch's commit in the
     cache, which a load by commit would not (and offline loads look the branch up there). Offline, or where the Hub
     does not tell (no such repo or file, no access), `revision` as given: the load then fails naming the cause, as it
-    would have. A Hub that cannot be reached raises here (`naming_hub_failures` names it): the load would wait for
-    it again, through every retry, before failing the same way."""
+    would have. A Hub that cannot be reached: the commit the cache holds of `revision` (HF_HUB_OFFLINE forgotten on
+    a node without internet: the load goes on from the cache, as transformers' would), with a warning naming it,
+    which may be older than the Hub's; where the cache holds none, the failure raises (`naming_hub_failures` names
+    it): the load would wait for the Hub again, through every retry, before failing the same way."""
     if is_offline_mode():
         return revision
     try:
-        config = hf_hub_download(repo_id, "config.json", revision=revision)
-    except (OSError, EntryNotFoundError, httpx2.HTTPError) as error:
-        if _failed_connection(error) is not None:
-            raise
-        return revision
+        # force_download: where the Hub cannot be reached, hf_hub_download returns the cache's copy without a word
+        # (then fails as "Force download failed", a ValueError, with the failed connection or the Hub's answer as
+        # its cause), and an earlier commit than the Hub's was loaded and scored as the repo's
+        config = hf_hub_download(repo_id, "config.json", revision=revision, force_download=True)
+    except (OSError, ValueError, EntryNotFoundError, httpx2.HTTPError) as error:
+        if (failure := _failed_connection(error)) is None:
+            return revision
+        try:
+            config = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
+        except (OSError, ValueError):  # not in the cache
+            raise HubError(f"{_one_line(failure, 1)} ({OFFLINE_HINT})") from error
+        logger.warning(
+            "The Hub cannot be reached (%s): %r loads from the cache, at the commit %s that %s was at when it was "
+            "last read, which a later push may have left behind (set HF_HUB_OFFLINE=1 to load from the cache "
+            "without asking)",
+            _one_line(failure, 1),
+            repo_id,
+            Path(config).parent.name,
+            revision or "main",
+        )
     return Path(config).parent.name  # snapshots/<commit>/config.json
 
 

@@ -8,7 +8,14 @@ import socket
 import time
 
 import pytest
-from helpers import HUB_TOKEN, hub_cache_snapshot, push_translation_dataset, stalled_endpoint, synthetic_pairs
+from helpers import (
+    HUB_TOKEN,
+    closed_port_endpoint,
+    hub_cache_snapshot,
+    push_translation_dataset,
+    stalled_endpoint,
+    synthetic_pairs,
+)
 from huggingface_hub import (
     CommitOperationAdd,
     HfApi,
@@ -106,7 +113,7 @@ def test_pinning_a_revision_gives_up_on_a_missing_file_but_not_on_an_unreachable
             raise LocalEntryNotFoundError("cannot find the requested files in the local cache") from error
 
     monkeypatch.setattr(hub_client, "hf_hub_download", unreachable)
-    with pytest.raises(LocalEntryNotFoundError):
+    with pytest.raises(HubError, match=r"^the Hub: cannot connect \(\[Errno 111\] Connection refused\)"):
         hub_client.pinned_commit("someorg/somemodel", None)
 
     def missing(*args, **kwargs):
@@ -462,3 +469,28 @@ def test_offline_a_file_not_in_the_cache_is_missing_without_asking_the_hub(tmp_p
     hub_cache_snapshot(tmp_path, "owner/model", "a" * 40, {"config.json": "{}", "tokenizer.json": "{}"})
     assert not hub_client.has_any_file("owner/model", None, ("tokenizer_config.json",))
     assert hub_client.has_any_file("owner/model", None, hub_client.TOKENIZER_FILES)
+
+
+def test_a_load_from_the_cache_of_a_hub_that_cannot_be_reached_names_the_commit_it_is_at(hub_here, quick_hub, caplog):
+    """The cache holding main at an earlier commit (read before the last push), the Hub unreachable without
+    HF_HUB_OFFLINE: huggingface_hub answered with the cache's config.json without a word, so the load, and the
+    evaluation record, went on at the earlier commit as if it were the repo's main."""
+    repo_id = "tester/unreachable-later"
+    endpoint = hub_here[0]
+    (first,) = _push_model_commits(endpoint, repo_id, {"config.json": "{}"})
+    assert pinned_commit(repo_id, None) == first
+    (second,) = _push_model_commits(endpoint, repo_id, {"config.json": '{"d_model": 8}'})
+
+    quick_hub(closed_port_endpoint())
+    with caplog.at_level(logging.WARNING, logger="modeling.hub_client"):
+        assert pinned_commit(repo_id, None) == first
+    assert re.fullmatch(
+        rf"The Hub cannot be reached \(HEAD .+/{repo_id}/resolve/main/config\.json: cannot connect .+\): "
+        rf"'{repo_id}' loads from the cache, at the commit {first} that main was at when it was last read, which a "
+        r"later push may have left behind \(set HF_HUB_OFFLINE=1 to load from the cache without asking\)",
+        caplog.records[-1].getMessage(),
+    )
+    with pytest.raises(HubError, match=r"cannot connect .+ \(without internet, set HF_HUB_OFFLINE=1"):
+        pinned_commit("tester/never-read", None)
+    quick_hub(endpoint)
+    assert pinned_commit(repo_id, None) == second
