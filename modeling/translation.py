@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
+from huggingface_hub.errors import RevisionNotFoundError
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -777,6 +778,11 @@ def load_model_and_tokenizer(
         except OSError as error:
             if os.path.isdir(name_or_path):  # config.json is there (checked above): it does not parse
                 raise OSError(f"Could not read {os.path.join(name_or_path, 'config.json')}: {error}") from error
+            if isinstance(error.__cause__, RevisionNotFoundError):  # the repo answered: only the revision is wrong
+                raise OSError(
+                    f"{name_or_path!r} has no revision {revision!r} (no branch, tag or commit of that name): name "
+                    "one that the repo has."
+                ) from error
             raise OSError(
                 f"Could not load a model config from {name_or_path!r}: it is neither a local directory nor a "
                 f"reachable Hub repo id. ({error})"

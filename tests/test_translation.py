@@ -855,6 +855,23 @@ def test_weights_cut_short_in_the_hub_cache_are_named_in_one_line(hub_here, tiny
     )
 
 
+@pytest.mark.parametrize("revision", ["v2", "0123abc", "0" * 40])
+def test_a_revision_the_repo_does_not_have_is_named_as_such(hub_here, tiny_checkpoint, revision):
+    """A branch, tag or commit that the repo does not have was said to be "neither a local directory nor a
+    reachable Hub repo id", as if the repo itself were not there."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_here[0], token=HUB_TOKEN)
+    api.create_repo("tester/revisions", exist_ok=True)
+    api.upload_folder(folder_path=tiny_checkpoint[0], repo_id="tester/revisions")
+    with pytest.raises(OSError) as error:
+        load_model_and_tokenizer("tester/revisions", revision=revision, device="cpu")
+    assert str(error.value) == (
+        f"'tester/revisions' has no revision {revision!r} (no branch, tag or commit of that name): name one that "
+        "the repo has."
+    )
+
+
 def test_weights_cut_short_at_the_revision_asked_for_are_named_though_mains_are_whole(
     hub_here, tiny_checkpoint, tmp_path
 ):
