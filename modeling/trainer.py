@@ -562,9 +562,7 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
                 state.is_local_process_zero = self.is_local_process_zero()  # saved by the main process
                 state.is_world_process_zero = self.is_world_process_zero()
                 self.state = state
-                self._best_checkpoint_of_this_run()
-                self._choose_best_again_by_another_rule(Path(checkpoint))
-                self._choose_best_anew_on_other_validation_data(Path(checkpoint))
+                self._resumed_best_checkpoint(Path(checkpoint))
                 if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                     self._load_best_model()
                 return TrainOutput(self.state.global_step, float("nan"), {})
@@ -586,11 +584,16 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     def _load_callback_state(self) -> None:
         # The Trainer calls this right after it loads the resumed checkpoint's state.
         self._take_the_intervals_asked()
-        self._best_checkpoint_of_this_run()
-        if self._resumed_checkpoint is not None:
-            self._choose_best_again_by_another_rule(self._resumed_checkpoint)
-            self._choose_best_anew_on_other_validation_data(self._resumed_checkpoint)
+        self._resumed_best_checkpoint(self._resumed_checkpoint)
         super()._load_callback_state()
+
+    def _resumed_best_checkpoint(self, checkpoint: Path | None) -> None:
+        """The resumed state's best checkpoint as this launch must keep it: named by its place in this run's
+        output_dir, and, resuming `checkpoint`, chosen again by another rule or anew on other validation data."""
+        self._best_checkpoint_of_this_run()
+        if checkpoint is not None:
+            self._choose_best_again_by_another_rule(checkpoint)
+            self._choose_best_anew_on_other_validation_data(checkpoint)
 
     def _take_the_intervals_asked(self) -> None:
         """The resumed state's logging, evaluation and save intervals replaced by the arguments': the Trainer kept the
