@@ -147,18 +147,21 @@ def main() -> None:
     sentences_in_split = len(split)
     if args.limit is not None:
         split = split.select(range(min(args.limit, sentences_in_split)))
-    dataset = args.dataset or Path(args.data_dir).resolve().name
+    # what the record says of the test set and the model scored (`evaluation_record`)
+    described = {
+        "dataset": args.dataset or Path(args.data_dir).resolve().name,
+        "dataset_commit": commit,
+        "language_pair": args.language_pair,
+        "split": split_name,
+        "int8": args.int8,
+    }
     if metrics_path:  # the record's fields that tell its scores from another evaluation's of the same weights
         evaluated = {
-            "dataset": dataset,
-            "dataset_commit": commit,
-            "language_pair": args.language_pair,
-            "split": split_name,
+            **described,
             "source_lang": args.source_lang,
             "target_lang": args.target_lang,
             "num_sentences": len(split),
             "num_beams": args.num_beams or model.generation_config.num_beams,
-            "int8": args.int8,
         }
         warn_of_replaced_scores(metrics_path, scored, evaluated)
 
@@ -182,17 +185,7 @@ def main() -> None:
         if hypotheses_path:
             sys.exit(f"interrupted: the same command resumes from the hypotheses written into {hypotheses_path}")
         raise
-    metrics = evaluation_record(
-        scored,
-        metrics,
-        dataset=dataset,
-        dataset_commit=commit,
-        language_pair=args.language_pair,
-        split=split_name,
-        limit=args.limit,
-        sentences_in_split=sentences_in_split,
-        int8=args.int8,
-    )
+    metrics = evaluation_record(scored, metrics, **described, limit=args.limit, sentences_in_split=sentences_in_split)
 
     print(f"{metrics['dataset']} {split_name}: {metrics['num_sentences']} sentences, beam {metrics['num_beams']}")
     for key, name, signature in SCORE_LINES:
