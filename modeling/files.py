@@ -223,8 +223,10 @@ def _written_by_atomic_path(name: str) -> str | None:
     return match["name"] if match else None
 
 
-def _written(path: Path) -> Path:
-    """Where `path` is written: itself, or where the links on the way to it lead (the writers here follow them)."""
+def written_path(path: str | os.PathLike) -> Path:
+    """Where `path` is written: itself, or where the links on the way to it lead (the writers here follow them, so
+    that a link stays a link and the file it leads to, which others read, is the one replaced)."""
+    path = Path(path)
     resolved = Path(os.path.realpath(path))
     return path if resolved == Path(os.path.abspath(path)) else resolved
 
@@ -269,7 +271,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     `path` stays, and the file it points to is replaced.
     """
     given = Path(path)
-    path = _written(given)
+    path = written_path(given)
     if path.is_dir():  # else the work was done, then refused naming the temporary file ("Is a directory: .x.tmp-…")
         raise UnwritableError(errno.EISDIR, f"cannot write {_named(given, path)}: it is a directory; give a file name")
     if (special := _special_file_error(path, _named(given, path))) is not None:
@@ -350,7 +352,7 @@ def check_writable(path: str | os.PathLike) -> None:
             "the .gz (and gzip the file afterwards)",
         )
     given = Path(path)
-    path = _written(given)
+    path = written_path(given)
     named = _named(given, path)
     if path.is_dir():
         raise UnwritableError(errno.EISDIR, f"cannot write {named}: it is a directory; give a file name")
@@ -544,7 +546,7 @@ def check_replaceable(path: str | os.PathLike, marker: str, what: str) -> None:
             "directory below it (e.g. ./out)",
         )
     if not path.exists():
-        written = _written(path)
+        written = written_path(path)
         existing = next(parent for parent in (*written.parents, Path(".")) if parent.exists())
         if not existing.is_dir():
             raise UnwritableError(

@@ -49,6 +49,7 @@ from .files import (
     iter_lines,
     reads_once,
     write_json,
+    written_path,
 )
 from .hub_client import (
     MODEL_REPO_FILES,
@@ -302,17 +303,9 @@ def _generate(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], generat
 
 def partial_translation_path(destination: str | os.PathLike) -> Path:
     """Where `translate_file` keeps the translation of `destination` under way: `.NAME.partial` beside it, or beside
-    the file it leads to if it is a link (`_written_destination`)."""
-    destination = _written_destination(destination)
+    the file it leads to if it is a link (`files.written_path`)."""
+    destination = written_path(destination)
     return destination.with_name(f".{destination.name}.partial")
-
-
-def _written_destination(destination: str | os.PathLike) -> Path:
-    """The file a translation into `destination` replaces: itself, or the file it leads to if it is a link, which
-    stays a link, as `files.atomic_path` keeps one. (Renamed over, the link became the translation, and the file
-    it led to, which others read, kept the one before.)"""
-    destination = Path(destination)
-    return Path(os.path.realpath(destination)) if destination.is_symlink() else destination
 
 
 def translate_file(
@@ -360,7 +353,7 @@ def translate_file(
 
     check_writable(destination)
     check_distinct_outputs({"the destination": destination}, {"the source": source})
-    destination = _written_destination(destination)
+    destination = written_path(destination)  # a link stays one: the file it leads to is replaced
     # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
     partial = _PartialTranslation(destination, translation_identity(model, tokenizer, settings), source)
     try:
