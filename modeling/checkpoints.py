@@ -28,7 +28,8 @@ import pickle
 import re
 import struct
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,6 +101,19 @@ def removed_by_rotation(subject: str, while_: str, advice: str) -> FileNotFoundE
         f"{subject} was removed while {while_} (by the save_total_limit rotation of a run still training there?): "
         f"{advice}"
     )
+
+
+@contextmanager
+def named_if_removed(directory: str | os.PathLike, removed: FileNotFoundError) -> Iterator[None]:
+    """Raise `removed` (a `removed_by_rotation` error) for whatever failed inside, if `directory` is gone: a
+    directory removed while it is read fails as whatever its reader met first ("is not a directory", a missing
+    README.md, "Repo id must be in the form ..."), saying neither what happened nor what to do."""
+    try:
+        yield
+    except Exception as error:
+        if os.path.isdir(directory):
+            raise
+        raise removed from error
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:

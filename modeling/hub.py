@@ -14,8 +14,6 @@ import logging
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -35,6 +33,7 @@ from .checkpoints import (
     WEIGHTS_NAME,
     index_shards,
     list_checkpoints,
+    named_if_removed,
     removed_by_rotation,
     safetensors_problem,
 )
@@ -249,7 +248,10 @@ def push_model_dir(
         # Curves that the card does not show are an earlier card's: left out of the upload rather than deleted
         # here (the file may be the user's); an earlier push's copy leaves the repo with the other stale files.
         ignore_patterns.append(CURVES_FILE)
-    with _named_if_removed(model_dir):
+    removed = removed_by_rotation(
+        str(model_dir), "it was pushed", "the repo is unchanged; push a checkpoint the run keeps, or a copy."
+    )
+    with named_if_removed(model_dir, removed):
         stale = _stale_repo_files(api, repo_url.repo_id, _uploaded_names(model_dir, ignore_patterns))
         if stale:
             logger.warning(
@@ -267,21 +269,6 @@ def push_model_dir(
             commit_message=commit_message,
         )
     return str(repo_url)
-
-
-@contextmanager
-def _named_if_removed(model_dir: Path) -> Iterator[None]:
-    """A directory removed while it is pushed (a checkpoint that the save_total_limit rotation of a run still
-    training there deleted) failed as "Provided path: '...' is not a directory" or "[Errno 2] No such file or
-    directory: '.../README.md'", saying neither what happened nor what became of the repo."""
-    try:
-        yield
-    except (OSError, ValueError) as error:
-        if model_dir.is_dir():
-            raise
-        raise removed_by_rotation(
-            str(model_dir), "it was pushed", "the repo is unchanged; push a checkpoint the run keeps, or a copy."
-        ) from error
 
 
 def _uploaded_names(model_dir: Path, ignore_patterns: list[str]) -> set[str]:

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from itertools import chain, islice
 from pathlib import Path
 from typing import IO, Any
@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import token_budget_batches
-from .checkpoints import config_identity, list_checkpoints, removed_by_rotation, weights_problems
+from .checkpoints import config_identity, list_checkpoints, named_if_removed, removed_by_rotation, weights_problems
 from .configuration_transformer import TransformerConfig
 from .export.common import refuse_an_export
 from .files import (
@@ -710,18 +710,6 @@ def removed_while_loaded(directory: str) -> FileNotFoundError:
     )
 
 
-@contextmanager
-def _named_if_removed(directory: str, local: bool) -> Iterator[None]:
-    """A model directory removed while it loads was looked up as a Hub repo id: "Repo id must be in the form
-    'repo_name' ..."."""
-    try:
-        yield
-    except Exception as error:
-        if not local or os.path.isdir(directory):
-            raise
-        raise removed_while_loaded(directory) from error
-
-
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -762,8 +750,13 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist.")
     else:
         revision = pinned_hub_revision(name_or_path, revision)
-    local = os.path.isdir(name_or_path)
-    with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"), _named_if_removed(name_or_path, local):
+    # a local directory removed while it loads was looked up as a Hub repo id: "Repo id must be in the form ..."
+    removal = (
+        named_if_removed(name_or_path, removed_while_loaded(name_or_path))
+        if os.path.isdir(name_or_path)
+        else nullcontext()
+    )
+    with naming_hub_failures(f"Could not load {name_or_path!r} from the Hub"), removal:
         try:
             # the dict, not AutoConfig: that names a missing config.json "Unrecognized model", and a model type it
             # does not know in ten lines
