@@ -2,6 +2,7 @@
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,22 @@ def _select(weights: torch.Tensor, head: int | None) -> torch.Tensor:
     return weights[head]
 
 
+def figure_format(path: str | os.PathLike) -> str:
+    """The format `path` is drawn in: its suffix's, PNG without one. A suffix matplotlib has no writer for
+    (`maps.v2`) is refused naming the file, before the model is loaded and the maps drawn: savefig refused it once
+    all was done, in words that named neither the file nor --output."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(
+            f"cannot write {os.fspath(path)}: matplotlib draws no .{suffix} files; end the name in .png, .pdf or "
+            f".svg (or {', '.join(f'.{name}' for name in sorted(formats))})."
+        )
+    return suffix or "png"
+
+
 def plot_attention_maps(
     maps: AttentionMaps,
     output_png: str | Path,
@@ -114,6 +131,7 @@ def plot_attention_maps(
     if unknown or not kinds:
         problem = f"Unknown attention kinds {sorted(unknown)}" if unknown else "No attention kind to draw"
         raise ValueError(f"{problem}; choose among {list(ATTENTION_KINDS)}.")
+    image_format = figure_format(output_png)
     num_layers = {kind: getattr(maps, kind).shape[0] for kind in kinds}
     layers = range(max(num_layers.values())) if layer is None else [layer]
     for kind, count in num_layers.items():
@@ -150,5 +168,5 @@ def plot_attention_maps(
             figure.colorbar(image, ax=axes, shrink=0.8)
     output_png = Path(output_png)
     with atomic_path(output_png) as temporary:
-        figure.savefig(temporary, dpi=FIGURE_DPI, format=output_png.suffix.lstrip(".") or "png")
+        figure.savefig(temporary, dpi=FIGURE_DPI, format=image_format)
     return output_png

@@ -10,7 +10,7 @@ attention, the only implementation that returns attention weights.
 import argparse
 import sys
 
-from modeling.attention import ATTENTION_KINDS, attention_maps, plot_attention_maps
+from modeling.attention import ATTENTION_KINDS, attention_maps, figure_format, plot_attention_maps
 from modeling.cli import add_model_arguments, reporting_on_stdout, summary
 from modeling.files import check_writable
 from modeling.translation import load_model_and_tokenizer, translate
@@ -42,6 +42,7 @@ def main() -> None:
     args = parse_args()
     try:
         check_writable(args.output)  # a directory there: named as such, not the temporary file's rename refused
+        figure_format(args.output)
         model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
         target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
         maps = attention_maps(model, tokenizer, args.source, target)

@@ -1,6 +1,7 @@
 """Tests of modeling/attention.py: attention maps of a trained model."""
 
 import logging
+import re
 import struct
 
 import pytest
@@ -135,3 +136,16 @@ def test_a_kind_layer_or_head_the_maps_lack_is_refused_before_anything_is_writte
     with pytest.raises(ValueError, match=message):
         plot_attention_maps(distinct_maps(), tmp_path / "maps.png", **selection)
     assert not list(tmp_path.iterdir())
+
+
+def test_an_output_name_matplotlib_draws_no_format_for_is_refused_naming_it_and_others_follow_their_suffix(tmp_path):
+    """Before, `maps.v2` was drawn, then refused by savefig as "Format 'v2' is not supported (...)": neither the
+    file nor --output named, after the model had been loaded and run."""
+    refusal = f"cannot write {tmp_path / 'maps.v2'}: matplotlib draws no .v2 files; end the name in .png, .pdf or .svg"
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal)}"):
+        plot_attention_maps(distinct_maps(), tmp_path / "maps.v2")
+    assert not list(tmp_path.iterdir())
+
+    for name, start in (("maps.PDF", b"%PDF"), ("maps.svg", b"<?xml"), ("maps", b"\x89PNG")):
+        plot_attention_maps(distinct_maps(), tmp_path / name, layer=0, kinds=["cross"])
+        assert (tmp_path / name).read_bytes().startswith(start), name

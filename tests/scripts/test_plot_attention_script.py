@@ -29,3 +29,9 @@ def test_a_directory_given_as_the_output_is_named_as_one(tiny_checkpoint, tmp_pa
     flags = ["--model", model_dir, "--source", "a dog.", "--output", tmp_path / "plots"]
     message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
     assert message == f"error: cannot write {tmp_path / 'plots'}: it is a directory; give a file name"
+
+
+def test_an_output_without_an_image_format_is_refused_before_the_model_is_loaded(tmp_path, monkeypatch):
+    flags = ["--model", tmp_path / "absent", "--source", "a dog.", "--output", tmp_path / "attention.v2"]
+    message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
+    assert message.startswith(f"error: cannot write {tmp_path / 'attention.v2'}: matplotlib draws no .v2 files")
