@@ -41,8 +41,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     try:
+        figure_format(args.output)  # before check_writable, whose refusal of a .gz name speaks of plain text
         check_writable(args.output)  # a directory there: named as such, not the temporary file's rename refused
-        figure_format(args.output)
         model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
         target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
         maps = attention_maps(model, tokenizer, args.source, target)

@@ -31,7 +31,10 @@ def test_a_directory_given_as_the_output_is_named_as_one(tiny_checkpoint, tmp_pa
     assert message == f"error: cannot write {tmp_path / 'plots'}: it is a directory; give a file name"
 
 
-def test_an_output_without_an_image_format_is_refused_before_the_model_is_loaded(tmp_path, monkeypatch):
-    flags = ["--model", tmp_path / "absent", "--source", "a dog.", "--output", tmp_path / "attention.v2"]
+@pytest.mark.parametrize("name", ["attention.v2", "attention.png.gz"])
+def test_an_output_without_an_image_format_is_refused_before_the_model_is_loaded(tmp_path, monkeypatch, name):
+    """A .gz name was refused as "the output is plain text", which a plot is not."""
+    flags = ["--model", tmp_path / "absent", "--source", "a dog.", "--output", tmp_path / name]
     message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
-    assert message.startswith(f"error: cannot write {tmp_path / 'attention.v2'}: matplotlib draws no .v2 files")
+    suffix = name.rsplit(".", 1)[1]
+    assert message.startswith(f"error: cannot write {tmp_path / name}: matplotlib draws no .{suffix} files; end the")
