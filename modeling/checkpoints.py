@@ -253,6 +253,12 @@ def weights_problems(directory: str | os.PathLike, *, missing_ok: bool = False) 
     if missing_ok:
         files = [path for path in files if path.exists()]
     elif not files:
+        # complete, in another format: "no weights" had averaging call an older transformers' checkpoint incomplete
+        if pickled := sorted(path.name for path in directory.glob("pytorch_model*.bin")):
+            return [
+                f"no weights in safetensors ({WEIGHTS_NAME}), only {pickled[0]} (an older transformers' pickle): "
+                "load it with from_pretrained and save_pretrained it to convert it"
+            ]
         return [f"no weights ({WEIGHTS_NAME})"]
     return [problem for path in files if (problem := safetensors_problem(path))]
 

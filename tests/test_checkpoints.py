@@ -274,6 +274,18 @@ def test_what_is_wrong_with_a_directory_s_weights(tmp_path):
     assert weight_files(tmp_path) == [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]  # neither: any found
 
 
+def test_a_checkpoint_whose_weights_are_a_pytorch_model_bin_is_named_as_such_not_as_weightless(tmp_path):
+    """An older transformers' checkpoint: averaging it said "incomplete: ... no weights (model.safetensors)"."""
+    save_tiny_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "pytorch_model.bin")  # only the name matters here
+    expected = (
+        "no weights in safetensors (model.safetensors), only pytorch_model.bin (an older transformers' pickle): "
+        "load it with from_pretrained and save_pretrained it to convert it"
+    )
+    assert weights_problems(tmp_path) == [expected]
+    assert checkpoint_problems(tmp_path, training_state=False) == [f"no {COMPLETE_MARKER}, and", expected]
+
+
 def test_checkpoint_problems_of_a_missing_checkpoint_an_unreadable_marker_and_missing_files(tmp_path):
     assert checkpoint_problems(tmp_path / "checkpoint-1") == [f"{tmp_path / 'checkpoint-1'} does not exist"]
     checkpoint = tmp_path / "checkpoint-2"
