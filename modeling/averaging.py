@@ -50,11 +50,12 @@ from .checkpoints import (
     saved_training_arguments,
     weight_files,
 )
-from .files import check_replaceable, replacing_directory, write_json
+from .files import check_replaceable, read_json, replacing_directory, write_json
 
 logger = logging.getLogger(__name__)
 
 AVERAGING_RECORD_NAME = "checkpoint_averaging.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
 REPLACEABLE = "an average of checkpoints"  # what a directory holding that record is
 # Not copied from the newest checkpoint: the Trainer state of one point of training (besides the pickled states of
 # PICKLED_STATE_RE), and what describes that checkpoint's own weights.
@@ -263,6 +264,27 @@ def _newest(checkpoints: Sequence[Path]) -> Path:
     return checkpoints[-1]
 
 
+def _warn_of_other_generation_configs(checkpoints: Sequence[Path], newest: Path) -> None:
+    """Warn of a checkpoint whose generation config differs from the newest's, which alone the average takes: a
+    user's edit of an older one (its beam size, length penalty) was dropped without a word."""
+    kept = newest / GENERATION_CONFIG_NAME
+    if not kept.is_file():
+        return
+    settings = {key: value for key, value in read_json(kept).items() if key != "transformers_version"}
+    for checkpoint in checkpoints:
+        path = checkpoint / GENERATION_CONFIG_NAME
+        if checkpoint == newest or not path.is_file():
+            continue
+        other = {key: value for key, value in read_json(path).items() if key != "transformers_version"}
+        if differences := sorted(key for key in settings.keys() | other.keys() if settings.get(key) != other.get(key)):
+            logger.warning(
+                "%s differs from %s's in %s: the average decodes with the newest checkpoint's",
+                path,
+                newest.name,
+                ", ".join(differences),
+            )
+
+
 def _relative(checkpoint: Path, output_dir: Path) -> str:
     """`checkpoint` as the record of an average in `output_dir` names it: relative to that directory (the record
     travels with the averaged model, to the Hub too, where the writer's absolute paths have no business)."""
@@ -318,6 +340,8 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
     checkpoints = usable_checkpoints(checkpoint_paths)
     if not checkpoints:
         raise ValueError(f"None of the checkpoints to average is complete: {[str(p) for p in checkpoint_paths]}.")
+    newest = _newest(checkpoints)
+    _warn_of_other_generation_configs(checkpoints, newest)
 
     sums: dict[str, torch.Tensor] = {}
     others: dict[str, torch.Tensor] = {}
@@ -329,7 +353,6 @@ def average_checkpoints(checkpoint_paths: Sequence[str | os.PathLike], output_di
         for name, (_, dtype) in layout.items()
     }
 
-    newest = _newest(checkpoints)
     with replacing_directory(output_dir, AVERAGING_RECORD_NAME, REPLACEABLE, regenerated=MODEL_CARD_FILES) as staging:
         try:
             for path in newest.iterdir():

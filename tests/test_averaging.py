@@ -594,3 +594,19 @@ def test_checkpoints_named_out_of_order_take_the_configuration_of_the_newest(tmp
         "checkpoints": ["../checkpoint-1000", "../checkpoint-900"],
         "configuration_from": "../checkpoint-1000",
     }
+
+
+def test_a_generation_config_that_differs_from_the_newest_checkpoints_is_warned_of_naming_the_fields(tmp_path, caplog):
+    """The average decodes with the newest checkpoint's generation config: an older one's edited beam size was
+    dropped without a word."""
+    for step in (1, 2, 3):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+    edited = tmp_path / "checkpoint-1" / "generation_config.json"
+    edited.write_text(json.dumps({**json.loads(edited.read_text()), "num_beams": 5, "transformers_version": "4.0"}))
+    with caplog.at_level(logging.WARNING, logger="modeling.averaging"):
+        output_dir = average_checkpoints(last_checkpoints(tmp_path, 3), tmp_path / "averaged")
+    assert json.loads((output_dir / "generation_config.json").read_text())["num_beams"] == 4
+    (warning,) = [record.getMessage() for record in caplog.records if "generation_config.json" in record.getMessage()]
+    assert warning == (
+        f"{edited} differs from checkpoint-3's in num_beams: the average decodes with the newest checkpoint's"
+    )
