@@ -64,8 +64,10 @@ def attention_maps(
             f"The model uses {model.config._attn_implementation!r} attention, which returns no weights: "
             "load it with attn_implementation='eager'."
         )
-    source_ids = tokenizer(source, return_tensors="pt")["input_ids"].to(model.device)
-    labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(model.device)
+    # stripped as `translate` strips the source it translates: a trailing space or newline (a line pasted whole)
+    # was a token of its own ("▁", "<unk>"), mapped beside a translation made without it
+    source_ids = tokenizer(source.strip(), return_tensors="pt")["input_ids"].to(model.device)
+    labels = tokenizer(text_target=target.strip(), return_tensors="pt")["input_ids"].to(model.device)
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     training = model.training
     model.eval()  # a model fresh from training: without this, dropout would make every call's maps differ

@@ -31,6 +31,16 @@ def test_attention_maps_have_one_distribution_per_query(tiny_checkpoint):
         attention_maps(AutoModelForSeq2SeqLM.from_pretrained(model_dir), tokenizer, "a", "b")
 
 
+def test_the_maps_are_of_the_sentences_stripped_as_translate_strips_the_source(tiny_checkpoint):
+    """A pasted line's newline was a token of its own (`<unk>`), mapped beside a translation made without it."""
+    model_dir, _, _ = tiny_checkpoint
+    model, tokenizer = load_model_and_tokenizer(str(model_dir), attn_implementation="eager")
+    expected = attention_maps(model, tokenizer, "the small dog.", "der kleine Hund.")
+    maps = attention_maps(model, tokenizer, " the small dog.\n", "der kleine Hund. ")
+    assert maps.source_tokens == expected.source_tokens and maps.target_tokens == expected.target_tokens
+    assert torch.equal(maps.cross, expected.cross)
+
+
 def test_a_model_in_training_mode_gives_its_maps_without_dropout_and_stays_in_training_mode(tiny_checkpoint):
     """A model straight from the Trainer: each call's maps differed, dropped out."""
     model_dir, _, _ = tiny_checkpoint
