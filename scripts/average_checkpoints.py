@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from modeling.averaging import average_checkpoints, last_checkpoints, named_checkpoints
+from modeling.checkpoints import check_outside_live_checkpoints
 from modeling.cli import positive_int, reporting_on_stdout, summary
 
 
@@ -32,6 +33,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     try:
+        check_outside_live_checkpoints(args.output_dir, "--output-dir")
         if args.checkpoints is None:
             checkpoints = last_checkpoints(args.checkpoint_dir, args.last)
         else:

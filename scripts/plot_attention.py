@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from modeling.attention import ATTENTION_KINDS, attention_maps, figure_format, plot_attention_maps
+from modeling.checkpoints import check_outside_live_checkpoints
 from modeling.cli import add_model_arguments, reporting_on_stdout, summary
 from modeling.files import check_writable
 from modeling.translation import load_model_and_tokenizer, translate
@@ -43,6 +44,7 @@ def main() -> None:
     try:
         figure_format(args.output)  # before check_writable, whose refusal of a .gz name speaks of plain text
         check_writable(args.output)  # a directory there: named as such, not the temporary file's rename refused
+        check_outside_live_checkpoints(args.output, "--output")
         model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
         target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
         maps = attention_maps(model, tokenizer, args.source, target)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from helpers import SCRIPTS, save_trainer_checkpoint, script_error
+from helpers import SCRIPTS, run_script, save_trainer_checkpoint, script_error, training_run_holding
 from safetensors.torch import load_file
 
 SCRIPT = SCRIPTS / "average_checkpoints.py"
@@ -100,3 +100,21 @@ def test_a_run_directory_and_a_checkpoint_given_for_each_other_are_named(tmp_pat
     )
     assert message == f"error: Checkpoint directory {notes} is a file: give the directory that holds it."
     assert not (tmp_path / "averaged").exists()
+
+
+def test_an_output_inside_a_checkpoint_of_a_run_still_training_is_refused(tmp_path, monkeypatch):
+    """`--output-dir runs/x/checkpoint-N/averaged` while the run goes on: its rotation deleted the average."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        save_trainer_checkpoint(run / f"checkpoint-{step}", seed=step)
+    with training_run_holding(run) as holder:
+        flags = ["--checkpoint-dir", run, "--last", "2", "--output-dir", run / "checkpoint-1" / "averaged"]
+        message = script_error("average_checkpoints.py", *flags, monkeypatch=monkeypatch)
+        assert message == (
+            f"error: --output-dir {run / 'checkpoint-1' / 'averaged'} lies inside {run / 'checkpoint-1'}, which the "
+            f"training run in {run} ({holder}) deletes when it rotates its checkpoints: write it outside that "
+            "directory"
+        )
+        assert not (run / "checkpoint-1" / "averaged").exists()
+        run_script("average_checkpoints.py", *flags[:-1], run / "averaged", monkeypatch=monkeypatch)  # beside: kept
+    assert (run / "averaged" / "model.safetensors").is_file()

@@ -1,7 +1,9 @@
 """scripts/plot_attention.py end to end on a tiny checkpoint, in this process."""
 
+import shutil
+
 import pytest
-from helpers import run_script, script_error
+from helpers import run_script, script_error, training_run_holding
 
 # The scripts load local datasets: their Arrow files go to a temporary cache, not the user's.
 pytestmark = pytest.mark.usefixtures("datasets_cache")
@@ -38,3 +40,15 @@ def test_an_output_without_an_image_format_is_refused_before_the_model_is_loaded
     message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
     suffix = name.rsplit(".", 1)[1]
     assert message.startswith(f"error: cannot write {tmp_path / name}: matplotlib draws no .{suffix} files; end the")
+
+
+def test_an_output_inside_a_checkpoint_of_a_run_still_training_is_refused(tiny_checkpoint, tmp_path, monkeypatch):
+    checkpoint = tmp_path / "run" / "checkpoint-8"
+    shutil.copytree(tiny_checkpoint[0], checkpoint)
+    with training_run_holding(checkpoint.parent) as holder:
+        flags = ["--model", checkpoint, "--source", "a dog.", "--target", "x", "--output", checkpoint / "maps.png"]
+        message = script_error("plot_attention.py", *flags, monkeypatch=monkeypatch)
+    assert message == (
+        f"error: --output {checkpoint / 'maps.png'} lies inside {checkpoint}, which the training run in "
+        f"{checkpoint.parent} ({holder}) deletes when it rotates its checkpoints: write it outside that directory"
+    )
