@@ -52,10 +52,12 @@ class AttentionMaps:
 
 
 def attention_maps(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str, target: str
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str, target: str | None = None
 ) -> AttentionMaps:
     """Run the model teacher-forced on (source, target) and collect its attention weights.
 
+    `target=None` takes the model's own translation as the tokens it generated: its decoded text, tokenised again,
+    had lost what decoding drops (`<unk>`, other special tokens) and so was another sequence than the one generated.
     SDPA and flash attention never materialise the weights, so the model must be loaded with
     `attn_implementation="eager"`.
     """
@@ -67,12 +69,16 @@ def attention_maps(
     # stripped as `translate` strips the source it translates: a trailing space or newline (a line pasted whole)
     # was a token of its own ("▁", "<unk>"), mapped beside a translation made without it
     source_ids = tokenizer(source.strip(), return_tensors="pt")["input_ids"].to(model.device)
-    labels = tokenizer(text_target=target.strip(), return_tensors="pt")["input_ids"].to(model.device)
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     training = model.training
     model.eval()  # a model fresh from training: without this, dropout would make every call's maps differ
     try:
         with torch.inference_mode():
+            if target is None:  # one sentence: no padding; the start token generate() began with, then the rest
+                generated = model.generate(input_ids=source_ids, attention_mask=torch.ones_like(source_ids))
+                labels, decoder_input_ids = generated[:, 1:], generated[:, :-1]
+            else:
+                labels = tokenizer(text_target=target.strip(), return_tensors="pt")["input_ids"].to(model.device)
+                decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
             outputs = model(input_ids=source_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
     finally:
         model.train(training)

@@ -14,7 +14,7 @@ from modeling.attention import ATTENTION_KINDS, attention_maps, figure_format, p
 from modeling.checkpoints import check_outside_live_checkpoints
 from modeling.cli import add_model_arguments, reporting_on_stdout, summary
 from modeling.files import check_writable
-from modeling.translation import load_model_and_tokenizer, translate
+from modeling.translation import load_model_and_tokenizer
 
 
 def layer_or_all(value: str) -> int | None:
@@ -46,12 +46,14 @@ def main() -> None:
         check_writable(args.output)  # a directory there: named as such, not the temporary file's rename refused
         check_outside_live_checkpoints(args.output, "--output")
         model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
-        target = args.target if args.target is not None else translate(model, tokenizer, [args.source])[0]
-        maps = attention_maps(model, tokenizer, args.source, target)
+        maps = attention_maps(model, tokenizer, args.source, args.target)
         path = plot_attention_maps(maps, args.output, layer=args.layer, head=args.head, kinds=args.kinds)
     except (OSError, ValueError) as error:
         sys.exit(f"error: {error}")
-    print(f"target: {target}")
+    target = args.target
+    if target is None:  # the translation the maps are of, as translate.py prints it
+        target = tokenizer.decode(tokenizer.convert_tokens_to_ids(maps.target_tokens), skip_special_tokens=True)
+    print(f"target: {target.strip()}")
     print(f"Wrote {path}")
 
 

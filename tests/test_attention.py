@@ -41,6 +41,24 @@ def test_the_maps_are_of_the_sentences_stripped_as_translate_strips_the_source(t
     assert torch.equal(maps.cross, expected.cross)
 
 
+def test_without_a_target_the_maps_are_of_the_tokens_the_model_generated_unknown_ones_included(tiny_checkpoint):
+    """The translation's text, tokenised again, had lost its `<unk>` tokens (decoding drops special tokens): here
+    all of them, leaving a map of `</s>` alone for a sentence the model had translated."""
+    model_dir, _, _ = tiny_checkpoint
+    model, tokenizer = load_model_and_tokenizer(str(model_dir), attn_implementation="eager")
+    with torch.no_grad():  # the output projection (tied to the embeddings) made to prefer <unk> to a common word
+        model.lm_head.weight[tokenizer.unk_token_id] = (
+            3 * model.lm_head.weight[tokenizer.convert_tokens_to_ids("▁likes")]
+        )
+    source = tokenizer(["a dog."], return_tensors="pt")
+    generated = model.eval().generate(**source)[0].tolist()
+    assert "<unk>" in tokenizer.convert_ids_to_tokens(generated)
+    maps = attention_maps(model, tokenizer, "a dog.")
+    assert maps.target_tokens == tokenizer.convert_ids_to_tokens(generated[1:])
+    assert maps.decoder_input_tokens == tokenizer.convert_ids_to_tokens(generated[:-1])
+    assert maps.cross.shape[-2:] == (len(generated) - 1, len(maps.source_tokens))
+
+
 def test_a_model_in_training_mode_gives_its_maps_without_dropout_and_stays_in_training_mode(tiny_checkpoint):
     """A model straight from the Trainer: each call's maps differed, dropped out."""
     model_dir, _, _ = tiny_checkpoint
