@@ -310,7 +310,11 @@ def usable_checkpoints(checkpoint_paths: Sequence[str | os.PathLike]) -> list[Pa
             logger.warning("Not averaging the incomplete checkpoint %s: %s", path, describe_problems(problems))
         else:
             usable.append(path)
-    for first, second in zip(usable, usable[1:], strict=False):
+    pairs = list(zip(usable, usable[1:], strict=False))
+    # each neighbour alike was not all alike: one recording no run identity, between two of different runs, passed
+    recording = [path for path in usable if read_run_identity(path) is not None]
+    pairs += [(recording[0], path) for path in recording[1:] if (recording[0], path) not in pairs]
+    for first, second in pairs:
         differences = model_differences(first, second)
         if differences:
             raise RunMismatchError(

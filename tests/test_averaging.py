@@ -216,6 +216,19 @@ def test_checkpoints_of_two_runs_are_refused_naming_both_and_what_differs(tmp_pa
     assert not (tmp_path / "averaged").exists() and not (tmp_path / "averaged.partial").exists()
 
 
+def test_two_runs_checkpoints_on_either_side_of_one_recording_no_run_are_refused(tmp_path):
+    """Neighbours alone were compared: checkpoint-2, recording no run identity (saved before runs recorded one),
+    matched each of the two runs around it, and their checkpoints were averaged together."""
+    for step in (1, 2, 3):
+        save_trainer_checkpoint(tmp_path / f"checkpoint-{step}", seed=step)
+    for step, seed in ((1, 0), (3, 1)):
+        (tmp_path / f"checkpoint-{step}" / "run_identity.json").write_text(json.dumps({"seed": seed}))
+    mixed = r"checkpoint-1 and .*checkpoint-3 are not checkpoints of one run, they differ in run_identity\.seed"
+    with pytest.raises(RunMismatchError, match=mixed):
+        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "averaged")
+    assert not (tmp_path / "averaged").exists()
+
+
 def test_a_failed_average_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     save_trainer_checkpoint(tmp_path / "checkpoint-1", seed=0)
     save_trainer_checkpoint(tmp_path / "checkpoint-2", seed=1)
