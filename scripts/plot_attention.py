@@ -43,8 +43,8 @@ def main() -> None:
     args = parse_args()
     try:
         figure_format(args.output)  # before check_writable, whose refusal of a .gz name speaks of plain text
+        check_outside_live_checkpoints(args.output, "--output")  # first: check_writable creates missing folders
         check_writable(args.output)  # a directory there: named as such, not the temporary file's rename refused
-        check_outside_live_checkpoints(args.output, "--output")
         model, tokenizer = load_model_and_tokenizer(args.model, revision=args.revision, attn_implementation="eager")
         maps = attention_maps(model, tokenizer, args.source, args.target)
         path = plot_attention_maps(maps, args.output, layer=args.layer, head=args.head, kinds=args.kinds)
