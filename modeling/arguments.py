@@ -211,6 +211,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 "every rank resumes from it, so output_dir must be on a file system all nodes share (other nodes "
                 "would get checkpoints without weights, which no requeue resumes)."
             )
+        if self.fp16 and self.device.type == "cpu":
+            # accelerate autocasts fp16 on accelerators only: the run trained float32 while its records
+            # (training_args.json, the model card, a resume's precision check) said fp16
+            raise ValueError(
+                "fp16 needs a GPU: on a CPU accelerate trains float32, which the run's records would call fp16; leave "
+                "fp16 out, or give bf16 (with use_cpu) for autocast on a CPU."
+            )
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "

@@ -261,6 +261,14 @@ def test_fp16_from_accelerate_launch_is_taken_on_an_accelerator(tmp_path, monkey
     assert training_args(tmp_path).fp16
 
 
+def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
+    """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
+    the model card and a resume's precision check said fp16."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    with pytest.raises(ValueError, match=r"^fp16 needs a GPU: on a CPU accelerate trains float32, which the run's"):
+        training_args(tmp_path, fp16=True)
+
+
 def test_the_precision_of_accelerate_launch_is_left_to_the_deepspeed_config_under_deepspeed(tmp_path, monkeypatch):
     """DeepSpeed's config decides the precision, and transformers refuses arguments that contradict it: taking
     accelerate's bf16 on as well would contradict a config that trains fp16 or float32. transformers' setup, which
