@@ -36,6 +36,8 @@ class ConfigLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: PyYAML merges it below, under the keys here
+                continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):  # a list or a mapping as a key: PyYAML's own error, in one line
                 raise yaml.constructor.ConstructorError(None, None, "a key that cannot be a name", key_node.start_mark)

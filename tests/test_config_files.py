@@ -98,6 +98,19 @@ def test_a_character_that_starts_no_token_is_one_line_naming_the_file(text, wher
         read_config_file(path)
 
 
+def test_a_merge_key_merges_its_mapping_under_the_keys_beside_it(tmp_path):
+    """`<<:` failed with "could not determine a constructor for the tag 'tag:yaml.org,2002:merge'", whatever it
+    merged: the check for keys given twice built each key, the merge key among them, before PyYAML merged it."""
+    path = _config(tmp_path, "<<: {preset: tiny, max_steps: 7}\nmax_steps: 9\n")
+    assert read_config_file(path) == {"preset": "tiny", "max_steps": 9}
+    # The usual base mapping is a key of its own, which no argument is: refused by its name.
+    path = _config(tmp_path, "_base: &base {preset: tiny, max_steps: 7}\n<<: *base\nmax_steps: 9\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: unknown arguments \['_base'\]\.$"):
+        read_config_file(path)
+    with pytest.raises(ValueError, match=r"'max_steps' is given twice"):  # beside the merge key, still refused
+        read_config_file(_config(tmp_path, "<<: {preset: tiny}\nmax_steps: 7\nmax_steps: 9\n"))
+
+
 @pytest.mark.parametrize("value", [None, 3, "f", [1], {"a": 1}])
 def test_a_type_the_check_does_not_know_leaves_the_value_to_the_dataclass(value):
     # No field has such a type today: one added later must not refuse every value, nor fail on its type.
