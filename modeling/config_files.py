@@ -29,7 +29,9 @@ ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
 class ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading as YAML 1.2 does: `1e-9` is a number rather than a string (YAML 1.1), the
     usual way to write a learning rate or an epsilon, and a string would be refused for a float field; only
-    `true` and `false` are booleans, so that `eval_strategy: no` and `target_lang: no` (Norwegian) stay strings.
+    `true` and `false` are booleans, so that `eval_strategy: no` and `target_lang: no` (Norwegian) stay strings;
+    integers are decimal unless `0o` or `0x` says otherwise, so that YAML 1.1's octal (`save_steps: 0500`, 320) and
+    base 60 (`save_every_minutes: 10:00`, 600) do not change the number written.
     A key given twice is an error (PyYAML keeps the last one without a word: an edited copy of a config would
     silently run with the value further down)."""
 
@@ -46,6 +48,10 @@ class ConfigLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = self.construct_scalar(node).replace("_", "")
+        return int(text, 0) if text.lstrip("+-")[:2] in ("0o", "0x") else int(text)
+
 
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -53,9 +59,17 @@ ConfigLoader.add_implicit_resolver(
     list("-+0123456789"),
 )
 ConfigLoader.yaml_implicit_resolvers = {  # the loader's own copy, made by the call above
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [
+        (tag, pattern) for tag, pattern in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int")
+    ]
     for first, resolvers in ConfigLoader.yaml_implicit_resolvers.items()
 }
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0o[0-7]+|[-+]?0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"),
+)
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )

@@ -111,6 +111,20 @@ def test_a_merge_key_merges_its_mapping_under_the_keys_beside_it(tmp_path):
         read_config_file(_config(tmp_path, "<<: {preset: tiny}\nmax_steps: 7\nmax_steps: 9\n"))
 
 
+@pytest.mark.parametrize(("text", "value"), [("0500", 500), ("1_000", 1000), ("0o10", 8), ("0x10", 16)])
+def test_integers_are_the_number_written_not_yaml_1_1s_octal(text, value, tmp_path):
+    """YAML 1.1 read a leading zero as octal: `save_steps: 0500` saved every 320 updates."""
+    assert read_config_file(_config(tmp_path, f"save_steps: {text}\n")) == {"save_steps": value}
+
+
+def test_a_time_written_with_a_colon_is_no_number(tmp_path):
+    """YAML 1.1 read `10:00` in base 60: a checkpoint every 600 minutes where 10 were meant."""
+    path = _config(tmp_path, "save_every_minutes: 10:00\n")
+    message = "save_every_minutes must be a number or null, got '10:00'"
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: {re.escape(message)}$"):
+        read_config_file(path)
+
+
 @pytest.mark.parametrize("value", [None, 3, "f", [1], {"a": 1}])
 def test_a_type_the_check_does_not_know_leaves_the_value_to_the_dataclass(value):
     # No field has such a type today: one added later must not refuse every value, nor fail on its type.
