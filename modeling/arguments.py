@@ -157,9 +157,19 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         left from another project included, as ACCELERATE_MIXED_PRECISION) where neither bf16 nor fp16 is given: the
         Trainer trains with it, so these fields say it too, and with them the run's records and model card (they
         said `bf16: false` under bf16 autocast), with a warning. Not fp16 on a CPU: accelerate trains float32 there;
-        not under DeepSpeed, whose config decides."""
+        not under DeepSpeed, whose config decides. Where the arguments give the other one, theirs is trained, and said:
+        the launch's config was set aside without a word."""
         asked = self.mixed_precision
-        if self.bf16 or self.fp16 or self.deepspeed or asked not in ("bf16", "fp16"):
+        given = "bf16" if self.bf16 else "fp16" if self.fp16 else None
+        launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        if given and launched in ("bf16", "fp16") and launched != given and not self.deepspeed and self.should_log:
+            logger.warning(
+                "Training with %s, as the training arguments ask: ACCELERATE_MIXED_PRECISION=%s (set by accelerate "
+                "launch from its config, or in the environment) is not taken",
+                given,
+                launched,
+            )
+        if given or self.deepspeed or asked not in ("bf16", "fp16"):
             return
         if asked == "fp16" and self.device.type == "cpu":
             return

@@ -261,6 +261,24 @@ def test_fp16_from_accelerate_launch_is_taken_on_an_accelerator(tmp_path, monkey
     assert training_args(tmp_path).fp16
 
 
+def test_a_launch_precision_the_arguments_override_is_said_to_be_set_aside(tmp_path, monkeypatch, caplog):
+    """accelerate launch's `mixed_precision: fp16` beside the training config's `bf16: true` trained bf16, and the
+    launch's fp16 was set aside without a word."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with caplog.at_level(logging.WARNING, logger="modeling.arguments"):
+        args = training_args(tmp_path, bf16=True)
+    assert (args.bf16, args.fp16, args.mixed_precision) == (True, False, "bf16")
+    assert (
+        "Training with bf16, as the training arguments ask: ACCELERATE_MIXED_PRECISION=fp16 (set by accelerate launch "
+        "from its config, or in the environment) is not taken" in caplog.text
+    )
+    caplog.clear()
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # the same precision: nothing set aside
+    with caplog.at_level(logging.WARNING, logger="modeling.arguments"):
+        training_args(tmp_path, bf16=True)
+    assert caplog.text == ""
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
