@@ -228,6 +228,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 "fp16 needs a GPU: on a CPU accelerate trains float32, which the run's records would call fp16; leave "
                 "fp16 out, or give bf16 (with use_cpu) for autocast on a CPU."
             )
+        ignored = [f"lr_scheduler_type {self.lr_scheduler_type.value}"] if self.lr_scheduler_type != "linear" else []
+        ignored += ["lr_scheduler_kwargs"] if self.lr_scheduler_kwargs else []
+        if self.paper_schedule and ignored:  # the schedule of Sec. 5.3 ran, and the records left the type out
+            raise ValueError(
+                f"{' and '.join(ignored)}: used with --no_paper_schedule only (learning_rate then the peak rate), not "
+                "by the paper's schedule of Sec. 5.3, the default; give paper_schedule false, or leave it out."
+            )
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "

@@ -279,6 +279,23 @@ def test_a_launch_precision_the_arguments_override_is_said_to_be_set_aside(tmp_p
     assert caplog.text == ""
 
 
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type cosine"),
+        ({"lr_scheduler_kwargs": {"num_cycles": 2}}, "lr_scheduler_kwargs"),
+    ],
+)
+def test_a_scheduler_setting_the_papers_schedule_does_not_use_is_refused(settings, named, tmp_path):
+    """A config's `lr_scheduler_type: cosine` trained with the schedule of Sec. 5.3 (on by default), and the run's
+    records left the type out: nothing said it was not used."""
+    with pytest.raises(ValueError, match=rf"^{named}: used with --no_paper_schedule only \(learning_rate then the"):
+        training_args(tmp_path, **settings)
+    assert training_args(tmp_path, paper_schedule=False, **settings).lr_scheduler_type == settings.get(
+        "lr_scheduler_type", "linear"
+    )
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
