@@ -235,6 +235,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 f"{' and '.join(ignored)}: used with --no_paper_schedule only (learning_rate then the peak rate), not "
                 "by the paper's schedule of Sec. 5.3, the default; give paper_schedule false, or leave it out."
             )
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+            if (size := getattr(self, name)) != type(self).__dataclass_fields__[name].default:  # ignored, silently
+                raise ValueError(
+                    f"{name} {size}: batches here are token budgets, not numbers of sentences; give "
+                    "max_tokens_per_device (tokens per batch and side) or tokens_per_update, or leave it out."
+                )
         if self.tokens_per_update is not None and self.gradient_accumulation_steps != 1:
             raise ValueError(
                 "Give tokens_per_update or gradient_accumulation_steps, not both: the number of micro-batches per "

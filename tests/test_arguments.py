@@ -296,6 +296,14 @@ def test_a_scheduler_setting_the_papers_schedule_does_not_use_is_refused(setting
     )
 
 
+@pytest.mark.parametrize("name", ["per_device_train_batch_size", "per_device_eval_batch_size"])
+def test_a_batch_size_in_sentences_is_refused_as_batches_are_token_budgets(name, tmp_path):
+    """`per_device_train_batch_size: 64`, as in Hugging Face's examples, trained on token-budget batches of the
+    same sizes as without it, and the run's records left it out."""
+    with pytest.raises(ValueError, match=rf"^{name} 64: batches here are token budgets, not numbers of sentences"):
+        training_args(tmp_path, **{name: 64})
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
