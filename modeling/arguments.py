@@ -7,6 +7,7 @@ meaning. A preset (`modeling.presets`) supplies the defaults.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 from accelerate import PartialState
 from transformers import Seq2SeqTrainingArguments
+from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.utils import strtobool
 
 from .presets import PRESETS
@@ -54,6 +56,17 @@ def _refuse_empty(arguments: Any, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(arguments, name) is not None and not getattr(arguments, name).strip():
             raise ValueError(f"--{name} is empty (a shell variable not set?): give its value, or leave it out")
+
+
+def _check_accelerator_config(config: Any) -> None:
+    """Refuse a key that `AcceleratorConfig` lacks, given as a mapping (a config file's) or as JSON (a flag's):
+    transformers passes them as keyword arguments, and `split_batch: true` failed with a TypeError's traceback
+    naming neither the setting nor the keys it takes."""
+    if isinstance(config, str) and config.startswith("{"):
+        config = json.loads(config)
+    known = AcceleratorConfig.__dataclass_fields__
+    if isinstance(config, dict) and (unknown := sorted(set(config) - set(known), key=str)):
+        raise ValueError(f"accelerator_config: unknown keys {unknown}; it takes {sorted(known)}.")
 
 
 def _node_count() -> int | None:
@@ -138,6 +151,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         self.resume_from_checkpoint = _home_expanded(self.resume_from_checkpoint)
+        _check_accelerator_config(self.accelerator_config)
         on_cpus = self.use_cpu or strtobool(os.environ.get("ACCELERATE_USE_CPU", "False"))
         if launched_processes > 1 and on_cpus and PartialState._shared_state == {}:
             # transformers passes ddp_timeout to the process group on accelerators only: on CPUs (gloo) a

@@ -304,6 +304,17 @@ def test_a_batch_size_in_sentences_is_refused_as_batches_are_token_budgets(name,
         training_args(tmp_path, **{name: 64})
 
 
+@pytest.mark.parametrize("config", [{"split_batch": True}, '{"split_batch": true}'], ids=["mapping", "json"])
+def test_an_accelerator_config_key_accelerate_lacks_is_refused_naming_it(config, tmp_path):
+    """A config file's `accelerator_config: {split_batch: true}` failed with "AcceleratorConfig.__init__() got an
+    unexpected keyword argument 'split_batch'" and its traceback."""
+    with pytest.raises(
+        ValueError, match=r"^accelerator_config: unknown keys \['split_batch'\]; it takes \[.*'split_batches'"
+    ):
+        training_args(tmp_path, accelerator_config=config)
+    assert training_args(tmp_path, accelerator_config={"even_batches": True}).accelerator_config.even_batches
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
