@@ -206,10 +206,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 raise ValueError(f"{name} must be a finite number, got {value}.")
         if self.learning_rate < 0:
             raise ValueError(f"learning_rate must not be negative, got {self.learning_rate}.")
-        if self.max_steps == 0:  # transformers reads it as unset: trained num_train_epochs, where "none" was meant
+        # transformers reads a count below 1 as unset: trained num_train_epochs, where "none" (0) or a number of
+        # updates with a stray minus (-5000) was meant
+        if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(
-                "max_steps 0 would train num_train_epochs epochs (transformers reads a count below 1 as unset): give "
-                "the number of updates, or -1 to train by epochs."
+                f"max_steps {self.max_steps} would train num_train_epochs epochs (transformers reads a count below 1 "
+                "as unset): give the number of updates, or -1 to train by epochs."
             )
         if self.gradient_accumulation_steps < 1:
             steps = self.gradient_accumulation_steps

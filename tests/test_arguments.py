@@ -207,6 +207,8 @@ def test_torchruns_variable_that_is_no_process_count_is_refused_naming_it(
 def test_max_steps_0_is_refused_as_transformers_would_train_by_epochs(tmp_path):
     with pytest.raises(ValueError, match=r"^max_steps 0 would train num_train_epochs epochs"):
         training_args(tmp_path, max_steps=0)
+    with pytest.raises(ValueError, match=r"^max_steps -5000 would train num_train_epochs epochs"):  # was 3 epochs
+        training_args(tmp_path, max_steps=-5000)
     assert training_args(tmp_path, max_steps=-1).max_steps == -1  # by epochs, asked for
 
 
