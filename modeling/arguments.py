@@ -151,6 +151,9 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("One process: ddp_backend=%r is not needed, ignoring it", self.ddp_backend)
             self.ddp_backend = None
         self.resume_from_checkpoint = _home_expanded(self.resume_from_checkpoint)
+        # Blank, the run wrote its lock, identity and tokenizer into the working directory, then failed on "No such
+        # file or directory: ''"
+        _refuse_empty(self, ("output_dir",))
         _check_accelerator_config(self.accelerator_config)
         on_cpus = self.use_cpu or strtobool(os.environ.get("ACCELERATE_USE_CPU", "False"))
         if launched_processes > 1 and on_cpus and PartialState._shared_state == {}:

@@ -317,6 +317,14 @@ def test_an_accelerator_config_key_accelerate_lacks_is_refused_naming_it(config,
     assert training_args(tmp_path, accelerator_config={"even_batches": True}).accelerator_config.even_batches
 
 
+@pytest.mark.parametrize("output_dir", ["", "  "])
+def test_a_blank_output_dir_is_refused_before_anything_is_written(output_dir):
+    """`--output_dir $OUT` with OUT unset: the run wrote .training.lock, run_identity.json and the tokenizer into the
+    working directory, then stopped on "[Errno 2] No such file or directory: ''"."""
+    with pytest.raises(ValueError, match=r"^--output_dir is empty \(a shell variable not set\?\): give its value"):
+        TranslationTrainingArguments(output_dir=output_dir, use_cpu=True, report_to="none")
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
