@@ -87,7 +87,7 @@ def _without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
 def load_config_text(path: str, text: str) -> object:
     """The JSON or YAML document in `text`; a syntax error or a key given twice is a one-line ValueError naming the
     file (and the line)."""
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):
         try:
             return json.loads(text, object_pairs_hook=_without_repeated_keys)
         except json.JSONDecodeError as error:

@@ -90,7 +90,7 @@ from modeling.presets import get_preset
 from modeling.trainer import TrainingDiverged
 from modeling.training import TrainingPreempted, lost_process_message, train
 
-CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")  # in any case: RUN.YAML was "not used by the HfArgumentParser"
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, the same command may be retried
 
 # The arguments that move the preset's defaults of checkpoint rotation: see TrainingPreset.training_defaults
@@ -136,7 +136,7 @@ def flags_given(argv: list[str]) -> dict[str, typing.Any]:
 def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
     """Preset defaults, then the config file's values (when the first argument is one), then the flags."""
     values = {}
-    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+    if argv and argv[0].lower().endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
         config_file, argv = argv[0], argv[1:]
         values = read_config_file(config_file)
         if not values and not argv:  # else the run fails on the first setting it needs, naming neither
@@ -157,7 +157,7 @@ def parse(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTr
     parser = ScriptParser(ARGUMENT_GROUPS)
     parser.set_defaults(**{**defaults, **values})
     *arguments, unused = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
-    misplaced = [argument for argument in unused if argument.endswith(CONFIG_SUFFIXES)]
+    misplaced = [argument for argument in unused if argument.lower().endswith(CONFIG_SUFFIXES)]
     if misplaced:  # else "not used by the HfArgumentParser", which says neither why nor what to do
         raise ValueError(f"{misplaced[0]}: a config file is read as the first argument only, before any flag")
     if unused:

@@ -334,6 +334,19 @@ def test_a_config_file_without_settings_is_taken_when_flags_follow_it(tmp_path):
     assert args.output_dir == str(tmp_path / "run")
 
 
+def test_a_config_files_suffix_is_read_in_any_case(tmp_path):
+    """RUN.YAML was "Some specified arguments are not used by the HfArgumentParser: ['RUN.YAML']", which said neither
+    why nor what to do."""
+    script = load_train_script()
+    yaml_config, json_config = tmp_path / "RUN.YAML", tmp_path / "Run.Json"
+    yaml_config.write_text(f"preset: tiny\noutput_dir: {tmp_path}\nmax_steps: 7\n")
+    json_config.write_text(json.dumps({"preset": "tiny", "output_dir": str(tmp_path), "max_steps": 8}))
+    assert script.parse([str(yaml_config)])[2].max_steps == 7
+    assert script.parse([str(json_config)])[2].max_steps == 8
+    with pytest.raises(ValueError, match=r"RUN.YAML: a config file is read as the first argument only"):
+        script.parse(["--max_steps", "3", str(yaml_config)])
+
+
 def test_micro_batches_per_update_given_replace_the_presets_tokens_per_update(tmp_path):
     """Before, `--preset base --gradient_accumulation_steps 4` was refused as giving both (the preset gave one), and no
     flag could unset the preset's tokens_per_update. A flag replaces it whatever its number (1: one micro-batch,
