@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from accelerate import PartialState
+from accelerate.utils import PrecisionType
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.utils import strtobool
@@ -179,6 +180,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         asked = self.mixed_precision
         given = "bf16" if self.bf16 else "fp16" if self.fp16 else None
         launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        if given is None and launched is not None and launched not in PrecisionType.list():
+            # accelerate refused it only once the Trainer was built, after the BPE was trained and saved, naming no
+            # variable ("Unknown mixed_precision mode: BF16")
+            raise ValueError(
+                f"ACCELERATE_MIXED_PRECISION={launched!r} in the environment is not one of {PrecisionType.list()}: "
+                "unset it or give one"
+            )
         if given and launched in ("bf16", "fp16") and launched != given and not self.deepspeed and self.should_log:
             logger.warning(
                 "Training with %s, as the training arguments ask: ACCELERATE_MIXED_PRECISION=%s (set by accelerate "

@@ -325,6 +325,16 @@ def test_a_blank_output_dir_is_refused_before_anything_is_written(output_dir):
         TranslationTrainingArguments(output_dir=output_dir, use_cpu=True, report_to="none")
 
 
+@pytest.mark.parametrize("value", ["BF16", "bf16 ", "float32"])
+def test_a_mixed_precision_accelerate_does_not_know_is_refused_naming_the_variable(value, tmp_path, monkeypatch):
+    """ACCELERATE_MIXED_PRECISION=BF16 (set by hand: accelerate launch writes it in lower case) failed only where the
+    Trainer was built, after the BPE was trained and saved, with "Unknown mixed_precision mode: BF16"."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", value)
+    with pytest.raises(ValueError, match=rf"^ACCELERATE_MIXED_PRECISION={re.escape(repr(value))} in the environment"):
+        training_args(tmp_path)
+    assert training_args(tmp_path, bf16=True).bf16, "not read where the arguments give the precision"
+
+
 def test_fp16_on_a_cpu_is_refused_as_accelerate_trains_float32_there(tmp_path, monkeypatch):
     """accelerate autocasts fp16 on accelerators only: `fp16: true` on a CPU trained float32, and training_args.json,
     the model card and a resume's precision check said fp16."""
