@@ -24,6 +24,8 @@ import yaml
 from .arguments import DataArguments, ModelArguments, TranslationTrainingArguments
 
 ARGUMENT_GROUPS = (ModelArguments, DataArguments, TranslationTrainingArguments)
+# A shell variable, `$NAME` or `${NAME}`, which a config file's value keeps as written.
+_VARIABLE = re.compile(r"\$(?:[A-Za-z_]|\{)")
 
 
 class ConfigLoader(yaml.SafeLoader):
@@ -213,4 +215,9 @@ def read_config_file(path: str) -> dict:
     for name, value in values.items():
         if not value_fits(known[name], value):
             raise ValueError(f"{path}: {name} must be {describe_type(known[name])}, got {value!r}")
+        if isinstance(value, str) and _VARIABLE.search(value):  # `output_dir: $SCRATCH/runs` ran in ./$SCRATCH/runs
+            raise ValueError(
+                f"{path}: {name} {value!r}: no shell expands a variable in a config file; write the value out, or "
+                "give it as a flag"
+            )
     return values

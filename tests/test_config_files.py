@@ -125,6 +125,17 @@ def test_a_time_written_with_a_colon_is_no_number(tmp_path):
         read_config_file(path)
 
 
+@pytest.mark.parametrize("value", ["$SCRATCH/runs/base", "${SCRATCH}/runs/base"])
+def test_a_shell_variable_in_a_value_is_refused_as_no_shell_expands_it(value, tmp_path):
+    """`output_dir: $SCRATCH/runs/base` trained into ./$SCRATCH/runs/base, a directory named after the variable under
+    the working directory, where the user meant the scratch file system."""
+    path = _config(tmp_path, f"output_dir: {value}\n")
+    message = f"output_dir {value!r}: no shell expands a variable in a config file; write the value out"
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: {re.escape(message)}"):
+        read_config_file(path)
+    assert read_config_file(_config(tmp_path, "run_name: costs $5\n")) == {"run_name": "costs $5"}
+
+
 @pytest.mark.parametrize("value", [None, 3, "f", [1], {"a": 1}])
 def test_a_type_the_check_does_not_know_leaves_the_value_to_the_dataclass(value):
     # No field has such a type today: one added later must not refuse every value, nor fail on its type.
