@@ -171,6 +171,8 @@ def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(
     """torchrun or an MPI launcher of 2 processes: the backend joins them, so transformers' setup (stopped here
     where it would start the process group) must be given it, whichever variable the launcher sets."""
     monkeypatch.setenv(launcher_variable, "2")
+    # not on CPUs: there the process group is started before transformers' setup, which needs a rendezvous
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     given = []
 
     def setup(self):
@@ -179,7 +181,7 @@ def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(
 
     monkeypatch.setattr(Seq2SeqTrainingArguments, "__post_init__", setup)
     with pytest.raises(InterruptedError):
-        TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", ddp_backend="gloo")
+        TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", ddp_backend="gloo")
     assert given == ["gloo"]
 
 
