@@ -70,6 +70,17 @@ def _check_accelerator_config(config: Any) -> None:
         raise ValueError(f"accelerator_config: unknown keys {unknown}; it takes {sorted(known)}.")
 
 
+def _environment_flag(name: str) -> bool:
+    """A true/false environment variable as accelerate reads it, refused naming it where it is neither: transformers'
+    `strtobool` said "invalid truth value ''" of `ACCELERATE_USE_CPU=` (a variable emptied, not unset)."""
+    try:
+        return bool(strtobool(os.environ.get(name, "False")))
+    except ValueError:
+        raise ValueError(
+            f"{name}={os.environ[name]!r} in the environment is not true or false: unset it or give one"
+        ) from None
+
+
 def _node_count() -> int | None:
     """Machines in the launch, from the variables torchrun (and accelerate's launcher) set: 1 outside one; None for
     a launcher that sets the world size (above 1) alone, which does not say how many machines it spans."""
@@ -156,7 +167,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         # file or directory: ''"
         _refuse_empty(self, ("output_dir",))
         _check_accelerator_config(self.accelerator_config)
-        on_cpus = self.use_cpu or strtobool(os.environ.get("ACCELERATE_USE_CPU", "False"))
+        on_cpus = self.use_cpu or _environment_flag("ACCELERATE_USE_CPU")
         if launched_processes > 1 and on_cpus and PartialState._shared_state == {}:
             # transformers passes ddp_timeout to the process group on accelerators only: on CPUs (gloo) a
             # collective waited for a hung process torch's default 30 minutes whatever ddp_timeout said (the

@@ -185,6 +185,14 @@ def test_a_ddp_backend_under_a_launcher_of_several_processes_is_kept(
     assert given == ["gloo"]
 
 
+@pytest.mark.parametrize("text", ["", "cpu"])
+def test_an_accelerate_use_cpu_that_is_no_truth_value_is_refused_naming_it(text, tmp_path, monkeypatch, no_launcher):
+    """transformers' strtobool said "invalid truth value ''", naming no variable."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", text)
+    with pytest.raises(ValueError, match=rf"^ACCELERATE_USE_CPU={text!r} in the environment is not true or false"):
+        TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none")
+
+
 @pytest.mark.parametrize("text", ["", "two"])
 def test_a_launcher_variable_that_is_no_process_count_is_refused_naming_it(text, tmp_path, monkeypatch, no_launcher):
     """It failed with int()'s bare "invalid literal for int() with base 10: ''", naming no variable."""
