@@ -212,7 +212,7 @@ def main() -> None:
         with reporting_on_stdout():
             try:
                 arguments = parse(sys.argv[1:])
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, ImportError) as error:  # ImportError: --deepspeed without deepspeed
                 sys.exit(one_line(error))
         with giving_up_broken_output():  # a terminal gone or a log file on a full disk does not stop the run
             run(*arguments)

@@ -246,6 +246,17 @@ def test_a_setting_that_transformers_refuses_is_refused_in_one_line(tmp_path, mo
     assert message.endswith("but found - Evaluation strategy: IntervalStrategy.NO - Save strategy: SaveStrategy.STEPS")
 
 
+def test_deepspeed_asked_for_where_it_is_not_installed_is_refused_in_one_line(tmp_path, monkeypatch):
+    """transformers' PackageNotFoundError escaped as a traceback."""
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed")
+    (tmp_path / "ds.json").write_text("{}")
+    flags = ["--preset", "tiny", "--output_dir", tmp_path / "run", "--report_to", "none"]
+    message = script_error("train.py", *flags, "--deepspeed", tmp_path / "ds.json", monkeypatch=monkeypatch)
+    assert message.startswith("error: ") and "deepspeed" in message
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_failure_during_the_run_is_one_line_where_transformers_message_spans_two(tmp_path, monkeypatch):
     """transformers' "couldn't connect" error, raised by a load once the data is read, spanned two lines."""
     script = load_train_script()
