@@ -78,6 +78,9 @@ REQUIRED_VALUES: dict[str, tuple[Any, str]] = {
     "cross_self_attention": (False, "cross+self attention"),
     "no_cross_attention": (False, "a decoder without encoder attention"),
     "quant_noise_pq": (0, "quantization noise"),
+    # fairseq's task builds such a model with every Linear and Embedding replaced by its 8-bit counterpart, which
+    # evaluates fully quantized (weights and activations): not what these float32 weights compute.
+    "quant_noise_scalar": (0, "scalar quantization noise: fairseq evaluates the model quantized to 8 bits"),
     "encoder_layers_to_keep": (None, "pruned encoder layers"),
     "decoder_layers_to_keep": (None, "pruned decoder layers"),
     "base_layers": (0, "BASE layers"),

@@ -750,6 +750,7 @@ def test_a_head_count_that_is_not_a_positive_integer_is_refused_naming_the_field
         ("cross_self_attention", True),
         ("no_cross_attention", True),
         ("quant_noise_pq", 0.1),
+        ("quant_noise_scalar", 0.5),
         ("encoder_layers_to_keep", "0"),
         ("decoder_layers_to_keep", "0"),
         ("base_layers", 1),
