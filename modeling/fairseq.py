@@ -215,13 +215,15 @@ def _namespace_or_dict(value: Any) -> dict[str, Any] | None:
 
 
 def fairseq_model_args(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The model's arguments: `cfg["model"]` (fairseq >= 0.10), else the old top-level `args`, flattened
-    (`encoder.embed_dim` -> `encoder_embed_dim`), with the task's fields (`_task`, languages, positions)."""
-    cfg = checkpoint.get("cfg")
+    """The model's arguments: the old top-level `args` where set (fairseq <= 0.9), else `cfg["model"]` (fairseq >=
+    0.10 saves `args=None`), flattened (`encoder.embed_dim` -> `encoder_embed_dim`), with the task's fields (`_task`,
+    languages, positions)."""
+    # fairseq's loader builds its cfg from `args` wherever they are set, whatever `cfg` the checkpoint holds
+    model = _namespace_or_dict(checkpoint.get("args"))
+    cfg = checkpoint.get("cfg") if model is None else None
     cfg = _namespace_or_dict(cfg) if cfg is not None else None
-    model = _namespace_or_dict(cfg.get("model")) if cfg else None
-    if model is None:
-        model = _namespace_or_dict(checkpoint.get("args"))
+    if model is None and cfg:
+        model = _namespace_or_dict(cfg.get("model"))
     if model is None:
         raise FairseqConversionError("the checkpoint has neither cfg['model'] nor args: no architecture to read.")
     flat: dict[str, Any] = {}

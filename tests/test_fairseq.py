@@ -685,6 +685,16 @@ def test_the_architecture_is_read_from_old_args_arch_or_a_dataclass_configs_name
     assert (new["_arch"], new["_task"]) == ("transformer", "translation")
 
 
+def test_a_checkpoint_holding_args_and_a_cfg_that_disagree_is_read_as_fairseq_reads_it_from_its_args(tmp_path):
+    """fairseq's loader rebuilds cfg from `args` wherever they are set (fairseq >= 0.10 saves args=None): the cfg
+    beside them, here saying unscaled embeddings, is not what fairseq computes with."""
+    checkpoint = fixture_checkpoint()
+    checkpoint["args"] = argparse.Namespace(**vars(checkpoint["cfg"]["model"]))
+    checkpoint["cfg"]["model"].no_scale_embedding = True
+    model, _ = converting(checkpoint, tmp_path)
+    assert model.config.scale_embedding
+
+
 def test_one_language_as_source_and_target_is_refused(tmp_path):
     with pytest.raises(FairseqConversionError, match="source and target language are both 'en'"):
         converting(fixture_checkpoint(), tmp_path, target_lang="en")
