@@ -150,6 +150,13 @@ def load_fairseq_checkpoint(path: str | Path) -> dict[str, Any]:
             f"fairseq checkpoint {path} is a directory: give a checkpoint file in it (model.pt, checkpoint_best.pt)."
         )
     if not path.is_file():
+        models = str(path).split(":")
+        # fairseq's ensemble syntax, which the published wmt19 commands use
+        if len(models) > 1 and all(Path(model).is_file() for model in models):
+            raise FairseqConversionError(
+                f"fairseq checkpoint {path} is an ensemble of {len(models)} checkpoints (fairseq's --path A.pt:B.pt), "
+                "which averages their predictions: no one model computes that; convert one of them."
+            )
         raise FileNotFoundError(f"fairseq checkpoint {path} does not exist.")
     with torch.serialization.safe_globals([argparse.Namespace, *_numpy_data_globals()]):
         try:

@@ -637,6 +637,15 @@ def test_a_missing_checkpoint_or_a_directory_given_for_it_is_refused_naming_it(t
         read_bpe_merges(tmp_path)
 
 
+def test_an_ensemble_given_as_fairseq_takes_it_is_refused_saying_so():
+    """The published wmt19 commands pass `--path model1.pt:model2.pt:...`: no file of that name exists, but "does
+    not exist" would send the user looking for a missing file."""
+    models = [FAIRSEQ_FIXTURES / name / "model.pt" for name in FAIRSEQ_MODELS]
+    ensemble = ":".join(map(str, models))
+    with pytest.raises(FairseqConversionError, match=f"^fairseq checkpoint {re.escape(ensemble)} is an ensemble of 2"):
+        load_fairseq_checkpoint(ensemble)
+
+
 def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"^fairseq dictionary {re.escape(str(tmp_path / 'dict.txt'))} does"):
         read_fairseq_dictionary(tmp_path / "dict.txt")
