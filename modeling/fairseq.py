@@ -311,6 +311,12 @@ def read_bpe_merges(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"BPE codes {path} do not exist.")
     lines = list(iter_lines(path))  # refuses an invalid UTF-8 line naming the file and the line
+    first = lines[0].split(" ") if lines else []
+    if len(first) == 3 and _is_int(first[2]):  # what fastBPE writes: no header, each merge with its count
+        raise FairseqConversionError(
+            f"cannot convert these BPE codes: {path} holds fastBPE codes ('left right count' lines, fairseq's --bpe "
+            "fastbpe, as the wmt19 archives' bpecodes), and the converted tokenizer applies subword-nmt's."
+        )
     if not lines or not lines[0].startswith("#version: 0.2"):
         raise FairseqConversionError(
             f"cannot convert these BPE codes exactly: {path} has no '#version: 0.2' header (subword-nmt's older "

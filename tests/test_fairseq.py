@@ -433,6 +433,15 @@ def test_a_full_temporary_directory_is_named_where_the_tokenizers_files_are_writ
         fairseq_tokenizer(symbols, source_lang="en", target_lang="de")
 
 
+def test_fastbpe_codes_are_refused_as_fastbpes(tmp_path):
+    """The wmt19 archives' bpecodes are fastBPE's (no header, `left right count`): not subword-nmt's older format,
+    which the header refusal would call them."""
+    codes = tmp_path / "bpecodes"
+    codes.write_text("e n 1423\nt h 1200\nth e</w> 987\n", encoding="utf-8")
+    with pytest.raises(FairseqConversionError, match=f"{re.escape(str(codes))} holds fastBPE codes"):
+        read_bpe_merges(codes)
+
+
 def test_a_bpe_codes_lines_surrounding_spaces_are_no_part_of_its_merge(tmp_path):
     """subword-nmt reads each line of its codes stripped of spaces and line ends (`strip('\\r\\n ')`): a file with
     trailing spaces or Windows line ends is the same codes, not one refused."""
