@@ -248,6 +248,8 @@ def fairseq_model_args(checkpoint: dict[str, Any]) -> dict[str, Any]:
     else:
         flat["_task"] = flat.get("task")
     flat["_arch"] = flat.get("arch") or flat.get("_name")
+    bpe = _namespace_or_dict(cfg.get("bpe")) if cfg and cfg.get("bpe") is not None else None
+    flat["_bpe"] = bpe.get("_name") if bpe is not None else flat.get("bpe")
     return flat
 
 
@@ -600,6 +602,15 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
     for name, given in (("source_lang", source_lang), ("target_lang", target_lang)):
         if args.get(name) not in (None, given):
             raise FairseqConversionError(f"the checkpoint was trained with {name}={args[name]!r}, not {given!r}.")
+    # fastBPE's merges are applied as subword-nmt's; any other recorded --bpe split the model's text otherwise (a
+    # sentencepiece dictionary's words would all be <unk> to these codes)
+    if bpe_codes is not None and args.get("_bpe") not in (None, "subword_nmt", "fastbpe"):
+        _refuse(
+            "bpe",
+            args["_bpe"],
+            "the model's text was split so, and the converted tokenizer applies subword-nmt codes; --pretokenized "
+            "takes text split already",
+        )
     state_dict = {key: tensor for key, tensor in loaded["model"].items() if isinstance(tensor, torch.Tensor)}
     del loaded
     config = fairseq_config(args, state_dict, len(symbols))

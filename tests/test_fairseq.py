@@ -442,6 +442,19 @@ def test_fastbpe_codes_are_refused_as_fastbpes(tmp_path):
         read_bpe_merges(codes)
 
 
+def test_a_model_recording_another_bpe_than_subword_nmt_is_refused_with_codes_and_converts_pretokenized(tmp_path):
+    """A sentencepiece model given subword-nmt codes (the data-bin's, or --bpe-codes) was converted without a word,
+    its tokenizer mapping text to pieces its dictionary does not hold."""
+    legacy = fixture_checkpoint()
+    legacy["cfg"]["model"].bpe = "sentencepiece"
+    dataclass = fixture_checkpoint()
+    dataclass["cfg"]["bpe"] = {"_name": "sentencepiece", "sentencepiece_model": "sentencepiece.bpe.model"}
+    for checkpoint in (legacy, dataclass):
+        with pytest.raises(FairseqConversionError, match=_re("exactly: bpe='sentencepiece' (the model's text was")):
+            converting(checkpoint, tmp_path)
+        converting(checkpoint, tmp_path, bpe_codes=None, pretokenized=True)
+
+
 def test_a_bpe_codes_lines_surrounding_spaces_are_no_part_of_its_merge(tmp_path):
     """subword-nmt reads each line of its codes stripped of spaces and line ends (`strip('\\r\\n ')`): a file with
     trailing spaces or Windows line ends is the same codes, not one refused."""
