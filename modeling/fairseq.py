@@ -243,8 +243,11 @@ def fairseq_model_args(checkpoint: dict[str, Any]) -> dict[str, Any]:
     task = _namespace_or_dict(cfg.get("task")) if cfg and cfg.get("task") is not None else None
     if task is not None:
         flat["_task"] = task.get("_name")
+        # a legacy model's copy of the arguments keeps the languages None where fairseq-train inferred them from
+        # the data-bin's file names, into the task's config only
         for key in ("source_lang", "target_lang", "max_source_positions", "max_target_positions"):
-            flat.setdefault(key, task.get(key))
+            if flat.get(key) is None:
+                flat[key] = task.get(key)
     else:
         flat["_task"] = flat.get("task")
     flat["_arch"] = flat.get("arch") or flat.get("_name")

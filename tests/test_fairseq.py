@@ -902,6 +902,19 @@ def test_languages_and_lengths_kept_only_in_the_task_config_are_read(tmp_path):
         converting(checkpoint, tmp_path, source_lang="fr", data_bin=_french_data_bin(tmp_path, other="de"))
 
 
+def test_languages_fairseq_train_inferred_are_read_from_the_task_config_and_checked(tmp_path):
+    """Trained without -s/-t, the model's arguments keep None and only the task's config holds the languages:
+    a conversion with them swapped was accepted (German Moses rules on English text, a card saying de-en)."""
+    checkpoint = fixture_checkpoint()
+    checkpoint["cfg"]["model"].source_lang = checkpoint["cfg"]["model"].target_lang = None
+    assert (fairseq_model_args(checkpoint)["source_lang"], fairseq_model_args(checkpoint)["target_lang"]) == (
+        "en",
+        "de",
+    )
+    with pytest.raises(FairseqConversionError, match="trained with source_lang='en', not 'de'"):
+        converting(checkpoint, tmp_path, source_lang="de", target_lang="en")
+
+
 def test_a_checkpoint_without_the_length_fields_takes_fairseqs_defaults(tmp_path):
     """Checkpoints older than the fields: fairseq's base_architecture gives both 1024."""
     checkpoint = fixture_checkpoint()
