@@ -590,6 +590,12 @@ def _convert(checkpoint, data_bin, source_lang: str, target_lang: str, bpe_codes
     data_bin = Path(data_bin)
     if source_lang == target_lang:
         raise FairseqConversionError(f"source and target language are both {source_lang!r}.")
+    # before the codes are looked for in it: a mistyped folder "holds no bpecodes", and --pretokenized was advised
+    if not data_bin.is_dir():
+        raise NotADirectoryError(
+            f"fairseq data-bin {data_bin} is not a directory: give the folder holding dict.{source_lang}.txt and "
+            f"dict.{target_lang}.txt."
+        )
     bpe_codes = _bpe_codes_to_use(data_bin, bpe_codes, pretokenized)
     symbols = read_fairseq_dictionary(data_bin / f"dict.{source_lang}.txt")
     if read_fairseq_dictionary(data_bin / f"dict.{target_lang}.txt") != symbols:

@@ -686,6 +686,15 @@ def test_missing_and_malformed_dictionaries_and_codes_are_refused_naming_the_fil
         read_bpe_merges(tmp_path / "codes")
 
 
+@pytest.mark.parametrize("data_bin", ["missing", "model.pt"])
+def test_a_data_bin_that_is_no_directory_is_refused_as_such_and_not_as_one_without_codes(tmp_path, data_bin):
+    """A mistyped --data-bin "held no bpecodes", the message advising --pretokenized: a model then converted for
+    text BPE-split already, where the archive's codes were there all along."""
+    (tmp_path / "model.pt").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=f"^fairseq data-bin {re.escape(str(tmp_path / data_bin))} is not a"):
+        from_fairseq(tmp_path / "model.pt", tmp_path / data_bin, source_lang="en", target_lang="de")
+
+
 def test_a_checkpoint_without_an_architecture_or_of_another_task_is_refused(tmp_path):
     checkpoint = fixture_checkpoint()
     with pytest.raises(FairseqConversionError, match=r"neither cfg\['model'\] nor args: no architecture to read"):
