@@ -383,11 +383,14 @@ def translation_identity(
     weights and the tokenizer, the model's config (an edited `config.json`, a conversion run again with other
     options: the same weights computing another function), and the decoding, `settings` (`max_tokens`,
     `num_beams`, generate() keywords) over the model's generation config."""
+    # num_beams None decodes with the generation config's beam count (`translate`): kept as None over it, a rerun
+    # naming that same count (`--num-beams 4` for a model's 4) was another decoding, its chunks done thrown away
+    given = {name: value for name, value in settings.items() if not (name == "num_beams" and value is None)}
     return {
         "model": model_fingerprint(model),
         "config": json.dumps(config_identity(model.config.to_dict()), sort_keys=True),
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "decoding": json.dumps({**model.generation_config.to_dict(), **settings}, sort_keys=True, default=repr),
+        "decoding": json.dumps({**model.generation_config.to_dict(), **given}, sort_keys=True, default=repr),
     }
 
 

@@ -1151,6 +1151,25 @@ def test_a_rerun_giving_the_same_generate_keywords_in_another_order_resumes(toke
     assert destination.read_text() == "".join(line.strip() + "\n" for line in lines)
 
 
+@pytest.mark.parametrize("given_to", ["the killed run", "the rerun"])
+def test_a_rerun_naming_the_generation_configs_own_beam_count_resumes(
+    given_to, file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """`--num-beams 4` added (or left out) on resuming a model whose generation config says 4: the same decoding,
+    which was started over as "another decoding", the chunks done thrown away."""
+    source, lines, model, _ = file_to_translate
+    destination = tmp_path / "news.de"
+    beams = {"num_beams": model.generation_config.num_beams}
+    killed, rerun = (beams, {}) if given_to == "the killed run" else ({}, beams)
+    counting_translate(monkeypatch, interrupt_at=2)
+    with pytest.raises(Interrupt):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, max_new_tokens=5, **killed)
+    sizes = counting_translate(monkeypatch)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, max_new_tokens=5, **rerun)
+    assert sizes == [3, 3], "resumed after the two chunks done"
+    assert destination.read_text().split("\n")[:-1] == translate(model, tokenizer, lines, max_new_tokens=5)
+
+
 def test_a_translation_started_over_for_another_text_resumes_after_a_second_kill(
     file_to_translate, tokenizer, tmp_path, monkeypatch
 ):
