@@ -365,6 +365,7 @@ def translate_file(
                     translations = translate(model, tokenizer, chunk, workers=workers, **settings)
                     partial.append(handle, chunk, as_lines(translations))
                     bar.update(len(chunk))
+            partial.check_alone(handle, partial.bytes)
             os.replace(partial.path, destination)  # still locked: no other process appends meanwhile
         fsync_path(destination.parent)
     except OSError as error:
@@ -435,9 +436,11 @@ class _PartialTranslation:
     def append(self, handle: IO[bytes], chunk: list[str], translations: str) -> None:
         """Write a chunk's translations to disk, then record them."""
         text = translations.encode()
+        self.check_alone(handle, self.bytes)
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+        self.check_alone(handle, self.bytes + len(text))
         self._hash(chunk)
         self.lines, self.bytes = self.lines + len(chunk), self.bytes + len(text)
         write_json(
@@ -450,6 +453,17 @@ class _PartialTranslation:
                 "source_sha256": self.digest.hexdigest(),
             },
         )
+
+    def check_alone(self, handle: IO[bytes], size: int) -> None:
+        """Refuse to go on if the partial file is not this run's alone: not `size` bytes long, or no longer at its
+        path. Where no lock guards it (`_lock_or_refuse`), a second run into the same destination appends its
+        chunks to the same file, or renames it into place while this one still appends: the output held both runs'
+        lines (18 for a source of 12), with no error."""
+        if not is_open_as(handle, self.path) or os.fstat(handle.fileno()).st_size != size:
+            raise TranslationInProgressError(
+                f"another process wrote into {self.path} while this one translated into {self.destination} (two "
+                "runs at once where the file system gives no locks): stop it, then run this command again"
+            )
 
     def _earlier_record(self) -> tuple[int, int, str] | None:
         """(lines, bytes, sha256 of the source lines) of an earlier run with this identity whose partial file holds

@@ -1554,6 +1554,34 @@ def test_a_file_system_without_locks_still_translates_saying_what_it_cannot_guar
     assert "No locks available" in caplog.text and "is not refused" in caplog.text
 
 
+def test_a_second_run_where_the_file_system_gives_no_locks_leaves_no_mix_of_both_runs(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A job requeued while the first still runs, on NFS without locks: the second resumed the first's chunks and
+    finished; the first appended its next chunks to the file, by then the output, which held 18 lines for 12."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def a_second_run_starts_and_ends_meanwhile(model, tokenizer, sentences, **kwargs):
+        if sentences == lines[6:9]:
+            monkeypatch.setattr(translation, "translate", translate)
+            translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+        return translate(model, tokenizer, sentences, **kwargs)
+
+    monkeypatch.setattr(translation.fcntl, "flock", no_locks)
+    monkeypatch.setattr(translation, "translate", a_second_run_starts_and_ends_meanwhile)
+    with pytest.raises(TranslationInProgressError) as error:
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert str(error.value) == (
+        f"another process wrote into {partial_translation_path(destination)} while this one translated into "
+        f"{destination} (two runs at once where the file system gives no locks): stop it, then run this command again"
+    )
+    assert destination.read_text().split("\n")[:-1] == expected, "the second run's translation, whole"
+
+
 def test_an_empty_file_translates_into_an_empty_file(tokenizer, tmp_path):
     (tmp_path / "empty.en").write_text("")
     model = tiny_translator(len(tokenizer))
