@@ -156,7 +156,7 @@ def main() -> None:
     except (OSError, ValueError, TranslationInProgressError) as error:
         sys.exit(f"error: {error}")
     except KeyboardInterrupt:
-        if args.output_file:
+        if args.output_file and not args.text:  # sentences given as arguments are written whole or not at all
             sys.exit(
                 f"interrupted: what was translated is kept in {partial_translation_path(args.output_file)}; "
                 "the same command resumes after it"

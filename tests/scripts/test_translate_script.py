@@ -216,6 +216,32 @@ def test_an_interrupted_translation_says_where_it_is_kept_and_the_same_command_r
     assert (tmp_path / "news.de").read_text().split("\n")[:-1] == translate(model, tokenizer, lines)
 
 
+def test_sentences_given_as_arguments_interrupted_are_not_said_to_be_kept_for_resuming(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """They are written to --output-file at once at the end: interrupted, no partial file holds any of them, and the
+    same command translates them all again (it said "kept in .news.de.partial; the same command resumes after it")."""
+    model_dir, _, _ = tiny_checkpoint
+    (tmp_path / "news.de").write_text("an earlier translation\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translation, "translate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_script(
+            "translate.py",
+            "--model",
+            model_dir,
+            "a cat.",
+            "--output-file",
+            tmp_path / "news.de",
+            monkeypatch=monkeypatch,
+        )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de"]
+    assert (tmp_path / "news.de").read_text() == "an earlier translation\n"
+
+
 def test_a_reader_that_stops_early_stops_the_translation_quietly(tiny_checkpoint, tmp_path):
     """`translate.py ... | head -1`: no traceback and no error line once the pipe is closed."""
     (tmp_path / "news.en").write_text("the dog sees a red ball.\n" * 40)
