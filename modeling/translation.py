@@ -356,6 +356,9 @@ def translate_file(
     destination = written_path(destination)  # a link stays one: the file it leads to is replaced
     # the source by its lines (hashed in the record), not its path: a requeued job may see it elsewhere
     partial = _PartialTranslation(destination, translation_identity(model, tokenizer, settings), source)
+    # the longest name written (the record's temporary): a name too long for it failed after the first chunk, every
+    # run, naming only that temporary file
+    check_writable(partial.record_path)
     try:
         with _open_partial(partial.path, destination) as handle:  # appends; cut below to what the record vouches for
             _lock_or_refuse(handle, destination)

@@ -1310,6 +1310,21 @@ def test_a_pipe_is_read_once_from_its_start_and_resumed_if_it_carries_the_same_t
     assert sorted(path.name for path in tmp_path.iterdir()) == ["news.de", "pipe"], "nothing left beside"
 
 
+def test_a_destination_name_too_long_for_the_hidden_record_beside_it_is_refused_before_any_work(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """A name a few characters short of the file system's limit can be written, but not `.NAME.partial.json`'s
+    temporary file: the translation failed after its first chunk (10,000 lines by default), and so did each rerun."""
+    source, _, model, _ = file_to_translate
+    # its own temporary name fits, with 5 characters to spare; the record's, 14 longer, does not
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    destination = tmp_path / ("x" * (name_max - len(f"..tmp-{os.getpid()}-12345678") - 5))
+    sizes = counting_translate(monkeypatch)
+    with pytest.raises(UnwritableError, match=r"^cannot write .*\.partial\.json: File name too long$"):
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert sizes == [], "before any work"
+
+
 def test_a_destination_that_is_the_source_is_refused(file_to_translate, tokenizer, tmp_path):
     source, lines, model, _ = file_to_translate
     copy = tmp_path / "news.en"
