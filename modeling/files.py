@@ -682,6 +682,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         ) from err
     except (EOFError, OSError, zlib.error, lzma.LZMAError) as err:
         if isinstance(err, OSError) and err.errno is not None:  # the file system's (not found, ...), not the data's
+            if err.filename is None:  # a read's, hours in (an NFS server's EIO, a stale handle): named by itself only
+                raise OSError(err.errno, f"{err.strerror} after {line_number} lines", name) from err
             raise
         raise ValueError(f"cannot read {name} after {line_number} lines: {err}") from err
 

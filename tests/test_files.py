@@ -759,6 +759,28 @@ def test_iter_lines_names_unreadable_file(tmp_path):
         list(iter_lines(latin1))
 
 
+def test_a_read_failing_in_the_file_system_names_the_file_and_how_far_it_was_read(tmp_path, monkeypatch):
+    """An NFS server's EIO or a stale handle, hours into a file: the error was "[Errno 116] Stale file handle", no
+    file named."""
+    source = tmp_path / "news.en"
+    source.write_bytes(b"a line\n" * 10)
+
+    class StaleAfterThreeLines(io.BufferedReader):
+        read_lines = 0
+
+        def __next__(self):
+            self.read_lines += 1
+            if self.read_lines > 3:
+                raise OSError(errno.ESTALE, "Stale file handle")
+            return super().__next__()
+
+    monkeypatch.setattr(files_module, "open", lambda path, mode: StaleAfterThreeLines(io.FileIO(path)), raising=False)
+    with pytest.raises(OSError) as error:
+        list(iter_lines(source))
+    assert error.value.errno == errno.ESTALE
+    assert str(error.value) == f"[Errno {errno.ESTALE}] Stale file handle after 3 lines: '{source}'"
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_an_invalid_utf8_byte_is_located_on_its_exact_line(tmp_path, suffix):
     """Text-mode reading decodes ahead in blocks: line by line from bytes names the very line, gzip too."""
