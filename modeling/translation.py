@@ -42,12 +42,12 @@ from .files import (
     atomic_path,
     check_distinct_outputs,
     check_writable,
-    disk_full_error,
     file_sha256,
     fsync_path,
     is_open_as,
     iter_lines,
     reads_once,
+    write_error,
     write_json,
     written_path,
 )
@@ -371,10 +371,10 @@ def translate_file(
             partial.check_alone(handle, partial.bytes)
             os.replace(partial.path, destination)  # still locked: no other process appends meanwhile
         fsync_path(destination.parent)
-    except OSError as error:
-        full = disk_full_error(error, destination)
-        if full is not None:
-            raise full from error
+    except OSError as error:  # a full disk, an NFS server's EIO: "[Errno 5] Input/output error" named no file
+        refused = write_error(error, destination)
+        if refused is not None:
+            raise refused from error
         raise
     partial.record_path.unlink(missing_ok=True)
     return partial.lines

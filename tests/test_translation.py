@@ -1485,6 +1485,31 @@ def test_a_full_disk_is_one_line_and_the_rerun_goes_on_from_the_chunks_kept(
     assert destination.read_text().split("\n")[:-1] == expected and sizes == [3, 3], "not the chunks written before"
 
 
+def test_a_write_the_file_system_fails_names_the_destination_and_the_rerun_goes_on_from_the_chunks_kept(
+    file_to_translate, tokenizer, tmp_path, monkeypatch
+):
+    """An NFS server's EIO on the partial file, hours in: the error was "[Errno 5] Input/output error", naming no
+    file."""
+    source, lines, model, expected = file_to_translate
+    destination = tmp_path / "news.de"
+    real_fsync, calls = os.fsync, []
+
+    def failing_at_the_third_chunk(fd):
+        calls.append(fd)
+        if len(calls) == 7:  # each chunk: the partial file, then its record and the record's directory
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_at_the_third_chunk)
+    with pytest.raises(UnwritableError) as error:
+        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert str(error.value) == f"Input/output error while writing {destination}"
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    sizes = counting_translate(monkeypatch)
+    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
+    assert destination.read_text().split("\n")[:-1] == expected and sizes == [3, 3], "not the chunks written before"
+
+
 def test_a_tokenizer_is_known_by_its_definition_wherever_it_lies(tmp_path, tokenizer):
     """Fast tokenizers by their JSON; fairseq's (a Python tokenizer) by vocabulary, arguments and file contents."""
     assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(tiny_tokenizer())
