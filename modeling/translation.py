@@ -588,8 +588,13 @@ def _lock_or_refuse(handle: IO[bytes], destination: Path) -> None:
         raise TranslationInProgressError(
             f"another process is translating into {destination} (it holds {handle.name}): wait for it or stop it"
         ) from None
-    except OSError as error:  # a file system without locks (some NFS mounts): translate, unguarded
-        logger.warning("Cannot lock %s (%s): a second run into %s is not refused", handle.name, error, destination)
+    except OSError as error:  # a file system without locks (some NFS mounts): guarded by size checks only
+        logger.warning(
+            "Cannot lock %s (%s): a second run into %s is refused only once it writes into the same file",
+            handle.name,
+            error,
+            destination,
+        )
         return
     if not is_open_as(handle, Path(handle.name)):  # the other process finished between this one's open and lock
         raise TranslationInProgressError(
