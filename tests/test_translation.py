@@ -1461,49 +1461,30 @@ def test_a_partial_translation_of_another_text_model_or_decoding_is_never_contin
     assert expected_reason.get(change, "unreadable") in caplog.text
 
 
-def test_a_full_disk_is_one_line_and_the_rerun_goes_on_from_the_chunks_kept(
-    file_to_translate, tokenizer, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("code", "strerror", "refusal"),
+    [(errno.ENOSPC, "No space left on device", DiskFullError), (errno.EIO, "Input/output error", UnwritableError)],
+)
+def test_a_failed_write_is_one_line_naming_the_destination_and_the_rerun_goes_on_from_the_chunks_kept(
+    code, strerror, refusal, file_to_translate, tokenizer, tmp_path, monkeypatch
 ):
+    """A full disk, or an NFS server's EIO on the partial file hours in: the EIO was "[Errno 5] Input/output error",
+    naming no file."""
     source, lines, model, expected = file_to_translate
     destination = tmp_path / "news.de"
     destination.write_text("an earlier translation\n")
     real_fsync, calls = os.fsync, []
 
-    def full_at_the_third_chunk(fd):
-        calls.append(fd)
-        if len(calls) == 7:  # each chunk: the partial file, then its record and the record's directory
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", full_at_the_third_chunk)
-    with pytest.raises(DiskFullError, match=rf"^No space left on device while writing {destination}"):
-        translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
-    assert destination.read_text() == "an earlier translation\n"
-    monkeypatch.setattr(os, "fsync", real_fsync)
-    sizes = counting_translate(monkeypatch)
-    translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
-    assert destination.read_text().split("\n")[:-1] == expected and sizes == [3, 3], "not the chunks written before"
-
-
-def test_a_write_the_file_system_fails_names_the_destination_and_the_rerun_goes_on_from_the_chunks_kept(
-    file_to_translate, tokenizer, tmp_path, monkeypatch
-):
-    """An NFS server's EIO on the partial file, hours in: the error was "[Errno 5] Input/output error", naming no
-    file."""
-    source, lines, model, expected = file_to_translate
-    destination = tmp_path / "news.de"
-    real_fsync, calls = os.fsync, []
-
     def failing_at_the_third_chunk(fd):
         calls.append(fd)
         if len(calls) == 7:  # each chunk: the partial file, then its record and the record's directory
-            raise OSError(errno.EIO, "Input/output error")
+            raise OSError(code, strerror)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_at_the_third_chunk)
-    with pytest.raises(UnwritableError) as error:
+    with pytest.raises(refusal, match=rf"^{strerror} while writing {destination}"):
         translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
-    assert str(error.value) == f"Input/output error while writing {destination}"
+    assert destination.read_text() == "an earlier translation\n"
     monkeypatch.setattr(os, "fsync", real_fsync)
     sizes = counting_translate(monkeypatch)
     translate_file(model, tokenizer, source, destination, chunk_lines=3, **SETTINGS)
