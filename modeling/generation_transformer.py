@@ -49,7 +49,7 @@ from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.utils import GenerateOutput
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_outputs import ModelOutput
+from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 from transformers.utils import GENERATION_CONFIG_NAME, logging
 
 from .cache_transformer import STATIC_CACHE_ATTENTION, StaticBeamCache
@@ -323,6 +323,7 @@ class TransformerGenerationMixin(GenerationMixin):
         (`prepacked_for_decoding`): the same outputs, faster steps, and a second copy of those weights while the
         call runs.
         """
+        self._own_encoder_outputs(kwargs)
         self._mask_padding(inputs, kwargs)
         self._check_sources(inputs, kwargs)
         self.undo_library_default_fill()
@@ -492,6 +493,18 @@ class TransformerGenerationMixin(GenerationMixin):
         if encoder_outputs is not None:
             return encoder_outputs[0].shape[0], encoder_outputs[0].shape[1]
         return None
+
+    @staticmethod
+    def _own_encoder_outputs(kwargs: dict) -> None:
+        """Put in `kwargs` a copy of the encoder outputs given, as a `BaseModelOutput` where a tuple. transformers
+        repeats their states for the beams in the object given (`_expand_dict_for_generation`): a second call with
+        the same outputs then decoded num_beams rows per sentence, or failed with an IndexError; and a tuple, which
+        the model's forward takes, failed with "`bos_token_id` has to be defined when no `input_ids` are provided"."""
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if isinstance(encoder_outputs, ModelOutput):
+            kwargs["encoder_outputs"] = copy.copy(encoder_outputs)
+        elif isinstance(encoder_outputs, tuple):
+            kwargs["encoder_outputs"] = BaseModelOutput(*encoder_outputs)
 
     def _mask_padding(self, inputs: torch.Tensor | None, kwargs: dict) -> None:
         """Put the attention mask of padded input ids given without one into `kwargs`, as `_source_lengths` counts

@@ -379,6 +379,30 @@ def test_embeddings_or_encoder_states_as_the_source_keep_the_per_sentence_limit(
     assert torch.equal(model.generate(encoder_outputs=model.get_encoder()(input_ids=input_ids), **forced), expected)
 
 
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_encoder_outputs_given_twice_decode_the_same_and_are_left_as_given(with_mask):
+    """transformers repeats the encoder states for the beams in the object given: the second call decoded 4 rows
+    per sentence (without a mask) or failed with an IndexError (with one)."""
+    model = tiny_model(seed=3)
+    inputs = sources()
+    mask = {"attention_mask": inputs["attention_mask"]} if with_mask else {}
+    encoder_outputs = model.get_encoder()(**inputs)
+    states = encoder_outputs.last_hidden_state.clone()
+    first = model.generate(encoder_outputs=encoder_outputs, **mask, num_beams=4, max_new_tokens=8)
+    assert torch.equal(encoder_outputs.last_hidden_state, states)
+    assert torch.equal(model.generate(encoder_outputs=encoder_outputs, **mask, num_beams=4, max_new_tokens=8), first)
+
+
+def test_encoder_outputs_given_as_a_tuple_decode_as_a_model_output():
+    # before: "`bos_token_id` has to be defined when no `input_ids` are provided"
+    model = tiny_model(seed=3)
+    inputs = sources()
+    encoder_outputs = model.get_encoder()(**inputs)
+    expected = model.generate(encoder_outputs=encoder_outputs, attention_mask=inputs["attention_mask"])
+    given = (encoder_outputs.last_hidden_state,)
+    assert torch.equal(model.generate(encoder_outputs=given, attention_mask=inputs["attention_mask"]), expected)
+
+
 def test_a_generation_config_given_gets_no_warning_for_an_argument_not_the_users(recwarn):
     inputs = sources()
     tiny_model().generate(**inputs, generation_config=GenerationConfig(num_beams=2))
