@@ -359,7 +359,9 @@ class TransformerGenerationMixin(GenerationMixin):
         max_lengths = self._sentence_max_lengths(inputs, kwargs, offset, fairseq_limit)  # (B,) or None
         if max_lengths is not None:
             eos_token_id = setting("eos_token_id", self.config.eos_token_id)
-            eos_token_id = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
+            if isinstance(eos_token_id, torch.Tensor):  # transformers takes a tensor, a tuple or a list of ids
+                eos_token_id = eos_token_id.tolist()
+            eos_token_id = eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) else eos_token_id
             if eos_token_id is not None:  # without one, no sentence ends before the batch's limit below
                 logits_processor = LogitsProcessorList(logits_processor or [])
                 processor = PerSentenceMaxLengthLogitsProcessor(max_lengths, eos_token_id, keep_eos_score)

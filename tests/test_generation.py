@@ -502,13 +502,16 @@ def test_without_an_end_of_sentence_id_every_sentence_runs_to_the_batchs_limit()
 
 
 def test_the_limit_forces_the_first_of_a_list_of_end_of_sentence_ids():
-    # generation configs often hold a list of ids ([</s>] or [</s>, another stop token]): the first is forced
+    # generation configs often hold a list of ids ([</s>] or [</s>, another stop token]): the first is forced; a
+    # tuple or a tensor of them, which transformers takes as a list, forced every one of them with score 0 (the
+    # lowest id then won the tie)
     model, inputs = ended_by_the_length_limit_only(), sources()
-    for eos_token_id in ([EOS], [EOS, 5]):
+    for eos_token_id in ([EOS], [EOS, 5], [5, EOS], (5, EOS), torch.tensor([5, EOS]), torch.tensor(EOS)):
+        first = torch.as_tensor(eos_token_id).flatten()[0].item()
         for num_beams in (1, 2):
             out = model.generate(**inputs, eos_token_id=eos_token_id, max_length_offset=3, num_beams=num_beams)
             last = [row[limit] for row, limit in zip(out.tolist(), [6 + 3, 4 + 3], strict=True)]  # after the start
-            assert last == [EOS, EOS], (eos_token_id, num_beams)
+            assert last == [first, first], (eos_token_id, num_beams)
 
 
 def test_without_a_padding_id_every_source_position_counts_for_the_limit():
