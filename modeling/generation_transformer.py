@@ -271,8 +271,12 @@ def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
         # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
         raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
-    if setting("eos_token_id", None) == []:  # an IndexError deep in the length limit or the beam search
-        raise ValueError("eos_token_id=[] names no end-of-sentence token; give None to decode without one.")
+    eos_token_id = setting("eos_token_id", None)
+    # an IndexError deep in the length limit or the beam search (a tuple or a tensor too: transformers takes them)
+    if isinstance(eos_token_id, (list, tuple, torch.Tensor)) and torch.as_tensor(eos_token_id).numel() == 0:
+        raise ValueError(
+            f"eos_token_id={eos_token_id!r} names no end-of-sentence token; give None to decode without one."
+        )
     return keep_eos_score, offset
 
 

@@ -353,8 +353,9 @@ def test_an_empty_list_of_end_of_sentence_tokens_is_refused_naming_none_as_the_w
     """It failed with an IndexError, in the length limit or (with the limit off) in the beam search."""
     inputs = sources()
     for offset in (50, None):
-        with pytest.raises(ValueError, match=r"eos_token_id=\[\] names no end-of-sentence token; give None"):
-            tiny_model().generate(**inputs, eos_token_id=[], num_beams=num_beams, max_length_offset=offset)
+        for empty in ([], (), torch.tensor([], dtype=torch.long)):
+            with pytest.raises(ValueError, match=r"eos_token_id=.* names no end-of-sentence token; give None"):
+                tiny_model().generate(**inputs, eos_token_id=empty, num_beams=num_beams, max_length_offset=offset)
 
 
 def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
