@@ -36,6 +36,7 @@ import copy
 import inspect
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -255,7 +256,8 @@ def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool
     """The decoding settings generate() reads, each refused in one line where it is of the wrong kind (`setting`:
     its value for a name, else the default given); returns `forced_eos_keeps_log_prob` and `max_length_offset`."""
     num_beams = setting("num_beams", 1)
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+    # numbers.Integral: NumPy's integers too, which transformers takes
+    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
         # transformers itself fails with a ZeroDivisionError (0) or a negative tensor size (-1)
         raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}.")
     penalty_type = setting("length_penalty_type", MODEL_DECODING_DEFAULTS["length_penalty_type"])
@@ -268,7 +270,7 @@ def _checked_decoding_settings(setting: Callable[[str, Any], Any]) -> tuple[bool
     if not isinstance(keep_eos_score, bool):
         raise ValueError(f"forced_eos_keeps_log_prob must be True or False, got {keep_eos_score!r}.")
     offset = setting("max_length_offset", MODEL_DECODING_DEFAULTS["max_length_offset"])
-    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 1):
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 1):
         # a negative one gave empty translations, a fractional one a fractional limit, "50" a TypeError
         raise ValueError(f"max_length_offset must be a positive integer or None, got {offset!r}.")
     eos_token_id = setting("eos_token_id", None)

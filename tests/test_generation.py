@@ -6,6 +6,7 @@ import logging
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -356,6 +357,13 @@ def test_an_empty_list_of_end_of_sentence_tokens_is_refused_naming_none_as_the_w
         for empty in ([], (), torch.tensor([], dtype=torch.long)):
             with pytest.raises(ValueError, match=r"eos_token_id=.* names no end-of-sentence token; give None"):
                 tiny_model().generate(**inputs, eos_token_id=empty, num_beams=num_beams, max_length_offset=offset)
+
+
+def test_numpy_integers_as_num_beams_or_max_length_offset_decode_as_python_integers():
+    # transformers takes them; they were refused: "num_beams must be a positive integer, got np.int64(2)"
+    model, inputs = tiny_model(seed=3), sources()
+    expected = model.generate(**inputs, num_beams=2, max_length_offset=3)
+    assert torch.equal(model.generate(**inputs, num_beams=np.int64(2), max_length_offset=np.int64(3)), expected)
 
 
 def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
