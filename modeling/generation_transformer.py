@@ -531,9 +531,16 @@ class TransformerGenerationMixin(GenerationMixin):
 
     @staticmethod
     def _check_sources(inputs: torch.Tensor | None, kwargs: dict) -> None:
-        """ValueError for an input without tokens: input ids of 0 rows or columns (unread beside encoder outputs), or
-        a row of the attention mask without a 1 (whatever the source: ids, embeddings or encoder outputs)."""
+        """ValueError for input ids of one sentence, not a batch (1-D), and for an input without tokens: input ids of
+        0 rows or columns (unread beside encoder outputs), or a row of the attention mask without a 1 (whatever the
+        source: ids, embeddings or encoder outputs)."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if kwargs.get("encoder_outputs") is None and input_ids is not None and input_ids.dim() == 1:
+            # else "The size of tensor a (6) must match the size of tensor b (32)" inside the encoder
+            raise ValueError(
+                f"generate() got input_ids of shape {tuple(input_ids.shape)}: give a batch of shape (batch size, "
+                "length), input_ids[None] for one sentence."
+            )
         ids_read = kwargs.get("encoder_outputs") is None and input_ids is not None and input_ids.dim() == 2
         if ids_read and 0 in input_ids.shape:  # else an error inside the length limit or attention, naming no input
             raise ValueError(

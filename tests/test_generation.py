@@ -634,6 +634,14 @@ def test_generation_refuses_a_source_without_tokens_naming_the_row():
         model.generate(**inputs)
 
 
+def test_generation_refuses_one_sentence_not_in_a_batch_naming_the_shape():
+    # before: "The size of tensor a (4) must match the size of tensor b (32)", from inside the encoder
+    source = torch.tensor([5, 6, 7, EOS])
+    with pytest.raises(ValueError, match=r"input_ids of shape \(4,\): give a batch .* input_ids\[None\]"):
+        tiny_model().generate(source)
+    assert tiny_model().generate(source[None]).shape[0] == 1
+
+
 @pytest.mark.parametrize("given", ["input_ids and encoder_outputs", "encoder_outputs", "inputs_embeds"])
 def test_an_attention_mask_row_of_zeros_is_refused_beside_encoder_states_or_embeddings(given):
     # Beside encoder outputs or embeddings the row went unchecked: generate() silently decoded a translation of
