@@ -457,7 +457,7 @@ class TransformerGenerationMixin(GenerationMixin):
         a = FAIRSEQ_MAX_LEN_A if a is None else a
         b = FAIRSEQ_MAX_LEN_B if b is None else b
         for name, value in (("max_length_a", a), ("max_length_b", b)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}.")
         return a, b
 

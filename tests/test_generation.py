@@ -359,11 +359,14 @@ def test_an_empty_list_of_end_of_sentence_tokens_is_refused_naming_none_as_the_w
                 tiny_model().generate(**inputs, eos_token_id=empty, num_beams=num_beams, max_length_offset=offset)
 
 
-def test_numpy_integers_as_num_beams_or_max_length_offset_decode_as_python_integers():
+def test_numpy_integers_as_num_beams_or_length_limits_decode_as_python_integers():
     # transformers takes them; they were refused: "num_beams must be a positive integer, got np.int64(2)"
     model, inputs = tiny_model(seed=3), sources()
     expected = model.generate(**inputs, num_beams=2, max_length_offset=3)
     assert torch.equal(model.generate(**inputs, num_beams=np.int64(2), max_length_offset=np.int64(3)), expected)
+    fairseq = {"max_length_offset": None, "max_length_a": 0}
+    expected = model.generate(**inputs, **fairseq, max_length_b=3)
+    assert torch.equal(model.generate(**inputs, **fairseq, max_length_b=np.int64(3)), expected)
 
 
 def test_a_max_length_offset_of_1_is_the_smallest_limit_and_is_taken():
