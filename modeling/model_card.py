@@ -629,6 +629,7 @@ def render_model_card(
     if not template.is_file():
         raise FileNotFoundError(f"Model card template {template} does not exist.")
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    environment.filters["table_cell"] = _table_cell
     try:
         content = environment.from_string(template.read_text(encoding="utf-8")).render(
             card_data=card_data.to_yaml(), **context
@@ -638,6 +639,12 @@ def render_model_card(
     except jinja2.TemplateError as error:  # StrictUndefined's UndefinedError among them
         raise ValueError(f"Model card template {template} cannot be rendered: {error}") from None
     return ModelCard(content)
+
+
+def _table_cell(value: Any) -> str:
+    """`value` as a markdown table cell: a `|` in a recorded value (a run name, a path) ended the cell, a newline
+    the table."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def write_model_card(
