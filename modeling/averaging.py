@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from .checkpoints import (
     CHECKPOINT_RE,
@@ -55,7 +56,6 @@ from .files import check_replaceable, read_json, replacing_directory, write_json
 logger = logging.getLogger(__name__)
 
 AVERAGING_RECORD_NAME = "checkpoint_averaging.json"
-GENERATION_CONFIG_NAME = "generation_config.json"
 REPLACEABLE = "an average of checkpoints"  # what a directory holding that record is
 # Not copied from the newest checkpoint: the Trainer state of one point of training (besides the pickled states of
 # PICKLED_STATE_RE), and what describes that checkpoint's own weights.
@@ -270,12 +270,12 @@ def _warn_of_other_generation_configs(checkpoints: Sequence[Path], newest: Path)
     kept = newest / GENERATION_CONFIG_NAME
     if not kept.is_file():
         return
-    settings = {key: value for key, value in read_json(kept).items() if key != "transformers_version"}
+    settings = _generation_settings(kept)
     for checkpoint in checkpoints:
         path = checkpoint / GENERATION_CONFIG_NAME
         if checkpoint == newest or not path.is_file():
             continue
-        other = {key: value for key, value in read_json(path).items() if key != "transformers_version"}
+        other = _generation_settings(path)
         if differences := sorted(key for key in settings.keys() | other.keys() if settings.get(key) != other.get(key)):
             logger.warning(
                 "%s differs from %s's in %s: the average decodes with the newest checkpoint's",
@@ -283,6 +283,11 @@ def _warn_of_other_generation_configs(checkpoints: Sequence[Path], newest: Path)
                 newest.name,
                 ", ".join(differences),
             )
+
+
+def _generation_settings(path: Path) -> dict[str, Any]:
+    """A generation config's settings: without the version of transformers that wrote it, which decodes nothing."""
+    return {key: value for key, value in read_json(path).items() if key != "transformers_version"}
 
 
 def _relative(checkpoint: Path, output_dir: Path) -> str:
